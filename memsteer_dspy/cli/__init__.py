@@ -1,0 +1,25 @@
+"""The ``memsteer`` command line. Each command lives in its own module; this one builds the app."""
+
+from __future__ import annotations
+
+import typer
+
+from memsteer_dspy.cli.ingest import ingest
+from memsteer_dspy.cli.lm import lm_app
+
+app = typer.Typer(
+    name="memsteer",
+    help=(
+        "MemSteer: turn a user's unlabeled history into verified QA-evidence supervision and "
+        "optimize their agent-memory design. Run 'memsteer COMMAND --help' for each command."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.command()(ingest)
+app.add_typer(lm_app, name="lm")
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()

@@ -1,0 +1,143 @@
+"""Options shared by the ``memsteer`` commands.
+
+Two decorators add the same option groups to every command that needs them, so ``ingest``,
+``generate``, ``evaluate`` and ``optimize`` read a history and configure LMs the same way:
+
+* ``@history_options`` adds ``--format/--path/--user/--external/--on-error/--columns/--split``
+  and passes the command a :class:`HistoryArgs` (call ``.load()`` to get a ``Loaded``).
+* ``@lm_options`` adds ``--config``, ``--lm`` and one ``--lm-<role>`` per role and passes the
+  command an ``LMConfig`` (``lm_config``).
+
+``@cli_errors`` turns the project's own errors into a readable message and exit status 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from memsteer_dspy.errors import MemsteerError
+
+FORMATS = ("jsonl", "rhelm", "locomo", "hf")
+ROLE_NAMES = (
+    "planner", "question_writer", "auditor", "blind_reader",
+    "answerer", "judge", "quality_judge", "proposer",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HistoryArgs:
+    """Where and how to read a history; ``load()`` dispatches to the format's loader."""
+
+    format: str
+    path: Path | None
+    user: str | None = None
+    external: bool = True
+    on_error: str = "raise"
+    columns: str | None = None
+    split: str | None = None
+
+    def load(self):
+        from memsteer_dspy.loaders import load_history
+
+        return load_history(
+            self.format, self.path, user=self.user, external=self.external,
+            on_error=self.on_error, columns=self.columns, split=self.split,
+        )  # fmt: skip
+
+
+def _with_params(func, params: list[inspect.Parameter], target: str, build):
+    """Replace ``func``'s parameter ``target`` by ``params`` (for typer), building ``target``
+    from their values at call time."""
+    sig = inspect.signature(func)
+    if target not in sig.parameters:
+        raise TypeError(f"{func.__name__} must take a parameter named {target!r}")
+    kept = [p for p in sig.parameters.values() if p.name != target]
+    names = [p.name for p in params]
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        extracted = {n: kwargs.pop(n) for n in names if n in kwargs}
+        kwargs[target] = build(**extracted)
+        return func(*args, **kwargs)
+
+    new_sig = sig.replace(parameters=[*kept, *params])
+    wrapper.__signature__ = new_sig
+    # typer reads annotations through typing.get_type_hints: keep them in step with the signature
+    wrapper.__annotations__ = {p.name: p.annotation for p in new_sig.parameters.values()
+                               if p.annotation is not inspect.Parameter.empty}
+    return wrapper
+
+
+def _kw(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def history_options(func):
+    """Add the history options; the command receives ``history: HistoryArgs``."""
+    params = [
+        _kw("format", Annotated[str, typer.Option("--format", "-f", help=f"History format: {', '.join(FORMATS)}.")], "rhelm"),
+        _kw("path", Annotated[Path | None, typer.Option("--path", "-p", help="History file or folder (RHELM: the benchmark root; default ../shared/benchmarks/rhelm).")], None),
+        _kw("user", Annotated[str | None, typer.Option("--user", "-u", help="User id (RHELM: the persona, e.g. Elena_Morales; LoCoMo: the sample_id).")], None),
+        _kw("external", Annotated[bool, typer.Option("--external/--no-external", help="RHELM: include emails and attachments (external sources).")], True),
+        _kw("on_error", Annotated[str, typer.Option("--on-error", help="On a malformed line or file: 'raise' (stop with an error naming it) or 'skip' (report it and go on).")], "raise"),
+        _kw("columns", Annotated[str | None, typer.Option("--columns", help="hf: column mapping, e.g. 'id=msg_id,text=body,timestamp=date,thread_id=conv'.")], None),
+        _kw("split", Annotated[str | None, typer.Option("--split", help="hf: dataset split to read (default: the only or 'train' split).")], None),
+    ]  # fmt: skip
+
+    def build(**kw) -> HistoryArgs:
+        if kw["format"] not in FORMATS:
+            raise typer.BadParameter(f"unknown format {kw['format']!r}; choose one of {', '.join(FORMATS)}", param_hint="--format")
+        if kw["on_error"] not in ("raise", "skip"):
+            raise typer.BadParameter("choose 'raise' or 'skip'", param_hint="--on-error")
+        return HistoryArgs(**kw)
+
+    return _with_params(func, params, "history", build)
+
+
+def lm_options(func):
+    """Add ``--config``, ``--lm`` and ``--lm-<role>``; the command receives ``lm_config``."""
+    params = [
+        _kw("config", Annotated[Path | None, typer.Option("--config", "-c", help="TOML config (see memsteer.example.toml).")], None),
+        _kw("lm", Annotated[str | None, typer.Option("--lm", help="LM for every role: a LiteLLM model string (openai/gpt-4.1-mini, ollama_chat/qwen2.5, ...), local/qwen2.5-coder-1.5b, or llamacpp/<file.gguf>.")], None),
+    ]  # fmt: skip
+    for role in ROLE_NAMES:
+        flag = "--lm-" + role.replace("_", "-")
+        params.append(_kw(f"lm_{role}", Annotated[str | None, typer.Option(flag, help=f"LM for the {role} role only.")], None))
+
+    def build(config=None, lm=None, **roles):
+        from memsteer_dspy.lm import load_lm_config
+
+        role_lms = {k.removeprefix("lm_"): v for k, v in roles.items() if v}
+        return load_lm_config(config, lm=lm, role_lms=role_lms)
+
+    return _with_params(func, params, "lm_config", build)
+
+
+def cli_errors(func):
+    """Print memsteer's own errors (bad input, config, missing extras) readably; exit 2."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except MemsteerError as exc:
+            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            typer.secho("interrupted: finished work is on disk; rerun the same command to resume.", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def echo_json(obj: Any) -> None:
+    import json
+
+    sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")

@@ -1,0 +1,125 @@
+"""The native history format: JSON Lines, one record per line.
+
+Each line is one :class:`~memsteer_dspy.records.Record` object::
+
+    {"id": "chat-2024-03-02:4", "kind": "conversation_turn", "text": "User: ...\\nAssistant: ...",
+     "timestamp": "2024-03-02T09:15:00", "author": "Maya", "thread_id": "chat-2024-03-02",
+     "position": 4, "references": [], "metadata": {"topic": "travel"}}
+
+Only ``id``, ``kind`` and ``text`` are required. ``path`` may be a ``.jsonl`` file or a folder
+holding ``records.jsonl`` and, optionally, ``qa.jsonl`` (one :class:`QAItem` per line).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from memsteer_dspy.errors import InputError
+from memsteer_dspy.loaders.base import Loaded, SkippedInput, UnresolvedEvidence
+from memsteer_dspy.records import History, QAItem, Record, check_record_dict
+
+
+def iter_json_lines(path: Path, on_error: str, skipped: list[SkippedInput]) -> Iterator[tuple[int, Any]]:
+    """Yield ``(line_number, object)`` for each non-blank line of a JSONL file.
+
+    A line that is not valid JSON raises an :class:`InputError` naming ``file:line`` (or, with
+    ``on_error='skip'``, is recorded in ``skipped``). A file that is not UTF-8 always raises.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise InputError(
+            f"not UTF-8 text (byte {exc.start}: {exc.reason})", file=path, line=line,
+            hint="re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8",
+        ) from None  # fmt: skip
+    except FileNotFoundError:
+        raise InputError("file not found", file=path) from None
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line)
+        except json.JSONDecodeError as exc:
+            if on_error == "skip":
+                skipped.append(SkippedInput(str(path), n, f"invalid JSON: {exc.msg} at column {exc.colno}"))
+                continue
+            raise InputError(
+                f"invalid JSON: {exc.msg} at column {exc.colno}", file=path, line=n,
+                hint="each line must be one JSON object; use --on-error skip to skip bad lines",
+            ) from None  # fmt: skip
+
+
+def read_records(path: Path, *, on_error: str = "raise", skipped: list[SkippedInput]) -> list[Record]:
+    records = []
+    for n, obj in iter_json_lines(path, on_error, skipped):
+        try:
+            record = check_record_dict(obj, file=str(path), line=n)
+        except InputError as exc:
+            if on_error == "skip":
+                skipped.append(SkippedInput(str(path), n, exc.message + (f" (field {exc.field!r})" if exc.field else "")))
+                continue
+            raise
+        records.append(record.model_copy(update={"metadata": {**record.metadata, "source": f"{path}:{n}"}}))
+    return records
+
+
+def read_qa_items(path: Path, *, on_error: str = "raise", skipped: list[SkippedInput]) -> list[QAItem]:
+    """Read QAItems (one JSON object a line, the shape ``QAItem.model_dump_json`` writes).
+
+    Keys that are not QAItem fields (e.g. ``facts`` written beside generated items) are moved
+    into ``metadata`` rather than rejected.
+    """
+    items = []
+    fields = set(QAItem.model_fields)
+    for n, obj in iter_json_lines(path, on_error, skipped):
+        try:
+            if not isinstance(obj, dict):
+                raise InputError(f"expected a JSON object, got {type(obj).__name__}", file=path, line=n)
+            extra = {k: obj[k] for k in obj if k not in fields}
+            core = {k: v for k, v in obj.items() if k in fields}
+            if extra:
+                core["metadata"] = {**extra, **core.get("metadata", {})}
+            items.append(QAItem.model_validate(core))
+        except InputError:
+            if on_error == "skip":
+                skipped.append(SkippedInput(str(path), n, "not a JSON object"))
+                continue
+            raise
+        except Exception as exc:  # pydantic.ValidationError
+            err = exc.errors()[0] if hasattr(exc, "errors") else {"msg": str(exc), "loc": ()}
+            field = ".".join(str(p) for p in err.get("loc", ())) or None
+            if on_error == "skip":
+                skipped.append(SkippedInput(str(path), n, f"{err['msg']} (field {field!r})"))
+                continue
+            raise InputError(err["msg"], file=path, line=n, field=field, record=obj.get("id")) from None
+    return items
+
+
+def load_jsonl(path: str | Path, *, user: str | None = None, on_error: str = "raise") -> Loaded:
+    """Load a native JSONL history (a file, or a folder with records.jsonl [+ qa.jsonl])."""
+    path = Path(path)
+    qa_path = None
+    if path.is_dir():
+        records_path = path / "records.jsonl"
+        if not records_path.exists():
+            raise InputError(
+                "folder has no records.jsonl", file=path,
+                hint="point --path at a .jsonl file, or at a folder holding records.jsonl (and qa.jsonl)",
+            )  # fmt: skip
+        qa_path = path / "qa.jsonl" if (path / "qa.jsonl").exists() else None
+    else:
+        records_path = path
+    skipped: list[SkippedInput] = []
+    records = read_records(records_path, on_error=on_error, skipped=skipped)
+    user = user or (path.name if path.is_dir() else path.stem)
+    history = History(user, records, source=str(records_path))
+    qa = read_qa_items(qa_path, on_error=on_error, skipped=skipped) if qa_path else []
+    unresolved = [
+        UnresolvedEvidence(q.id, e, "no record with this id")
+        for q in qa for e in q.evidence_ids if e not in history
+    ]  # fmt: skip
+    return Loaded(history, qa, unresolved, skipped)

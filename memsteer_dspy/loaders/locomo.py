@@ -1,0 +1,142 @@
+"""LoCoMo (``locomo10.json``): long multi-session conversations between two speakers, with QA.
+
+The file is a JSON list of samples ``{sample_id, conversation, qa, ...}``. ``conversation`` holds
+``speaker_a``, ``speaker_b``, ``session_<n>`` (lists of ``{speaker, dia_id, text}``, some with
+``img_url``/``blip_caption``) and ``session_<n>_date_time`` ("1:56 pm on 8 May, 2023"). Each turn
+is one record whose id is its ``dia_id`` (``D<session>:<turn>``). ``qa`` items carry
+``{question, answer, evidence: [dia_id], category}``; category 5 (adversarial) items carry
+``adversarial_answer`` instead of ``answer``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from memsteer_dspy.errors import InputError
+from memsteer_dspy.loaders.base import Loaded, SkippedInput, UnresolvedEvidence
+from memsteer_dspy.records import AnswerType, History, QAItem, Record, RecordKind
+
+# The category numbers as the LoCoMo release uses them.
+CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
+_DIA = re.compile(r"D\s*:?\s*(\d+)\s*:\s*(\d+)")
+_SESSION_KEY = re.compile(r"session_(\d+)$")
+
+
+def _parse_session_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    text = re.sub(r"\s+", " ", value.strip())
+    for fmt in ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y", "%I:%M %p on %B %d, %Y"):
+        try:
+            return datetime.strptime(text, fmt)  # %p matches am/pm in any case
+        except ValueError:
+            continue
+    return None
+
+
+def normalize_dia_ids(raw: str) -> list[str]:
+    """Turn one LoCoMo evidence string into dia ids: ``'D8:6; D9:17'`` → ``['D8:6', 'D9:17']``,
+    ``'D:11:26'`` → ``['D11:26']``, ``'D30:05'`` → ``['D30:5']``, space-joined lists too."""
+    return [f"D{int(s)}:{int(t)}" for s, t in _DIA.findall(raw)]
+
+
+def _samples(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError("file not found", file=path) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (byte {exc.start})", file=path) from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"invalid JSON: {exc.msg}", file=path, line=exc.lineno) from None
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list) or not all(isinstance(s, dict) for s in data):
+        raise InputError("expected a list of LoCoMo samples (objects with 'conversation' and 'qa')", file=path)
+    return data
+
+
+def load_locomo(path: str | Path, *, user: str | None = None, on_error: str = "raise") -> Loaded:
+    """Load one LoCoMo sample as a History (``user`` = its ``sample_id``; optional when the file
+    holds a single sample)."""
+    path = Path(path)
+    samples = _samples(path)
+    ids = [str(s.get("sample_id", i)) for i, s in enumerate(samples)]
+    if user is None:
+        if len(samples) != 1:
+            raise InputError(
+                f"the file holds {len(samples)} samples; choose one with --user",
+                file=path, hint=f"available: {', '.join(ids)}",
+            )  # fmt: skip
+        index = 0
+    elif user in ids:
+        index = ids.index(user)
+    else:
+        raise InputError(f"no sample {user!r}", file=path, field="sample_id", hint=f"available: {', '.join(ids)}")
+    sample, user = samples[index], ids[index]
+    conv = sample.get("conversation")
+    if not isinstance(conv, dict):
+        raise InputError("sample has no 'conversation' object", file=path, record=user, field="conversation")
+
+    skipped: list[SkippedInput] = []
+    records: list[Record] = []
+    sessions = sorted((int(m.group(1)), k) for k in conv if (m := _SESSION_KEY.match(k)))
+    for n, key in sessions:
+        turns = conv[key]
+        when = _parse_session_time(conv.get(f"{key}_date_time"))
+        if not isinstance(turns, list):
+            raise InputError("session is not a list of turns", file=path, record=user, field=f"conversation.{key}")
+        for pos, turn in enumerate(turns, start=1):
+            where = f"conversation.{key}[{pos - 1}]"
+            if not isinstance(turn, dict) or not turn.get("dia_id") or "text" not in turn:
+                if on_error == "skip":
+                    skipped.append(SkippedInput(str(path), None, f"{where}: turn lacks dia_id or text"))
+                    continue
+                raise InputError("turn lacks 'dia_id' or 'text'", file=path, record=user, field=where)
+            dia = normalize_dia_ids(str(turn["dia_id"]))
+            rid = dia[0] if dia else str(turn["dia_id"]).strip()
+            text = f"{turn.get('speaker', '?')}: {turn['text']}"
+            if turn.get("blip_caption"):
+                text += f" [shares an image: {turn['blip_caption']}]"
+            records.append(Record(
+                id=rid, kind=RecordKind.CONVERSATION_TURN, text=text, timestamp=when,
+                author=turn.get("speaker"), thread_id=f"session_{n}", position=pos,
+                metadata={"source": f"{path}:{where}", "session": n,
+                          **({"img_url": turn["img_url"]} if turn.get("img_url") else {})},
+            ))  # fmt: skip
+    history = History(user, records, source=str(path))
+
+    qa_items: list[QAItem] = []
+    unresolved: list[UnresolvedEvidence] = []
+    for i, q in enumerate(sample.get("qa") or []):
+        qid = f"{user}:qa{i}"
+        if not isinstance(q, dict) or not q.get("question"):
+            if on_error == "skip":
+                skipped.append(SkippedInput(str(path), None, f"qa[{i}]: no question"))
+                continue
+            raise InputError("QA item has no question", file=path, record=qid, field=f"qa[{i}]")
+        category = q.get("category")
+        adversarial = category == 5 or ("answer" not in q and "adversarial_answer" in q)
+        answer = q.get("adversarial_answer") if adversarial else q.get("answer")
+        evidence: list[str] = []
+        raw_evidence = [str(e) for e in (q.get("evidence") or [])]
+        for raw in raw_evidence:
+            ids = normalize_dia_ids(raw)
+            if not ids:
+                unresolved.append(UnresolvedEvidence(qid, raw, "not a dia id"))
+            for e in ids:
+                if e in history:
+                    evidence.append(e)
+                else:
+                    unresolved.append(UnresolvedEvidence(qid, raw, f"no turn {e}"))
+        qa_items.append(QAItem(
+            id=qid, question=q["question"], answer="" if answer is None else str(answer),
+            answer_type=AnswerType.TEXT, evidence_ids=list(dict.fromkeys(evidence)),
+            question_type=CATEGORIES.get(category, str(category)), source="official",
+            metadata={"category": category, "adversarial": adversarial, "raw_evidence": raw_evidence},
+        ))  # fmt: skip
+    return Loaded(history, qa_items, unresolved, skipped)
