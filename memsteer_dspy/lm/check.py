@@ -1,0 +1,127 @@
+"""``memsteer lm check``: one tiny structured call to each distinct LM of a config.
+
+Before a long run it is worth knowing that every role's LM answers, parses, and how fast: for each
+distinct LM among the roles this makes one typed call (``question -> answer: str, confidence:
+float``) through ``dspy.Predict`` with the ``JSONAdapter``, and reports the roles it serves, latency,
+tokens and tokens/s, the parsed output, or the error. One failing LM never stops the others.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import dspy
+from dspy.utils.usage_tracker import track_usage
+from pydantic import BaseModel, Field
+
+from memsteer_dspy.lm.config import LMConfig
+
+
+class TinyCheck(dspy.Signature):
+    """Answer the question with one word, and say how confident you are (0 to 1)."""
+
+    question: str = dspy.InputField()
+    answer: str = dspy.OutputField()
+    confidence: float = dspy.OutputField()
+
+
+CHECK_QUESTION = "What is the capital of France?"
+
+
+class CheckResult(BaseModel):
+    """The outcome of one LM's check call."""
+
+    model: str
+    roles: list[str]
+    ok: bool
+    error: str | None = None
+    latency_s: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    tokens_per_s: float = 0.0
+    output: dict[str, Any] = Field(default_factory=dict)
+
+
+def check_lms(config: LMConfig, *, question: str = CHECK_QUESTION) -> list[CheckResult]:
+    """Call each distinct LM of ``config`` once with a tiny typed signature; never raises per LM.
+
+    The call bypasses DSPy's cache (``cache=False``), so the latency and tokens are real. Its usage
+    is booked under the first role the LM serves, like any other call of that role.
+    """
+    results: list[CheckResult] = []
+    for spec, roles in config.distinct():
+        role = roles[0]
+        try:
+            lm = config.lm(role).copy(cache=False)
+        except Exception as exc:  # noqa: BLE001 - reported per LM, never fatal
+            results.append(CheckResult(model=spec.model, roles=roles, ok=False, error=_why(exc)))
+            continue
+        predict = dspy.Predict(TinyCheck)
+        start = time.perf_counter()
+        try:
+            with dspy.context(lm=lm, adapter=dspy.JSONAdapter()), track_usage() as tracker:
+                prediction = predict(question=question)
+        except Exception as exc:  # noqa: BLE001
+            results.append(
+                CheckResult(
+                    model=spec.model,
+                    roles=roles,
+                    ok=False,
+                    error=_why(exc),
+                    latency_s=time.perf_counter() - start,
+                )
+            )
+            continue
+        latency = time.perf_counter() - start
+        usage = tracker.get_total_tokens().get(lm.model, {})
+        prompt = int(usage.get("prompt_tokens") or 0)
+        completion = int(usage.get("completion_tokens") or 0)
+        results.append(
+            CheckResult(
+                model=spec.model,
+                roles=roles,
+                ok=True,
+                latency_s=latency,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                tokens_per_s=completion / latency if latency > 0 else 0.0,
+                output={k: prediction[k] for k in TinyCheck.output_fields},
+            )
+        )
+    return results
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"
+
+
+def format_check_table(results: list[CheckResult]) -> str:
+    """The check results as a plain-text table (one row per LM, errors spelled out below it)."""
+    headers = ["model", "roles", "ok", "latency_s", "prompt_tok", "compl_tok", "tok/s", "output"]
+    rows = []
+    for r in results:
+        output = ", ".join(f"{k}={v!r}" for k, v in r.output.items()) if r.ok else "-"
+        rows.append(
+            [
+                r.model,
+                ",".join(r.roles),
+                "ok" if r.ok else "FAIL",
+                f"{r.latency_s:.2f}",
+                str(r.prompt_tokens),
+                str(r.completion_tokens),
+                f"{r.tokens_per_s:.1f}",
+                output,
+            ]
+        )
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
+    lines = [
+        "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)),
+        "  ".join("-" * w for w in widths),
+    ]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    for r in results:
+        if not r.ok:
+            lines.append(f"\n{r.model} ({', '.join(r.roles)}): {r.error}")
+    return "\n".join(lines)
