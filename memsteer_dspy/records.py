@@ -302,11 +302,15 @@ class History:
     # -- identity ----------------------------------------------------------------------------
     @property
     def fingerprint(self) -> str:
-        """sha256 (hex, 16 chars) of the records' content, independent of source order."""
+        """sha256 (hex, 16 chars) of the records' content, independent of source order and of
+        where the files lie (``metadata["source"]``, a file location, is left out), so caches
+        keyed by it are shared across checkouts and machines."""
         if self._fingerprint is None:
             h = hashlib.sha256()
             for r in sorted(self._records, key=lambda r: r.id):
-                h.update(r.model_dump_json().encode("utf-8"))
+                content = r.model_dump(mode="json")
+                content["metadata"] = {k: v for k, v in r.metadata.items() if k != "source"}
+                h.update(json.dumps(content, sort_keys=True, ensure_ascii=False).encode("utf-8"))
                 h.update(b"\n")
             self._fingerprint = h.hexdigest()[:16]
         return self._fingerprint

@@ -81,6 +81,10 @@ def test_fingerprint_is_content_based_and_order_free():
     a, b = rec("a", "alpha."), rec("b", "beta.")
     assert History("u", [a, b]).fingerprint == History("u", [b, a]).fingerprint
     assert History("u", [a, b]).fingerprint != History("u", [a, rec("b", "beta!")]).fingerprint
+    # the file a record was read from is provenance, not content
+    moved = [rec("a", "alpha.", metadata={"source": "/x/h.jsonl:1"}), rec("b", "beta.", metadata={"source": "/y/h.jsonl:2"})]
+    assert History("u", moved).fingerprint == History("u", [a, b]).fingerprint
+    assert History("u", [rec("a", "alpha.", metadata={"topic": "t"}), b]).fingerprint != History("u", [a, b]).fingerprint
 
 
 def test_duplicate_and_empty_history_errors():
