@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from memsteer_dspy.cli.evaluate import evaluate
 from memsteer_dspy.cli.ingest import ingest
 from memsteer_dspy.cli.lm import lm_app
 
@@ -18,6 +19,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command()(ingest)
+app.command()(evaluate)
 app.add_typer(lm_app, name="lm")
 
 

@@ -1,0 +1,164 @@
+"""``memsteer evaluate``: score a memory design on QA items (accuracy, QS, R@1/5/10, delivered recall).
+
+(No ``from __future__ import annotations`` here: typer must see the real ``Annotated`` options.)
+"""
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from memsteer_dspy.cli.common import HistoryArgs, cli_errors, echo_json, history_options, lm_options
+from memsteer_dspy.errors import InputError
+
+
+def default_cache_dir() -> Path:
+    """Where built memory indexes are kept: ``$MEMSTEER_CACHE_DIR/indexes`` or ``~/.cache/memsteer-dspy/indexes``."""
+    root = os.environ.get("MEMSTEER_CACHE_DIR")
+    return (Path(root) if root else Path.home() / ".cache" / "memsteer-dspy") / "indexes"
+
+
+def _fmt(v: float | None) -> str:
+    return "   -  " if v is None else f"{100 * v:6.1f}"
+
+
+def _table(summary) -> str:
+    cols = ("n", "acc", "QS", "R@1", "R@5", "R@10", "deliv")
+    rows = [("overall", summary)] + list(summary.by_type.items())
+    width = max(12, *(len(name) for name, _ in rows))
+    lines = [f"{'':<{width}} " + " ".join(f"{c:>6}" for c in cols)]
+    for name, s in rows:
+        vals = [s.accuracy, s.qs, s.recall_at_1, s.recall_at_5, s.recall_at_10, s.delivered_recall]
+        lines.append(f"{name:<{width}} {s.n:>6} " + " ".join(_fmt(v) for v in vals))
+    return "\n".join(lines)
+
+
+@cli_errors
+@history_options
+@lm_options
+def evaluate(
+    history: HistoryArgs,
+    lm_config,
+    qa: Annotated[
+        str,
+        typer.Option(
+            "--qa",
+            help="'official' (the format's own QA items) or the path of a QA JSONL file (QAItem per line, as `generate` writes).",
+        ),
+    ] = "official",
+    design: Annotated[
+        str,
+        typer.Option(
+            "--design",
+            "-d",
+            help="'base-bm25' (the paper's Base-BM25) or the path of a design JSON.",
+        ),
+    ] = "base-bm25",
+    metrics: Annotated[
+        str,
+        typer.Option(
+            "--metrics",
+            help="'all' (answer + judge + recall) or 'recall' (retrieval only; no LM unless the design's retrieval uses one).",
+        ),
+    ] = "all",
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Folder for items.jsonl (per-item results with traces), summary.json and design.json; a rerun resumes.",
+        ),
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object (the summary) instead of a table.")
+    ] = False,
+    threads: Annotated[
+        int,
+        typer.Option(
+            "--threads", "-t", min=1, help="Items evaluated concurrently (useful with API LMs)."
+        ),
+    ] = 1,
+    protocol: Annotated[
+        str | None,
+        typer.Option(
+            "--protocol",
+            help="'as_of' (each question sees only records before its date; default for RHELM) or 'full' (the whole history; default otherwise).",
+        ),
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="Evaluate only the first N QA items.")
+    ] = None,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--cache-dir",
+            help="Where built stores and indexes are kept and reused (default: $MEMSTEER_CACHE_DIR/indexes or ~/.cache/memsteer-dspy/indexes).",
+        ),
+    ] = None,
+    no_cache: Annotated[
+        bool,
+        typer.Option(
+            "--no-cache", help="Build the memory in memory only; read and write no index cache."
+        ),
+    ] = False,
+) -> None:
+    """Evaluate a memory design on QA items: accuracy A(d), QS, R@1/5/10 and delivered recall,
+    overall and by question type, with per-item results and traces."""
+    from memsteer_dspy.evaluation import evaluate_design, read_qa_jsonl
+    from memsteer_dspy.memory import MemoryDesign, MemorySystem
+
+    if metrics not in ("all", "recall"):
+        raise typer.BadParameter("choose 'all' or 'recall'", param_hint="--metrics")
+    if protocol is not None and protocol not in ("as_of", "full"):
+        raise typer.BadParameter("choose 'as_of' or 'full'", param_hint="--protocol")
+    d = MemoryDesign.base_bm25() if design == "base-bm25" else MemoryDesign.load(design)
+    loaded = history.load()
+    if qa == "official":
+        items = list(loaded.qa_items)
+        if not items:
+            raise InputError(
+                f"the {history.format} history has no official QA items", field="--qa",
+                hint="pass --qa <path to a QA JSONL file> (e.g. the train.jsonl or val.jsonl `memsteer generate` writes)",
+            )  # fmt: skip
+    else:
+        items = read_qa_jsonl(qa)
+    if limit is not None:
+        items = items[:limit]
+    protocol = protocol or ("as_of" if history.format == "rhelm" else "full")
+
+    needs = d.lm_uses(answering=metrics == "all")
+    lms = {}
+    if needs:
+        lms["answerer"] = lm_config.lm("answerer")
+    judge_lm = lm_config.lm("judge") if metrics == "all" else None
+    cache = None if no_cache else (cache_dir or default_cache_dir())
+    system = MemorySystem.from_design(d, loaded.history, cache_dir=cache, lms=lms, threads=threads)
+    report = evaluate_design(
+        system, items, metrics=metrics, judge_lm=judge_lm, protocol=protocol, threads=threads, out_dir=out,
+    )  # fmt: skip
+    result = report.as_json()
+    if needs or judge_lm is not None:
+        result["lms"] = lm_config.describe()
+        result["lm_usage"] = lm_config.usage_by_role()
+    result["memory"] = {k: v for k, v in system.build_info.items() if k != "store_dir"}
+    if out is not None:
+        result["out"] = str(out)
+    if json_out:
+        echo_json(result)
+        return
+    s = report.summary
+    typer.echo(
+        f"design {s.design_name} ({s.design_key})  user {s.user}  protocol {s.protocol}  metrics {s.metrics}  "
+        f"{s.n} items in {s.seconds:.1f}s"
+    )
+    typer.echo(_table(s))
+    notes = []
+    if s.empty_contexts:
+        notes.append(f"{s.empty_contexts} item(s) retrieved nothing (empty context)")
+    if s.errors:
+        notes.append(f"{s.errors} item(s) failed (scored 0; see 'error' in items.jsonl)")
+    if out is not None:
+        notes.append(f"per-item results with traces: {out / 'items.jsonl'}")
+    for n in notes:
+        typer.echo(n)

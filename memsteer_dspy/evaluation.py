@@ -1,0 +1,414 @@
+"""Evaluating a memory design on QA items: accuracy A(d), Question Score, evidence recall.
+
+For each QA item (paper, Section 3.3 and Appendix A.4):
+
+* **prediction** — the memory system's answer, with its :class:`~memsteer_dspy.memory.MemoryTrace`;
+* **correct** — exact agreement after the answer type's normalization, otherwise the judge LM's
+  binary verdict; ``A(d)`` is the mean over items and is the design-selection score;
+* **QS** (Question Score) — exact match for numbers, Jaccard partial credit for lists, the
+  correctness verdict for everything else;
+* **R@k** (k = 1, 5, 10) — the fraction of gold evidence records among the first k *distinct*
+  records, taking ranked units in order and each unit's records in order;
+* **delivered recall** — the fraction of gold evidence records whose content reached the answerer
+  inside the context budget.
+
+``metrics="recall"`` scores retrieval only and calls no LM unless the design's own retrieval uses
+one. Protocols: ``as_of`` (RHELM: each question sees only records strictly before its
+``question_date``; one index serves every date) or ``full`` (LoCoMo: the whole history).
+One failed item scores 0 with its error recorded; it never stops the run. With ``out_dir``, each
+item's result (with its trace) is appended to ``items.jsonl`` as it finishes, a rerun with the same
+design resumes, and ``summary.json`` and ``design.json`` are written at the end.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any, Literal
+
+import dspy
+from pydantic import BaseModel, Field
+
+from memsteer_dspy.errors import ConfigError, InputError
+from memsteer_dspy.memory.system import MemorySystem, MemoryTrace
+from memsteer_dspy.normalize import answers_match, list_jaccard
+from memsteer_dspy.records import AnswerType, QAItem
+from memsteer_dspy.signatures.judge import JudgeAnswer
+
+Metrics = Literal["all", "recall"]
+Protocol = Literal["as_of", "full"]
+RECALL_KS = (1, 5, 10)
+
+
+# --------------------------------------------------------------------------------------------
+# metrics
+# --------------------------------------------------------------------------------------------
+
+
+def recall_at_k(
+    ranked_record_ids: list[list[str]], evidence_ids: Iterable[str], k: int
+) -> float | None:
+    """Fraction of ``evidence_ids`` among the first ``k`` distinct records of the ranking (ranked
+    units in order, each unit's records in order). None when there is no evidence."""
+    gold = set(evidence_ids)
+    if not gold:
+        return None
+    top: dict[str, None] = {}
+    for recs in ranked_record_ids:
+        for r in recs:
+            if len(top) >= k:
+                break
+            top.setdefault(r, None)
+        if len(top) >= k:
+            break
+    return len(gold & top.keys()) / len(gold)
+
+
+def delivered_recall(
+    delivered_record_ids: Iterable[str], evidence_ids: Iterable[str]
+) -> float | None:
+    """Fraction of ``evidence_ids`` whose content reached the answerer. None without evidence."""
+    gold = set(evidence_ids)
+    if not gold:
+        return None
+    return len(gold & set(delivered_record_ids)) / len(gold)
+
+
+def question_score(
+    prediction: str, reference: str, answer_type: AnswerType | str, correct: bool
+) -> float:
+    """QS: exact match for numbers, Jaccard partial credit for lists, ``correct`` otherwise."""
+    kind = AnswerType(answer_type)
+    if kind is AnswerType.NUMBER:
+        return float(answers_match(prediction, reference, kind))
+    if kind is AnswerType.LIST:
+        return (
+            1.0
+            if answers_match(prediction, reference, kind)
+            else list_jaccard(prediction, reference)
+        )
+    return float(correct)
+
+
+# --------------------------------------------------------------------------------------------
+# results
+# --------------------------------------------------------------------------------------------
+
+
+class ItemResult(BaseModel):
+    """One QA item evaluated under one design."""
+
+    qa_id: str
+    question: str
+    question_type: str | None = None
+    answer_type: str = "text"
+    question_date: str | None = None
+    reference: str = ""
+    evidence_ids: list[str] = Field(default_factory=list)
+    prediction: str | None = None
+    exact: bool | None = Field(
+        None, description="Agrees with the reference after type normalization."
+    )
+    judge_correct: bool | None = Field(
+        None, description="The judge's verdict (when exact agreement failed)."
+    )
+    correct: bool | None = None
+    qs: float | None = None
+    recall_at_1: float | None = None
+    recall_at_5: float | None = None
+    recall_at_10: float | None = None
+    delivered_recall: float | None = None
+    empty_context: bool | None = None
+    error: str | None = None
+    error_stage: str | None = None
+    seconds: float = 0.0
+    design_key: str = ""
+    metrics: str = "all"
+    trace: MemoryTrace | None = None
+
+
+class MetricSummary(BaseModel):
+    """Means over a set of items; None where the metric was not measured."""
+
+    n: int = 0
+    accuracy: float | None = None
+    qs: float | None = None
+    recall_at_1: float | None = None
+    recall_at_5: float | None = None
+    recall_at_10: float | None = None
+    delivered_recall: float | None = None
+    empty_contexts: int = 0
+    errors: int = 0
+
+
+class EvaluationSummary(MetricSummary):
+    """The evaluation of one design on one QA set: overall and by question type."""
+
+    design_key: str = ""
+    design_name: str = ""
+    metrics: str = "all"
+    protocol: str = "full"
+    user: str | None = None
+    history_fingerprint: str | None = None
+    by_type: dict[str, MetricSummary] = Field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _mean(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def summarize_items(items: list[ItemResult], metrics: str) -> MetricSummary:
+    answered = metrics == "all"
+    return MetricSummary(
+        n=len(items),
+        accuracy=_mean([float(bool(i.correct)) for i in items]) if answered and items else None,
+        qs=_mean([i.qs if i.qs is not None else 0.0 for i in items])
+        if answered and items
+        else None,
+        recall_at_1=_mean([i.recall_at_1 for i in items]),
+        recall_at_5=_mean([i.recall_at_5 for i in items]),
+        recall_at_10=_mean([i.recall_at_10 for i in items]),
+        delivered_recall=_mean([i.delivered_recall for i in items]),
+        empty_contexts=sum(bool(i.empty_context) for i in items),
+        errors=sum(i.error is not None for i in items),
+    )
+
+
+class EvaluationReport(BaseModel):
+    summary: EvaluationSummary
+    items: list[ItemResult]
+
+    def as_json(self) -> dict[str, Any]:
+        """The summary as ``memsteer evaluate --json`` prints it."""
+        return self.summary.model_dump(mode="json")
+
+
+# --------------------------------------------------------------------------------------------
+# evaluating
+# --------------------------------------------------------------------------------------------
+
+
+class Judge:
+    """The fixed binary judge (one LM) used when exact agreement fails."""
+
+    def __init__(self, lm: Any):
+        self.predict = dspy.Predict(JudgeAnswer)
+        self.predict.lm = lm
+
+    def __call__(self, question: str, reference: str, prediction: str) -> bool:
+        return bool(
+            self.predict(question=question, reference=reference, prediction=prediction).correct
+        )
+
+
+def evaluate_item(
+    system: MemorySystem, item: QAItem, *, metrics: Metrics = "all", judge: Judge | None = None,
+    protocol: Protocol = "full",
+) -> ItemResult:  # fmt: skip
+    """Evaluate one QA item; never raises — a failure is recorded with its stage and scores 0."""
+    t0 = time.perf_counter()
+    res = ItemResult(
+        qa_id=item.id, question=item.question, question_type=item.question_type,
+        answer_type=str(item.answer_type), reference=item.answer, evidence_ids=list(item.evidence_ids),
+        question_date=item.question_date.isoformat() if item.question_date else None,
+        design_key=system.design.key(), metrics=metrics,
+    )  # fmt: skip
+    as_of = item.question_date if protocol == "as_of" else None
+    stage = "retrieve"
+    try:
+        if metrics == "recall":
+            trace = system.retrieve(item.question, question_date=item.question_date, as_of=as_of)
+        else:
+            stage = "answer"
+            trace = system(item.question, question_date=item.question_date, as_of=as_of).trace
+        res.trace = trace
+        res.empty_context = trace.empty_context
+        for k in RECALL_KS:
+            setattr(
+                res, f"recall_at_{k}", recall_at_k(trace.ranked_record_ids, item.evidence_ids, k)
+            )
+        res.delivered_recall = delivered_recall(trace.delivered_record_ids, item.evidence_ids)
+        if metrics == "all":
+            res.prediction = trace.answer or ""
+            res.exact = answers_match(res.prediction, item.answer, item.answer_type)
+            correct = res.exact
+            if not correct:
+                stage = "judge"
+                res.judge_correct = judge(item.question, item.answer, res.prediction)
+                correct = res.judge_correct
+            res.correct = correct
+            res.qs = question_score(res.prediction, item.answer, item.answer_type, correct)
+    except Exception as exc:  # one failed item scores 0, with why
+        res.error = f"{type(exc).__name__}: {exc}"
+        res.error_stage = stage
+        if metrics == "all":
+            res.correct = False
+            res.qs = 0.0
+        if res.trace is None and item.evidence_ids:
+            for k in RECALL_KS:
+                setattr(res, f"recall_at_{k}", 0.0)
+            res.delivered_recall = 0.0
+    res.seconds = round(time.perf_counter() - t0, 4)
+    return res
+
+
+def _load_done(path: Path, design_key: str, metrics: str) -> dict[str, ItemResult]:
+    done: dict[str, ItemResult] = {}
+    if not path.exists():
+        return done
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                r = ItemResult.model_validate_json(line)
+            except ValueError:
+                continue  # a line cut by an interrupted run
+            if r.design_key == design_key and r.metrics == metrics and r.error is None:
+                done[r.qa_id] = r
+    return done
+
+
+def evaluate_design(
+    system: MemorySystem,
+    items: list[QAItem],
+    *,
+    metrics: Metrics = "all",
+    judge_lm: Any = None,
+    protocol: Protocol = "full",
+    threads: int = 1,
+    out_dir: str | Path | None = None,
+    resume: bool = True,
+    on_item: Callable[[ItemResult], None] | None = None,
+) -> EvaluationReport:
+    """Evaluate ``system`` on ``items`` (see the module docstring).
+
+    ``judge_lm`` is required for ``metrics="all"``. ``threads`` runs items concurrently (useful
+    with API LMs). ``on_item`` is called with each finished result (e.g. a progress bar).
+    """
+    if metrics not in ("all", "recall"):
+        raise ConfigError(f"metrics must be 'all' or 'recall', not {metrics!r}")
+    if protocol not in ("as_of", "full"):
+        raise ConfigError(f"protocol must be 'as_of' or 'full', not {protocol!r}")
+    if not items:
+        raise InputError(
+            "no QA items to evaluate",
+            hint="check --qa: the QA file or the format's official QA is empty",
+        )
+    judge = None
+    if metrics == "all":
+        if judge_lm is None:
+            raise ConfigError(
+                "metrics='all' needs a judge LM (CLI: --lm or --lm-judge); or use metrics='recall'"
+            )
+        if system.answerer.lm is None:
+            raise ConfigError(
+                "metrics='all' needs an answerer LM (CLI: --lm or --lm-answerer); or use metrics='recall'"
+            )
+        judge = Judge(judge_lm)
+    t0 = time.perf_counter()
+    key = system.design.key()
+    out = Path(out_dir) if out_dir is not None else None
+    done: dict[str, ItemResult] = {}
+    items_path = None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        items_path = out / "items.jsonl"
+        if resume:
+            done = _load_done(items_path, key, metrics)
+        elif items_path.exists():
+            items_path.unlink()
+    todo = [q for q in items if q.id not in done]
+    lock = threading.Lock()
+    results: dict[str, ItemResult] = dict(done)
+
+    def finish(r: ItemResult) -> None:
+        with lock:
+            results[r.qa_id] = r
+            if items_path is not None:
+                with open(items_path, "a", encoding="utf-8") as f:
+                    f.write(r.model_dump_json() + "\n")
+            if on_item is not None:
+                on_item(r)
+
+    def run(q: QAItem) -> ItemResult:
+        return evaluate_item(system, q, metrics=metrics, judge=judge, protocol=protocol)
+
+    if threads <= 1:
+        for q in todo:
+            finish(run(q))
+    else:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            futures = [pool.submit(contextvars.copy_context().run, run, q) for q in todo]
+            for fut in as_completed(futures):
+                finish(fut.result())
+
+    ordered = [results[q.id] for q in items]
+    overall = summarize_items(ordered, metrics)
+    by_type: dict[str, list[ItemResult]] = {}
+    for r in ordered:
+        by_type.setdefault(r.question_type or "unknown", []).append(r)
+    summary = EvaluationSummary(
+        **overall.model_dump(), design_key=key, design_name=system.design.name, metrics=metrics,
+        protocol=protocol, user=system.user_history.user_id, history_fingerprint=system.user_history.fingerprint,
+        by_type={t: summarize_items(rs, metrics) for t, rs in sorted(by_type.items())},
+        seconds=round(time.perf_counter() - t0, 3),
+    )  # fmt: skip
+    report = EvaluationReport(summary=summary, items=ordered)
+    if out is not None:
+        _write_atomic(items_path, "".join(r.model_dump_json() + "\n" for r in ordered))
+        _write_atomic(out / "summary.json", summary.model_dump_json(indent=2) + "\n")
+        _write_atomic(out / "design.json", system.design.to_json() + "\n")
+    return report
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------
+# QA files
+# --------------------------------------------------------------------------------------------
+
+
+def read_qa_jsonl(path: str | Path) -> list[QAItem]:
+    """QA items from a JSONL file written by ``QAItem.model_dump_json()`` (one item a line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(
+            "QA file not found", file=path, hint="pass --qa official or the path of a QA JSONL file"
+        )
+    items = []
+    seen: set[str] = set()
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"not valid JSON: {exc.msg}", file=path, line=n) from None
+            try:
+                item = QAItem.model_validate(obj)
+            except Exception as exc:
+                errs = getattr(exc, "errors", lambda: [])()
+                field = ".".join(str(p) for p in errs[0]["loc"]) if errs else None
+                msg = errs[0]["msg"] if errs else str(exc)
+                raise InputError(
+                    msg, file=path, line=n, field=field,
+                    record=obj.get("id") if isinstance(obj, dict) else None,
+                    hint="each line must be one QAItem as QAItem.model_dump_json() writes it",
+                ) from None  # fmt: skip
+            if item.id in seen:
+                raise InputError(f"duplicate QA id {item.id!r}", file=path, line=n, record=item.id)
+            seen.add(item.id)
+            items.append(item)
+    return items
