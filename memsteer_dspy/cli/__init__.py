@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from memsteer_dspy.cli.evaluate import evaluate
 from memsteer_dspy.cli.ingest import ingest
 from memsteer_dspy.cli.lm import lm_app
 
@@ -18,9 +19,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command()(ingest)
-from memsteer_dspy.cli.evaluate import evaluate; app.command()(evaluate)  # noqa: E402,E702 (issue 4; the lead tidies)
-from memsteer_dspy.cli.generate import assess, generate; app.command()(generate); app.command()(assess)  # noqa: E402,E702 (issue 3; the lead tidies)
-from memsteer_dspy.cli.optimize import optimize, tune_prompts; app.command()(optimize); app.command("tune-prompts")(tune_prompts)  # noqa: E402,E702 (issue 5; the lead tidies)
+app.command()(evaluate)
 app.add_typer(lm_app, name="lm")
 
 
