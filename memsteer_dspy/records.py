@@ -22,7 +22,7 @@ from enum import StrEnum
 from functools import cached_property
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from memsteer_dspy.errors import DuplicateRecordError, EmptyHistoryError, InputError
 
