@@ -5,8 +5,10 @@ from __future__ import annotations
 import typer
 
 from memsteer_dspy.cli.evaluate import evaluate
+from memsteer_dspy.cli.generate import assess, generate
 from memsteer_dspy.cli.ingest import ingest
 from memsteer_dspy.cli.lm import lm_app
+from memsteer_dspy.cli.optimize import optimize, tune_prompts
 
 app = typer.Typer(
     name="memsteer",
@@ -19,7 +21,11 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command()(ingest)
+app.command()(generate)
+app.command()(assess)
 app.command()(evaluate)
+app.command()(optimize)
+app.command("tune-prompts")(tune_prompts)
 app.add_typer(lm_app, name="lm")
 
 

@@ -1,0 +1,561 @@
+"""Material bundles: path-based expansion from seeds over the record graph (paper Section 3.2).
+
+"Path-based expansion from a seed samples a connected subgraph, whose records form a
+context-budgeted material bundle B with source-span references for identifying jointly supporting
+facts and evidence records."
+
+* :func:`sample_seeds` picks seed records that cover the history's sources (record kinds), time
+  (months) and threads — never all from one conversation — preferring records whose spans carry
+  names, numbers, dates and places (:func:`informativeness`).
+* :func:`expand_bundle` walks typed edges from a seed, choosing each next record among the walked
+  records' neighbours with probability proportional to the edge weight, until the bundle has its
+  records or its token budget (``memsteer_dspy.tokens.count_tokens``) is used.
+* :class:`Task` asks for a question type and an evidence count (1–4 records); :func:`sample_task`
+  draws one.
+* :class:`BundleSampler` ties these together: candidate ``i`` of a run is a pure function of
+  (history, graph, config, seed, i), so a resumed run rebuilds exactly the same candidates.
+
+A bundle renders its records as quoted data, one labelled span per line (``[<span id>] text``),
+which is what every LLM role reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from memsteer_dspy.graph import EdgeType, RecordGraph
+from memsteer_dspy.records import History, Record, Span
+from memsteer_dspy.tokens import count_tokens
+
+__all__ = [
+    "QUESTION_TYPES",
+    "Bundle",
+    "BundleConfig",
+    "BundleRecord",
+    "BundleView",
+    "BundleSampler",
+    "Candidate",
+    "Task",
+    "expand_bundle",
+    "informativeness",
+    "random_bundle",
+    "sample_seeds",
+    "sample_task",
+    "small_lm_bundle_config",
+]
+
+QUESTION_TYPES: dict[str, str] = {
+    "fact": "a single fact stated in one record (who, what, where, which)",
+    "temporal": "when something happened, or the order or time between events",
+    "aggregation": "a count, total or list gathered across the evidence records",
+    "multi-hop": "a fact found by linking one record's fact to another's",
+    "comparison": "which of two things is larger, earlier, more, or different",
+}
+# Which question types suit how many evidence records.
+_TYPES_BY_COUNT: dict[int, tuple[str, ...]] = {
+    1: ("fact", "temporal"),
+    2: ("multi-hop", "temporal", "comparison", "aggregation"),
+    3: ("aggregation", "multi-hop"),
+    4: ("aggregation",),
+}
+
+
+class BundleConfig(BaseModel):
+    """How bundles are built.
+
+    ``token_budget`` bounds the rendered bundle (cl100k tokens). A bundle has
+    ``max(min_records, evidence_count + 1)`` records, at most ``max_records``, so every task has
+    at least one distractor record. ``record_token_cap`` keeps only a record's leading spans
+    that fit that many tokens (None keeps whole records; a small LM reads better with ~200).
+    ``evidence_weights`` is the chance of each evidence count; ``question_types`` restricts the
+    types drawn. ``edge_types`` are the edges expansion may walk.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    token_budget: int = Field(default=2500, ge=100)
+    min_records: int = Field(default=3, ge=1)
+    max_records: int = Field(default=6, ge=1)
+    record_token_cap: int | None = Field(default=None, ge=20)
+    evidence_weights: dict[int, float] = Field(
+        default_factory=lambda: {1: 0.45, 2: 0.35, 3: 0.15, 4: 0.05}
+    )
+    question_types: list[str] | None = None
+    edge_types: list[EdgeType] = Field(default_factory=lambda: list(EdgeType))
+    min_seed_informativeness: float = 1.0
+
+
+def small_lm_bundle_config(**overrides) -> BundleConfig:
+    """Bundles a small embedded LM handles: three records of at most ~150 tokens each, and
+    mostly one- or two-record tasks (measured on RHELM with the 1.5B model)."""
+    values = {"record_token_cap": 150, "min_records": 3, "max_records": 3,
+              "evidence_weights": {1: 0.7, 2: 0.3}}  # fmt: skip
+    values.update(overrides)
+    return BundleConfig(**values)
+
+
+class Task(BaseModel):
+    """What the planner is asked for: a question type and how many evidence records it needs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    question_type: str
+    evidence_count: int = Field(ge=1, le=4)
+
+    @property
+    def description(self) -> str:
+        return QUESTION_TYPES.get(self.question_type, self.question_type)
+
+
+class BundleRecord(BaseModel):
+    """One record of a bundle: its identity, provenance fields and the spans it shows."""
+
+    id: str
+    kind: str
+    date: str | None = None
+    author: str | None = None
+    thread_id: str | None = None
+    title: str | None = None
+    spans: list[Span]
+    truncated: bool = False
+
+    def render(self, label: str | None = None) -> str:
+        """The record as quoted lines: a header, then ``[<label>.<n>] text`` per span (with no
+        ``label``, the full span ids)."""
+        head = [self.kind]
+        if self.date:
+            head.append(self.date)
+        if self.author:
+            head.append(f"by {self.author}")
+        if self.title:
+            head.append(f"title: {self.title}")
+        name = label or self.id
+        lines = [f"### {name} ({'; '.join(head)})"]
+        lines += [f"[{f'{label}.{s.index}' if label else s.id}] {s.text}" for s in self.spans]
+        if self.truncated:
+            lines.append("[…]")
+        return "\n".join(lines)
+
+
+_LABEL = re.compile(r"^\[?\s*R\s*(\d+)\s*(?:[.#:]\s*(?:S\s*)?(\d+))?\s*\]?$", re.I)
+
+
+@dataclass(frozen=True)
+class BundleView:
+    """A bundle rendered for an LLM role: records in a given order, labelled ``R1``, ``R2``, …
+    and spans ``R1.1``, ``R1.2``, … (short labels a small LM copies reliably), with the maps back
+    to record and span ids."""
+
+    text: str
+    record_labels: dict[str, str]  # label -> record id
+    span_ids: frozenset[str]
+
+    def label_of(self, record_id: str) -> str | None:
+        return next((lab for lab, rid in self.record_labels.items() if rid == record_id), None)
+
+    def span_label(self, span_id: str) -> str:
+        record_id, _, n = span_id.rpartition("#")
+        label = self.label_of(record_id)
+        return f"{label}.{n}" if label else span_id
+
+    def resolve_span(self, ref: str) -> str | None:
+        """The span id a label (``R2.3``) or a full span id names; None if it names none."""
+        ref = str(ref).strip().strip("[]").strip()
+        if ref in self.span_ids:
+            return ref
+        m = _LABEL.match(ref)
+        if m and m.group(2) and f"R{m.group(1)}" in self.record_labels:
+            span_id = f"{self.record_labels[f'R{m.group(1)}']}#{int(m.group(2))}"
+            return span_id if span_id in self.span_ids else None
+        return None
+
+    def resolve_record(self, ref: str) -> str | None:
+        """The record id a label (``R2``, or a span label ``R2.3``) or a full id names."""
+        ref = str(ref).strip().strip("[]").strip()
+        if ref in self.record_labels.values():
+            return ref
+        m = _LABEL.match(ref)
+        if m and f"R{m.group(1)}" in self.record_labels:
+            return self.record_labels[f"R{m.group(1)}"]
+        span = self.resolve_span(ref)
+        return span.rpartition("#")[0] if span else None
+
+
+class Bundle(BaseModel):
+    """A context-budgeted material bundle: connected records with span ids."""
+
+    id: str
+    seed_id: str
+    method: Literal["graph", "random", "given"] = "graph"
+    records: list[BundleRecord]
+    path: list[tuple[str, str, str]] = Field(
+        default_factory=list, description="(from, to, edge type) walked."
+    )
+    tokens: int = 0
+
+    @property
+    def record_ids(self) -> list[str]:
+        return [r.id for r in self.records]
+
+    def record(self, record_id: str) -> BundleRecord | None:
+        return next((r for r in self.records if r.id == record_id), None)
+
+    def spans(self) -> list[Span]:
+        return [s for r in self.records for s in r.spans]
+
+    def span(self, span_id: str) -> Span | None:
+        return next((s for s in self.spans() if s.id == span_id), None)
+
+    def render(self, order: Sequence[str] | None = None) -> str:
+        """The records as quoted data with full span ids, in ``order`` (record ids) or bundle order."""
+        recs = self.records if order is None else [self.record(i) for i in order if self.record(i)]
+        return "\n\n".join(r.render() for r in recs)
+
+    def view(self, order: Sequence[str] | None = None) -> BundleView:
+        """The records labelled ``R1``… in ``order`` (record ids; default bundle order)."""
+        recs = self.records if order is None else [r for i in order if (r := self.record(i))]
+        labels = {f"R{i}": r.id for i, r in enumerate(recs, 1)}
+        text = "\n\n".join(r.render(f"R{i}") for i, r in enumerate(recs, 1))
+        return BundleView(
+            text=text, record_labels=labels, span_ids=frozenset(s.id for r in recs for s in r.spans)
+        )
+
+    def subset(self, record_ids: Iterable[str]) -> Bundle:
+        keep = set(record_ids)
+        recs = [r for r in self.records if r.id in keep]
+        return self.model_copy(update={"records": recs, "tokens": _render_tokens(recs)})
+
+
+class Candidate(BaseModel):
+    """One planned candidate of a run: its index, seed, task and bundle (or why it was skipped)."""
+
+    index: int
+    seed_id: str
+    task: Task
+    bundle: Bundle | None = None
+    skip_reason: str | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# seeds
+# --------------------------------------------------------------------------------------------
+
+_MONTHS = r"(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*"
+_DATE = re.compile(
+    rf"\b{_MONTHS}\b\.?\s*\d{{1,2}}|\b\d{{4}}-\d{{2}}-\d{{2}}\b|\b\d{{1,2}}/\d{{1,2}}\b", re.I
+)
+_WEEKDAY = re.compile(r"\b(?:mon|tues|wednes|thurs|fri|satur|sun)day\b", re.I)
+_NUMBER = re.compile(
+    r"\b\d+(?:[.,]\d+)?\b|\b(?:two|three|four|five|six|seven|eight|nine|ten|twelve|dozen)\b", re.I
+)
+_NAME = re.compile(r"(?<=[a-z,;:] )[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*")
+_PLACE = re.compile(r"\b(?:in|at|to|from|near)\s+(?:the\s+)?[A-Z][a-z]+")
+_SPEAKER = re.compile(r"^(?:User|Assistant|Sender|Recipient|Subject|Summary):\s*")
+
+
+_URL = re.compile(r"https?://\S+|\[[^\]]*\]\([^)]*\)")
+_MARKUP = re.compile(r"^[#>*\-\s]*(?:\d+[.)]\s*)?")
+
+
+def span_features(text: str) -> dict[str, int]:
+    """Counts of names, numbers, dates and places in one span (links, markup, list numbers and
+    spans under five words carry none)."""
+    text = _MARKUP.sub("", _SPEAKER.sub("", _URL.sub(" ", text)))
+    if len(text.split()) < 5:
+        return {"names": 0, "numbers": 0, "dates": 0, "places": 0}
+    return {
+        "names": len(_NAME.findall(text)),
+        "numbers": len(_NUMBER.findall(text)),
+        "dates": len(_DATE.findall(text)) + len(_WEEKDAY.findall(text)),
+        "places": len(_PLACE.findall(text)),
+    }
+
+
+def informativeness(spans: Iterable[Span]) -> float:
+    """How much checkable detail the spans carry: per span, one point per kind of detail
+    (name, number, date, place) it mentions, summed over the record's best three spans."""
+    scores = sorted(
+        (sum(1 for v in span_features(s.text).values() if v) for s in spans), reverse=True
+    )
+    return float(sum(scores[:3]))
+
+
+def _visible_spans(record: Record, cap: int | None) -> tuple[list[Span], bool]:
+    """The leading spans of ``record`` that fit ``cap`` tokens (all of them without a cap)."""
+    spans = record.spans
+    if cap is None:
+        return list(spans), False
+    kept, used = [], 0
+    for s in spans:
+        n = count_tokens(s.text) + 8
+        if kept and used + n > cap:
+            return kept, True
+        kept.append(s)
+        used += n
+    return kept, False
+
+
+def _month(record: Record) -> str:
+    return record.timestamp.strftime("%Y-%m") if record.timestamp else "undated"
+
+
+def sample_seeds(
+    history: History, n: int, rng: random.Random, config: BundleConfig | None = None
+) -> list[str]:
+    """``n`` seed record ids covering sources, time and threads.
+
+    Each pick chooses a record kind with probability ∝ √(records of that kind), then the least
+    used month of that kind, then the least used thread in that month, then a record of that
+    thread weighted by informativeness (records below ``min_seed_informativeness`` only when
+    nothing else is left). Records repeat only after every eligible record has been used once.
+    """
+    config = config or BundleConfig()
+    info: dict[str, float] = {}
+    groups: dict[str, dict[str, dict[str, list[Record]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list))
+    )
+    for r in history.records:
+        spans, _ = _visible_spans(r, config.record_token_cap)
+        if not spans:
+            continue
+        info[r.id] = informativeness(spans)
+        groups[r.kind][_month(r)][r.thread_id or r.id].append(r)
+    if not info:
+        return []
+    informative = {rid for rid, v in info.items() if v >= config.min_seed_informativeness}
+    fresh: dict[str, int] = defaultdict(int)  # informative records not used yet, per kind
+    for kind, months in groups.items():
+        fresh[kind] = sum(
+            r.id in informative for m in months.values() for t in m.values() for r in t
+        )
+    used: dict[str, int] = defaultdict(int)
+    month_use: dict[tuple[str, str], int] = defaultdict(int)
+    thread_use: dict[str, int] = defaultdict(int)
+    kinds = sorted(groups)
+    kind_weights = [
+        math.sqrt(sum(len(t) for m in groups[k].values() for t in m.values())) for k in kinds
+    ]
+    seeds: list[str] = []
+    while len(seeds) < n:
+        kind = rng.choices(kinds, weights=kind_weights)[0]
+        months = sorted(groups[kind], key=lambda m: (month_use[(kind, m)], rng.random()))
+        picked = None
+        for month in months:
+            threads = groups[kind][month]
+            order = sorted(threads, key=lambda t: (thread_use[t], rng.random()))
+            for thread in order:
+                recs = threads[thread]
+                min_used = min(used[r.id] for r in recs)
+                pool = [r for r in recs if used[r.id] == min_used]
+                good = [r for r in pool if r.id in informative]
+                if not good and fresh[kind] > 0:
+                    continue  # informative records not used yet remain elsewhere
+                pool = good or pool
+                weights = [1.0 + info[r.id] for r in pool]
+                picked = rng.choices(pool, weights=weights)[0]
+                month_use[(kind, month)] += 1
+                thread_use[thread] += 1
+                break
+            if picked is not None:
+                break
+        if (
+            picked is None
+        ):  # every thread of this kind skipped: take the most informative least-used
+            pool = [r for m in groups[kind].values() for t in m.values() for r in t]
+            picked = min(pool, key=lambda r: (used[r.id], -info[r.id], r.id))
+        if used[picked.id] == 0 and picked.id in informative:
+            fresh[kind] -= 1
+        used[picked.id] += 1
+        seeds.append(picked.id)
+    return seeds
+
+
+def sample_task(rng: random.Random, config: BundleConfig | None = None) -> Task:
+    """Draw an evidence count from ``evidence_weights`` and a question type suited to it."""
+    config = config or BundleConfig()
+    counts = sorted(c for c, w in config.evidence_weights.items() if w > 0)
+    count = rng.choices(counts, weights=[config.evidence_weights[c] for c in counts])[0]
+    types = [t for t in _TYPES_BY_COUNT.get(count, ("aggregation",))
+             if config.question_types is None or t in config.question_types]  # fmt: skip
+    if not types:
+        types = list(config.question_types or ["fact"])
+    return Task(question_type=rng.choice(types), evidence_count=count)
+
+
+# --------------------------------------------------------------------------------------------
+# expansion
+# --------------------------------------------------------------------------------------------
+
+
+def _bundle_record(record: Record, cap: int | None) -> BundleRecord:
+    spans, truncated = _visible_spans(record, cap)
+    return BundleRecord(
+        id=record.id, kind=record.kind, date=record.timestamp.date().isoformat() if record.timestamp else None,
+        author=record.author, thread_id=record.thread_id, title=record.title, spans=spans, truncated=truncated,
+    )  # fmt: skip
+
+
+def _render_tokens(records: Sequence[BundleRecord]) -> int:
+    """Tokens of the records as an LLM role reads them (labelled ``R1``, ``R2``, …)."""
+    return count_tokens("\n\n".join(r.render(f"R{i}") for i, r in enumerate(records, 1)))
+
+
+def _bundle_id(seed_id: str, record_ids: Iterable[str]) -> str:
+    h = hashlib.sha256("\x1f".join([seed_id, *sorted(record_ids)]).encode()).hexdigest()[:10]
+    return f"b-{h}"
+
+
+def bundle_size(task: Task, config: BundleConfig) -> int:
+    return min(config.max_records, max(config.min_records, task.evidence_count + 1))
+
+
+def expand_bundle(
+    graph: RecordGraph,
+    seed_id: str,
+    size: int,
+    rng: random.Random,
+    config: BundleConfig | None = None,
+) -> tuple[Bundle | None, str | None]:
+    """Walk typed edges from ``seed_id`` into a connected bundle of up to ``size`` records.
+
+    Returns ``(bundle, None)``, or ``(None, reason)`` when no bundle can be made: the seed alone
+    is over the token budget (``over_budget``) or has no spans (``empty``). A bundle smaller than
+    ``size`` (the seed's component is small or the budget is used up) is returned as is; callers
+    check it has enough records for their task.
+    """
+    config = config or BundleConfig()
+    history = graph.history
+    seed = history.get(seed_id)
+    if seed is None:
+        raise KeyError(f"seed {seed_id!r} is not a record of the history")
+    first = _bundle_record(seed, config.record_token_cap)
+    if not first.spans:
+        return None, "empty"
+    records = [first]
+    used = _render_tokens(records)
+    if used > config.token_budget:
+        return None, "over_budget"
+    members = {seed_id}
+    path: list[tuple[str, str, str]] = []
+    rejected: set[str] = set()
+    types = [t.value for t in config.edge_types]
+    while len(records) < size:
+        frontier: dict[str, tuple[float, str, str]] = {}
+        for rid in [r.id for r in records]:
+            for nbr, kind, weight in graph.neighbours(rid, types):
+                if nbr in members or nbr in rejected:
+                    continue
+                if nbr not in frontier or weight > frontier[nbr][0]:
+                    frontier[nbr] = (weight, rid, kind)
+        if not frontier:
+            break
+        options = sorted(frontier)
+        pick = rng.choices(options, weights=[max(frontier[o][0], 1e-3) for o in options])[0]
+        rec = _bundle_record(history[pick], config.record_token_cap)
+        cost = count_tokens(rec.render(f"R{len(records) + 1}")) + 2
+        if not rec.spans or used + cost > config.token_budget:
+            rejected.add(pick)
+            continue
+        records.append(rec)
+        members.add(pick)
+        used += cost
+        weight, src, kind = frontier[pick]
+        path.append((src, pick, kind))
+    bundle = Bundle(
+        id=_bundle_id(seed_id, members), seed_id=seed_id, method="graph", records=records, path=path,
+        tokens=_render_tokens(records),
+    )  # fmt: skip
+    return bundle, None
+
+
+def random_bundle(
+    history: History,
+    seed_id: str,
+    size: int,
+    rng: random.Random,
+    config: BundleConfig | None = None,
+) -> tuple[Bundle | None, str | None]:
+    """The naive baseline's material: the seed plus records picked at random (no graph)."""
+    config = config or BundleConfig()
+    seed = history.get(seed_id)
+    if seed is None:
+        raise KeyError(f"seed {seed_id!r} is not a record of the history")
+    first = _bundle_record(seed, config.record_token_cap)
+    if not first.spans:
+        return None, "empty"
+    records = [first]
+    used = _render_tokens(records)
+    if used > config.token_budget:
+        return None, "over_budget"
+    ids = [r.id for r in history.records if r.id != seed_id]
+    for rid in rng.sample(ids, min(len(ids), size * 4)):
+        if len(records) >= size:
+            break
+        rec = _bundle_record(history[rid], config.record_token_cap)
+        cost = count_tokens(rec.render(f"R{len(records) + 1}")) + 2
+        if rec.spans and used + cost <= config.token_budget:
+            records.append(rec)
+            used += cost
+    return Bundle(id=_bundle_id(seed_id, [r.id for r in records]), seed_id=seed_id, method="random",
+                  records=records, tokens=_render_tokens(records)), None  # fmt: skip
+
+
+def bundle_from_records(
+    history: History, record_ids: Sequence[str], config: BundleConfig | None = None
+) -> Bundle:
+    """A bundle of exactly the given records (fidelity checks build bundles from QA evidence)."""
+    config = config or BundleConfig()
+    records = [_bundle_record(history[rid], config.record_token_cap) for rid in record_ids]
+    return Bundle(id=_bundle_id(record_ids[0], record_ids), seed_id=record_ids[0], method="given",
+                  records=records, tokens=_render_tokens(records))  # fmt: skip
+
+
+class BundleSampler:
+    """The candidates of one run: candidate ``i`` is a pure function of (inputs, seed, i).
+
+    ``method="graph"`` expands bundles over the record graph; ``method="random"`` picks the
+    non-seed records at random (the naive baseline).
+    """
+
+    def __init__(
+        self,
+        graph: RecordGraph,
+        config: BundleConfig | None = None,
+        *,
+        seed: int = 0,
+        max_candidates: int = 100,
+        method: Literal["graph", "random"] = "graph",
+    ):
+        self.graph = graph
+        self.history = graph.history
+        self.config = config or BundleConfig()
+        self.seed = seed
+        self.method = method
+        self.seeds = sample_seeds(
+            self.history, max_candidates, random.Random(f"seeds:{seed}"), self.config
+        )
+
+    def __len__(self) -> int:
+        return len(self.seeds)
+
+    def candidate(self, index: int) -> Candidate:
+        rng = random.Random(f"candidate:{self.seed}:{index}")
+        seed_id = self.seeds[index]
+        task = sample_task(rng, self.config)
+        size = bundle_size(task, self.config)
+        if self.method == "random":
+            bundle, reason = random_bundle(self.history, seed_id, size, rng, self.config)
+        else:
+            bundle, reason = expand_bundle(self.graph, seed_id, size, rng, self.config)
+        if bundle is not None and len(bundle.records) < task.evidence_count:
+            bundle, reason = None, "too_few_records"
+        return Candidate(index=index, seed_id=seed_id, task=task, bundle=bundle, skip_reason=reason)

@@ -1,0 +1,225 @@
+"""``memsteer generate`` and ``memsteer assess``: build verified QA–evidence supervision from a
+user's history, and judge its quality (or the checks' fidelity on human-annotated QA).
+
+(No ``from __future__ import annotations`` here: typer must see the real ``Annotated`` options.)
+"""
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from memsteer_dspy.cli.common import HistoryArgs, cli_errors, echo_json, history_options, lm_options
+from memsteer_dspy.errors import InputError
+
+PROFILES = ("auto", "small", "full")
+
+
+def _bundle_config(profile: str, lm_config, budget: int, record_token_cap: int | None):
+    from memsteer_dspy.bundles import BundleConfig, small_lm_bundle_config
+
+    if profile not in PROFILES:
+        raise typer.BadParameter(f"choose one of {', '.join(PROFILES)}", param_hint="--profile")
+    if profile == "auto":
+        backend = getattr(lm_config.spec("planner"), "backend", "litellm")
+        profile = "small" if backend in ("local", "llamacpp") else "full"
+    overrides = {"token_budget": budget}
+    if record_token_cap is not None:
+        overrides["record_token_cap"] = record_token_cap
+    return (
+        small_lm_bundle_config(**overrides) if profile == "small" else BundleConfig(**overrides)
+    ), profile
+
+
+@cli_errors
+@history_options
+@lm_options
+def generate(
+    history: HistoryArgs,
+    lm_config,
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out", "-o", help="Output folder (created; rerun the same command to resume)."
+        ),
+    ],
+    n: Annotated[int, typer.Option("--n", "-n", min=1, help="Accepted QA items wanted.")] = 100,
+    max_candidates: Annotated[
+        int | None,
+        typer.Option("--max-candidates", min=1, help="Candidates to try at most (default 5 x N)."),
+    ] = None,
+    method: Annotated[
+        str,
+        typer.Option(
+            "--method",
+            help="memsteer (plan, then question), joint, direct or naive (the paper's ablations).",
+        ),
+    ] = "memsteer",
+    checks: Annotated[
+        bool,
+        typer.Option(
+            "--checks/--no-checks",
+            help="Plan checks, audit and blind read (--no-checks skips them).",
+        ),
+    ] = True,
+    seed: Annotated[
+        int,
+        typer.Option(
+            "--seed",
+            help="Seed: which seeds, tasks and bundles (a rerun with the same seed resumes).",
+        ),
+    ] = 0,
+    threads: Annotated[
+        int,
+        typer.Option(
+            "--threads",
+            min=1,
+            help="Candidates in parallel (API LMs; keep 1 for the embedded model).",
+        ),
+    ] = 1,
+    budget: Annotated[
+        int, typer.Option("--budget", min=100, help="Bundle token budget (cl100k tokens).")
+    ] = 2500,
+    profile: Annotated[
+        str,
+        typer.Option(
+            "--profile",
+            help="Bundle profile: small (3 short records, mostly 1-2 evidence records), full, or auto (small for local/llamacpp planners).",
+        ),
+    ] = "auto",
+    record_token_cap: Annotated[
+        int | None,
+        typer.Option(
+            "--record-token-cap",
+            min=20,
+            help="Keep only each record's leading spans within this many tokens.",
+        ),
+    ] = None,
+    batch_size: Annotated[
+        int,
+        typer.Option(
+            "--batch-size",
+            min=1,
+            help="Candidates run stage by stage together (lets a local LM reuse its prompt cache).",
+        ),
+    ] = 8,
+    max_demos: Annotated[
+        int,
+        typer.Option(
+            "--max-demos", min=0, help="Few-shot demonstrations bootstrapped from accepted items."
+        ),
+    ] = 2,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Generate verified QA-evidence supervision (train.jsonl, val.jsonl, rejected.jsonl,
+    summary.json, dataset/) from a user's history."""
+    from memsteer_dspy.supervision.program import GENERATION_ROLES
+    from memsteer_dspy.supervision.run import (
+        METHODS,
+        GenerationConfig,
+        format_summary,
+        generate_supervision,
+    )
+
+    if method not in METHODS:
+        raise typer.BadParameter(f"choose one of {', '.join(METHODS)}", param_hint="--method")
+    bundle_config, chosen = _bundle_config(profile, lm_config, budget, record_token_cap)
+    loaded = history.load()
+    # length limits in the output schemas, for LMs that decode under them (in-process llama.cpp)
+    bounded = all(
+        getattr(lm_config.spec(r), "backend", "litellm") in ("local", "llamacpp")
+        for r in GENERATION_ROLES
+    )
+    config = GenerationConfig(
+        n=n, max_candidates=max_candidates, method=method, checks=checks, seed=seed, threads=threads,
+        batch_size=batch_size, max_demos=max_demos, bundle=bundle_config, bounded=bounded,
+    )  # fmt: skip
+    lms = {role: lm_config.lm(role) for role in GENERATION_ROLES}
+    described = lm_config.describe()
+    typer.echo(
+        f"generating for {loaded.history.user_id} ({len(loaded.history)} records) into {out}: "
+        f"method {method}, profile {chosen}, n {n}, at most {config.candidate_limit} candidates",
+        err=True,
+    )
+    summary = generate_supervision(loaded.history, lms, out, config, lm_description=described)
+    summary["lm_usage_by_role"] = lm_config.usage_by_role()
+    if as_json:
+        echo_json(summary)
+    else:
+        typer.echo(format_summary(summary))
+        typer.echo(f"wrote {out}/train.jsonl, val.jsonl, rejected.jsonl, summary.json, dataset/")
+
+
+@cli_errors
+@history_options
+@lm_options
+def assess(
+    history: HistoryArgs,
+    lm_config,
+    supervision: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--supervision",
+            "-s",
+            help="A folder written by `generate` (repeat for several methods).",
+        ),
+    ] = None,
+    fidelity: Annotated[
+        bool,
+        typer.Option(
+            "--fidelity",
+            help="Run the audit and blind read over the format's official QA and corrupted copies.",
+        ),
+    ] = False,
+    limit: Annotated[
+        int,
+        typer.Option(
+            "--limit", min=1, help="Items to judge per folder (or official items for --fidelity)."
+        ),
+    ] = 50,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Which items are sampled and how they are corrupted.")
+    ] = 0,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Also write the report as JSON here.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Judge QA quality per method (premise support, clarity, answer support, evidence support),
+    or with --fidelity measure how often the checks accept true items and reject corrupted ones."""
+    from memsteer_dspy.supervision.quality import (
+        assess_fidelity,
+        assess_quality,
+        format_fidelity,
+        format_quality,
+    )
+
+    if not supervision and not fidelity:
+        raise InputError("nothing to assess", field="--supervision",
+                         hint="pass --supervision <generate output folder> (repeatable) and/or --fidelity")  # fmt: skip
+    loaded = history.load()
+    report: dict = {"user": loaded.history.user_id, "lm": lm_config.describe()}
+    lines: list[str] = []
+    if supervision:
+        quality = assess_quality(
+            loaded.history, supervision, lm_config.lm("quality_judge"), limit=limit, seed=seed
+        )
+        report["quality"] = quality
+        lines.append(format_quality(quality))
+    if fidelity:
+        if not loaded.qa_items:
+            raise InputError(f"the {history.format} history has no official QA items to check against",
+                             field="--fidelity", hint="use a format with QA (rhelm, locomo) or drop --fidelity")  # fmt: skip
+        lms = {r: lm_config.lm(r) for r in ("auditor", "blind_reader")}
+        fid = assess_fidelity(loaded.history, loaded.qa_items, lms, limit=limit, seed=seed)
+        report["fidelity"] = fid
+        lines.append(format_fidelity(fid))
+    report["lm_usage_by_role"] = lm_config.usage_by_role()
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    if as_json:
+        echo_json(report)
+    else:
+        typer.echo("\n\n".join(lines))

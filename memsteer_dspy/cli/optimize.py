@@ -1,0 +1,316 @@
+"""``memsteer optimize`` (MemSteer-Opt) and ``memsteer tune-prompts`` (GEPA / MIPROv2 with the
+same supervision), both tracked in MLflow.
+
+(No ``from __future__ import annotations`` here: typer must see the real ``Annotated`` options.)
+"""
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from memsteer_dspy.cli.common import HistoryArgs, cli_errors, echo_json, history_options, lm_options
+from memsteer_dspy.errors import InputError
+
+SUPERVISION_HELP = (
+    "'official' (the benchmark's own QA split per persona: 40% train, 20% validation, seeded) or a "
+    "folder with train.jsonl and val.jsonl (as `memsteer generate` writes)."
+)
+
+
+def load_supervision(spec: str, loaded, *, seed: int):
+    """(train, val, description) for ``--supervision``."""
+    from memsteer_dspy.optimize.splits import read_supervision, split_official
+
+    if spec == "official":
+        if not loaded.qa_items:
+            raise InputError(
+                "the history has no official QA items to split", field="--supervision",
+                hint="pass --supervision <folder with train.jsonl and val.jsonl> (memsteer generate writes one)",
+            )  # fmt: skip
+        train, val = split_official(loaded.qa_items, seed=seed)
+        return train, val, f"official QA split (seed {seed})"
+    train, val = read_supervision(spec)
+    return train, val, str(Path(spec).resolve())
+
+
+def _tracker(out: Path, loaded, tracking_uri: str | None, no_tracking: bool):
+    from memsteer_dspy.tracking import Tracker
+
+    if no_tracking:
+        return Tracker.disabled()
+    return Tracker.for_history(
+        out, loaded.history.user_id, loaded.history.fingerprint, uri=tracking_uri
+    )
+
+
+def _pct(v) -> str:
+    return "  -  " if v is None else f"{100 * v:5.1f}"
+
+
+def _progress(event: dict) -> None:
+    cand, best = event["candidate"], event["best"]
+    primary = "accuracy" if event["objective"] != "recall" else "delivered_recall"
+    c = getattr(cand, primary, None) if cand is not None else None
+    b = getattr(best, primary, None) if best is not None else None
+    name = "acc" if primary == "accuracy" else "recall"
+    line = (
+        f"iter {event['iteration']:>3}/{event['total']}  {event['status']:<9} candidate {name} {_pct(c)}"
+        f"  best {_pct(b)}  cost {event['cost_total'].short()}"
+    )
+    if event["status"] in ("invalid", "failed", "duplicate") and event.get("reason"):
+        line += f"  ({event['reason'][:100]})"
+    elif event.get("changes"):
+        line += "  [" + "; ".join(event["changes"])[:120] + "]"
+    typer.echo(line, err=True)
+
+
+@cli_errors
+@history_options
+@lm_options
+def optimize(
+    history: HistoryArgs,
+    lm_config,
+    supervision: Annotated[str, typer.Option("--supervision", "-s", help=SUPERVISION_HELP)],
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Run folder: best_design.json, trajectory.jsonl, summary.md, iterations/, mlflow.db. A rerun resumes.",
+        ),
+    ],
+    iterations: Annotated[
+        int,
+        typer.Option(
+            "--iterations",
+            "-T",
+            min=0,
+            help="Proposals after the initial design (the paper runs 20).",
+        ),
+    ] = 20,
+    objective: Annotated[
+        str,
+        typer.Option(
+            "--objective",
+            help="'accuracy' (validation accuracy A(d), the paper's), 'recall' (delivered recall, R@10 tie-break; no answering LM) or 'recall-then-accuracy'.",
+        ),
+    ] = "accuracy",
+    feedback: Annotated[
+        str,
+        typer.Option(
+            "--feedback",
+            help="'stratified' (diagnosis, up to 10 cases per failure stage), 'random30', 'random30+gold' or 'random30+diagnosis'.",
+        ),
+    ] = "stratified",
+    init_design: Annotated[
+        Path | None,
+        typer.Option(
+            "--init-design",
+            help="Start from this design JSON instead of Base-BM25 (transfer, continuation).",
+        ),
+    ] = None,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Seeds the official split and the feedback sampling.")
+    ] = 0,
+    feedback_tokens: Annotated[
+        int,
+        typer.Option(
+            "--feedback-tokens",
+            min=200,
+            help="Token budget of the feedback given to the proposer (keep the proposer's context in mind).",
+        ),
+    ] = 3000,
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option(
+            "--tracking-uri",
+            help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<out>/mlflow.db).",
+        ),
+    ] = None,
+    no_tracking: Annotated[
+        bool, typer.Option("--no-tracking", help="Write only the local files; no MLflow.")
+    ] = False,
+    dspy_autolog: Annotated[
+        bool,
+        typer.Option(
+            "--dspy-autolog",
+            help="Also record every LM call as an MLflow trace (mlflow.dspy.autolog).",
+        ),
+    ] = False,
+    threads: Annotated[
+        int,
+        typer.Option(
+            "--threads", "-t", min=1, help="QA items evaluated concurrently (useful with API LMs)."
+        ),
+    ] = 1,
+    protocol: Annotated[
+        str | None, typer.Option("--protocol", help="'as_of' (default for RHELM) or 'full'.")
+    ] = None,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--cache-dir",
+            help="Where stores and indexes are kept and reused across candidates (default as for `memsteer evaluate`).",
+        ),
+    ] = None,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Keep built memories in memory only.")
+    ] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object (the result) at the end.")
+    ] = False,
+) -> None:
+    """MemSteer-Opt: optimize the memory design for this history with evidence-guided feedback,
+    accepting a revision only when it scores strictly better on validation; tracked in MLflow."""
+    from memsteer_dspy.cli.evaluate import default_cache_dir
+    from memsteer_dspy.memory import MemoryDesign
+    from memsteer_dspy.optimize import FEEDBACK_MODES, OBJECTIVES, MemSteerOpt, OptimizeConfig
+
+    if objective not in OBJECTIVES:
+        raise typer.BadParameter(f"choose one of {', '.join(OBJECTIVES)}", param_hint="--objective")
+    if feedback not in FEEDBACK_MODES:
+        raise typer.BadParameter(
+            f"choose one of {', '.join(FEEDBACK_MODES)}", param_hint="--feedback"
+        )
+    if protocol is not None and protocol not in ("as_of", "full"):
+        raise typer.BadParameter("choose 'as_of' or 'full'", param_hint="--protocol")
+    d0 = MemoryDesign.load(init_design) if init_design is not None else MemoryDesign.base_bm25()
+    loaded = history.load()
+    train, val, source = load_supervision(supervision, loaded, seed=seed)
+    config = OptimizeConfig(
+        iterations=iterations, objective=objective, feedback=feedback, seed=seed, feedback_tokens=feedback_tokens,
+        protocol=protocol or ("as_of" if history.format == "rhelm" else "full"), threads=threads,
+    )  # fmt: skip
+    tracker = _tracker(out, loaded, tracking_uri, no_tracking)
+    if dspy_autolog:
+        tracker.enable_dspy_autolog()
+    typer.echo(
+        f"MemSteer-Opt on {loaded.history.user_id}: {len(train)} train / {len(val)} val items ({source}); "
+        f"objective {objective}, feedback {feedback}, {iterations} iterations -> {out}",
+        err=True,
+    )
+    opt = MemSteerOpt(
+        loaded.history, train, val, out, config=config, lms=lm_config.lm, init_design=d0, tracker=tracker,
+        cache_dir=None if no_cache else (cache_dir or default_cache_dir()), usage=lm_config.usage_by_role,
+        on_event=_progress,
+        run_params={"supervision": source, "lm": lm_config.describe(), "format": history.format,
+                    "external": history.external},
+    )  # fmt: skip
+    result = opt.run()
+    best, base = result.best_score, result.baseline_score
+    summary = {
+        "user": loaded.history.user_id, "out": str(out), "objective": objective, "feedback": feedback,
+        "iterations": len(result.entries) - 1, "accepted_path": result.accepted_path,
+        "baseline": base.model_dump(), "best": best.model_dump(), "best_design_key": result.best_design.key(),
+        "cost": result.entries[-1].cost_total.model_dump(), "tracking_uri": result.tracking_uri,
+        "mlflow_parent_run_id": result.parent_run_id, "lm_usage": lm_config.usage_by_role(),
+    }  # fmt: skip
+    if json_out:
+        echo_json(summary)
+        return
+    typer.echo(f"initial design: {base.short()}")
+    typer.echo(
+        f"best design:    {best.short()}  (accepted path: iterations {result.accepted_path})"
+    )
+    typer.echo(
+        f"wrote {out / 'best_design.json'}, {out / 'trajectory.jsonl'}, {out / 'summary.md'}"
+    )
+    if result.tracking_uri:
+        typer.echo(f"MLflow runs: mlflow ui --backend-store-uri {result.tracking_uri}")
+    elif not no_tracking:
+        typer.echo(f"MLflow tracking failed ({tracker.failure}); the local files are complete.")
+
+
+@cli_errors
+@history_options
+@lm_options
+def tune_prompts(
+    history: HistoryArgs,
+    lm_config,
+    supervision: Annotated[str, typer.Option("--supervision", "-s", help=SUPERVISION_HELP)],
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Folder for the tuned program, its instructions and the before/after scores.",
+        ),
+    ],
+    design: Annotated[
+        str,
+        typer.Option(
+            "--design",
+            "-d",
+            help="'base-bm25' or a design JSON (e.g. an optimize run's best_design.json); held fixed.",
+        ),
+    ] = "base-bm25",
+    optimizer: Annotated[
+        str,
+        typer.Option(
+            "--optimizer",
+            help="'gepa' (reflective prompt evolution, with feedback text) or 'mipro' (MIPROv2; needs optuna).",
+        ),
+    ] = "gepa",
+    auto: Annotated[
+        str, typer.Option("--auto", help="Budget preset: light, medium or heavy.")
+    ] = "light",
+    max_metric_calls: Annotated[
+        int | None,
+        typer.Option(
+            "--max-metric-calls", min=1, help="GEPA: a budget in metric calls instead of --auto."
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option(
+            "--tracking-uri",
+            help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<out>/mlflow.db).",
+        ),
+    ] = None,
+    no_tracking: Annotated[bool, typer.Option("--no-tracking")] = False,
+    threads: Annotated[int, typer.Option("--threads", "-t", min=1)] = 1,
+    protocol: Annotated[
+        str | None, typer.Option("--protocol", help="'as_of' (default for RHELM) or 'full'.")
+    ] = None,
+    cache_dir: Annotated[Path | None, typer.Option("--cache-dir")] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object at the end.")
+    ] = False,
+) -> None:
+    """Hand the supervision to DSPy's GEPA or MIPROv2: tune the answerer and query-rewriter
+    prompts of a fixed design on train, select on validation; logged to the same MLflow experiment."""
+    from memsteer_dspy.cli.evaluate import default_cache_dir
+    from memsteer_dspy.memory import MemoryDesign
+    from memsteer_dspy.optimize.tune import OPTIMIZERS
+    from memsteer_dspy.optimize.tune import tune_prompts as run_tuning
+
+    if optimizer not in OPTIMIZERS:
+        raise typer.BadParameter(f"choose one of {', '.join(OPTIMIZERS)}", param_hint="--optimizer")
+    if auto not in ("light", "medium", "heavy"):
+        raise typer.BadParameter("choose light, medium or heavy", param_hint="--auto")
+    d = MemoryDesign.base_bm25() if design == "base-bm25" else MemoryDesign.load(design)
+    loaded = history.load()
+    train, val, source = load_supervision(supervision, loaded, seed=seed)
+    tracker = _tracker(out, loaded, tracking_uri, no_tracking)
+    result = run_tuning(
+        loaded.history, train, val, d, out_dir=out, optimizer=optimizer, answerer_lm=lm_config.lm("answerer"),
+        judge_lm=lm_config.lm("judge"), reflection_lm=lm_config.lm("proposer"), auto=None if max_metric_calls else auto,
+        max_metric_calls=max_metric_calls, seed=seed, threads=threads,
+        protocol=protocol or ("as_of" if history.format == "rhelm" else "full"),
+        cache_dir=cache_dir or default_cache_dir(), tracker=tracker,
+        run_params={"supervision": source, "lm": lm_config.describe()},
+    )  # fmt: skip
+    report = result.model_dump(mode="json") | {"lm_usage": lm_config.usage_by_role()}
+    if json_out:
+        echo_json(report)
+        return
+    typer.echo(
+        f"validation accuracy: {result.val_before:.3f} before -> {result.val_after:.3f} after ({optimizer})"
+    )
+    for name, text in result.instructions.items():
+        typer.echo(f"[{name}] {text[:300]}")
+    typer.echo(f"wrote {out / 'tuned_program.json'} and {out / 'instructions.json'}")
+    if result.tracking_uri:
+        typer.echo(f"MLflow runs: mlflow ui --backend-store-uri {result.tracking_uri}")

@@ -1,0 +1,57 @@
+"""MemSteer-Opt: evidence-guided memory-design optimization (paper, Section 3.3 and Appendix A.5).
+
+* :mod:`~memsteer_dspy.optimize.diagnosis` — :class:`Diagnosis` of incorrect training responses
+  into :class:`FailureStage` storage / retrieval / answering from the evidence annotations;
+* :mod:`~memsteer_dspy.optimize.feedback` — the four feedback modes (``random30``,
+  ``random30+gold``, ``random30+diagnosis``, ``stratified``);
+* :mod:`~memsteer_dspy.optimize.proposer` — :class:`DesignProposer` (the ``ProposeDesign``
+  signature, invalid proposals sent back once, duplicates re-sampled);
+* :mod:`~memsteer_dspy.optimize.objectives` — ``accuracy`` / ``recall`` / ``recall-then-accuracy``
+  and the strict accept rule;
+* :mod:`~memsteer_dspy.optimize.loop` — :class:`MemSteerOpt`, the resumable loop, tracked in MLflow;
+* :mod:`~memsteer_dspy.optimize.tune` — the supervision handed to DSPy's GEPA / MIPROv2 over the
+  answerer and query-rewriter prompts of a fixed design.
+"""
+
+from memsteer_dspy.optimize.diagnosis import (
+    Diagnosis,
+    EvidenceCheck,
+    FailureStage,
+    diagnose,
+    diagnose_failures,
+)
+from memsteer_dspy.optimize.feedback import FEEDBACK_MODES, Feedback, FeedbackCase, build_feedback
+from memsteer_dspy.optimize.loop import MemSteerOpt, OptimizeConfig, OptimizeResult, TrajectoryEntry
+from memsteer_dspy.optimize.objectives import OBJECTIVES, Score, accept
+from memsteer_dspy.optimize.proposer import (
+    DesignProposer,
+    Proposal,
+    design_diff,
+    design_space_schema,
+)
+from memsteer_dspy.optimize.splits import read_supervision, split_official
+
+__all__ = [
+    "FEEDBACK_MODES",
+    "OBJECTIVES",
+    "DesignProposer",
+    "Diagnosis",
+    "EvidenceCheck",
+    "FailureStage",
+    "Feedback",
+    "FeedbackCase",
+    "MemSteerOpt",
+    "OptimizeConfig",
+    "OptimizeResult",
+    "Proposal",
+    "Score",
+    "TrajectoryEntry",
+    "accept",
+    "build_feedback",
+    "design_diff",
+    "design_space_schema",
+    "diagnose",
+    "diagnose_failures",
+    "read_supervision",
+    "split_official",
+]

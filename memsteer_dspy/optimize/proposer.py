@@ -1,0 +1,356 @@
+"""The design proposer: a DSPy module around :class:`~memsteer_dspy.signatures.propose.ProposeDesign`.
+
+It asks an LM (the ``proposer`` role) for a revised design, with the design schema as the
+structured output (``JSONAdapter``: a grammar-bound JSON object on the embedded model, structured
+outputs on API models), and handles the two ways a proposal can be unusable:
+
+* **invalid** — the reply is not a valid :class:`MemoryDesign` (a field out of range, a forbidden
+  combination): it is sent back once with the validation error; still invalid → the iteration is
+  recorded invalid and skipped;
+* **duplicate** — the design equals an earlier candidate (same :meth:`MemoryDesign.key`): it is
+  not evaluated again but re-sampled with a new DSPy ``rollout_id`` at a temperature above 0, with
+  the duplicate named in the revision history (at temperature 0 the same feedback gives the same
+  proposal, and the loop would stall).
+
+The context token budget is held fixed across designs (paper, Section 3.3): a proposal that changes
+it is pinned back, and the attempt says so.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import dspy
+from dspy.adapters.chat_adapter import FieldInfoWithName
+from pydantic import BaseModel, Field
+
+from memsteer_dspy.memory.design import MemoryDesign, design_json_schema
+from memsteer_dspy.signatures.propose import ProposeDesign
+from memsteer_dspy.tokens import count_tokens, truncate_to_tokens
+
+HISTORY_TOKENS = 900
+RATIONALE_TOKENS = 70
+
+
+def design_space_schema() -> str:
+    """The design-space schema the proposer reads: :class:`MemoryDesign`'s JSON schema, compact
+    (no titles, no indentation) so it fits a small model's context."""
+
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items() if k != "title"}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+
+    return json.dumps(strip(design_json_schema()), separators=(",", ":"), ensure_ascii=False)
+
+
+def compact_design(design: MemoryDesign) -> str:
+    """A design as one-line JSON (what the proposer reads as the current design)."""
+    return json.dumps(design.model_dump(mode="json"), separators=(",", ":"), ensure_ascii=False)
+
+
+def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: obj}
+
+
+def design_diff(before: MemoryDesign, after: MemoryDesign) -> list[str]:
+    """What changed, one ``path: old -> new`` per field (the name is not part of a design)."""
+    a, b = _flat(before.model_dump(mode="json")), _flat(after.model_dump(mode="json"))
+    out = []
+    for k in sorted(set(a) | set(b)):
+        if k == "name" or a.get(k) == b.get(k):
+            continue
+        out.append(f"{k}: {json.dumps(a.get(k))} -> {json.dumps(b.get(k))}")
+    return out
+
+
+class ProposerAdapter(dspy.JSONAdapter):
+    """``JSONAdapter`` that does not repeat the design schema in the output-format note: the
+    schema is already an input (``design_space``), and a small model's context is short. The
+    structured-output response format still carries the full schema."""
+
+    def format_field_structure(self, signature: type[dspy.Signature]) -> str:
+        def note(name: str, info) -> str:
+            if info.annotation is str:
+                return f"{{{name}}}"
+            return f"{{{name}}}        # note: a JSON object that follows the design_space schema"
+
+        inputs = self.format_field_with_value(
+            {
+                FieldInfoWithName(name=n, info=f): f"{{{n}}}"
+                for n, f in signature.input_fields.items()
+            },
+            role="user",
+        )
+        outputs = self.format_field_with_value(
+            {
+                FieldInfoWithName(name=n, info=f): note(n, f)
+                for n, f in signature.output_fields.items()
+            },
+            role="assistant",
+        )
+        return "\n\n".join([
+            "All interactions will be structured in the following way, with the appropriate values filled in.",
+            "Inputs will have the following structure:", inputs,
+            "Outputs will be a JSON object with the following fields.", outputs,
+        ])  # fmt: skip
+
+
+class RevisionEntry(BaseModel):
+    """One earlier proposal as the proposer sees it in the revision history."""
+
+    iteration: int
+    status: str = Field(description="baseline, accepted, rejected, invalid, duplicate or failed.")
+    changes: list[str] = Field(default_factory=list)
+    score: str = ""
+    rationale: str = ""
+    note: str = ""
+
+    def render(self) -> str:
+        head = f"- iteration {self.iteration}: {self.status.upper()}"
+        if self.score:
+            head += f" ({self.score})"
+        lines = [head]
+        if self.changes:
+            lines.append("  changes: " + "; ".join(self.changes))
+        if self.rationale:
+            lines.append(
+                "  rationale: "
+                + truncate_to_tokens(self.rationale, RATIONALE_TOKENS).replace("\n", " ")
+            )
+        if self.note:
+            lines.append("  note: " + self.note)
+        return "\n".join(lines)
+
+
+def render_history(entries: list[RevisionEntry], max_tokens: int = HISTORY_TOKENS) -> str:
+    """The revision history, newest last; the oldest entries are left out to fit ``max_tokens``
+    (the baseline is always kept)."""
+    if not entries:
+        return "(none yet)"
+    texts = [e.render() for e in entries]
+    keep_first = entries[0].status == "baseline"
+    used = count_tokens(texts[0]) if keep_first else 0
+    chosen: list[int] = []
+    for i in range(len(texts) - 1, 0 if keep_first else -1, -1):
+        n = count_tokens(texts[i]) + 1
+        if used + n > max_tokens and chosen:
+            break
+        chosen.append(i)
+        used += n
+    chosen = sorted(chosen)
+    out = [texts[0]] if keep_first else []
+    omitted = (chosen[0] if chosen else len(texts)) - (1 if keep_first else 0)
+    if omitted > 0:
+        out.append(f"- ({omitted} earlier proposal(s) omitted)")
+    out.extend(texts[i] for i in chosen)
+    return "\n".join(out)
+
+
+class ProposalAttempt(BaseModel):
+    """One call of the proposer LM within an iteration."""
+
+    kind: Literal["ok", "invalid", "duplicate", "error"]
+    error: str | None = None
+    duplicate_of: str | None = Field(
+        None, description="The earlier candidate it equals (e.g. 'iteration 3, rejected')."
+    )
+    design_key: str | None = None
+    rollout_id: int | None = None
+    temperature: float | None = None
+    seconds: float = 0.0
+    raw: str | None = Field(None, description="The reply, when it could not be parsed as a design.")
+    notes: list[str] = Field(default_factory=list)
+
+
+class Proposal(BaseModel):
+    """What the proposer produced in one iteration."""
+
+    status: Literal["ok", "invalid", "duplicate", "failed"]
+    design: MemoryDesign | None = None
+    rationale: str = ""
+    attempts: list[ProposalAttempt] = Field(default_factory=list)
+    error: str | None = None
+
+
+def _validation_error(exc: Exception) -> tuple[str, str | None]:
+    """A readable validation error for an unparseable reply, and the raw reply."""
+    raw = getattr(exc, "lm_response", None)
+    if raw is None:
+        return f"{type(exc).__name__}: {exc}", None
+    import json_repair
+
+    try:
+        data = json_repair.loads(raw)
+    except Exception:
+        data = None
+    if not isinstance(data, dict):
+        return "the reply is not a JSON object with the fields rationale and design", raw
+    design = data.get("design")
+    if not isinstance(design, dict):
+        return "the reply has no 'design' object (a complete design following design_space)", raw
+    try:
+        MemoryDesign.from_dict(design)
+    except Exception as err:  # InputError naming the field at fault
+        return str(err), raw
+    return str(exc).split("\n\n")[0], raw
+
+
+class DesignProposer(dspy.Module):
+    """Proposes revised designs with one LM (see the module docstring).
+
+    Args:
+        lm: the proposer's LM (``lm_config.lm("proposer")``); None uses the configured DSPy LM.
+        fixed_budget: the context budget every design keeps (None: not enforced).
+        max_resamples: re-samples of a duplicate proposal before the iteration is skipped.
+        resample_temperature: the temperature of a re-sample (at least this, above 0).
+        history_tokens: token budget of the rendered revision history.
+    """
+
+    def __init__(
+        self, lm: Any = None, *, fixed_budget: int | None = None, max_resamples: int = 3,
+        resample_temperature: float = 0.7, history_tokens: int = HISTORY_TOKENS,
+    ):  # fmt: skip
+        super().__init__()
+        self.propose = dspy.Predict(ProposeDesign)
+        self.propose.lm = lm
+        self.adapter = ProposerAdapter()
+        self.fixed_budget = fixed_budget
+        self.max_resamples = max_resamples
+        self.resample_temperature = resample_temperature
+        self.history_tokens = history_tokens
+        self._schema = design_space_schema()
+
+    def _call(self, current: MemoryDesign, history: str, feedback: str, config: dict[str, Any]):
+        with dspy.context(adapter=self.adapter):
+            return self.propose(
+                current_design=compact_design(current), design_space=self._schema,
+                revision_history=history, feedback=feedback, config=config,
+            )  # fmt: skip
+
+    def _pin(self, design: MemoryDesign, notes: list[str]) -> MemoryDesign:
+        if self.fixed_budget is not None and design.context.budget_tokens != self.fixed_budget:
+            notes.append(f"context.budget_tokens {design.context.budget_tokens} pinned back to the fixed "
+                         f"budget {self.fixed_budget}")  # fmt: skip
+            design = design.model_copy(
+                update={
+                    "context": design.context.model_copy(
+                        update={"budget_tokens": self.fixed_budget}
+                    )
+                }
+            )
+        return design
+
+    def forward(
+        self, current: MemoryDesign, history: list[RevisionEntry], feedback: str, *,
+        seen: dict[str, str] | None = None, iteration: int = 0,
+    ) -> Proposal:  # fmt: skip
+        """Propose a revision of ``current``. ``seen`` maps the key of every earlier candidate to
+        a label (``"iteration 3, rejected"``); ``iteration`` numbers the rollouts."""
+        import time
+
+        seen = seen or {}
+        extra: list[RevisionEntry] = []
+        attempts: list[ProposalAttempt] = []
+        config: dict[str, Any] = {}
+        resamples = 0
+        sent_back = False
+        while True:
+            t0 = time.perf_counter()
+            notes: list[str] = []
+            text = render_history(history + extra, self.history_tokens)
+            try:
+                pred = self._call(current, text, feedback, config)
+                design, error, raw = pred.design, None, None
+                if not isinstance(design, MemoryDesign):
+                    design = MemoryDesign.from_dict(design)
+            except Exception as exc:  # noqa: BLE001 - sorted below: parse/validation vs LM failure
+                design = None
+                if _is_parse_error(exc):
+                    error, raw = _validation_error(exc)
+                else:
+                    attempts.append(ProposalAttempt(kind="error", error=f"{type(exc).__name__}: {exc}",
+                                                    seconds=time.perf_counter() - t0, **_cfg(config)))  # fmt: skip
+                    return Proposal(
+                        status="failed", attempts=attempts, error=f"{type(exc).__name__}: {exc}"
+                    )
+            seconds = time.perf_counter() - t0
+            if design is None:
+                attempts.append(
+                    ProposalAttempt(
+                        kind="invalid", error=error, raw=raw, seconds=seconds, **_cfg(config)
+                    )
+                )
+                if sent_back:
+                    return Proposal(status="invalid", attempts=attempts, error=error)
+                sent_back = True
+                extra.append(RevisionEntry(
+                    iteration=iteration, status="invalid",
+                    note=f"your last proposal was not a valid design: {error}. Return a complete, valid design.",
+                ))  # fmt: skip
+                continue
+            design = self._pin(design, notes)
+            key = design.key()
+            rationale = str(getattr(pred, "rationale", "") or "")
+            if key in seen:
+                attempts.append(ProposalAttempt(kind="duplicate", duplicate_of=seen[key], design_key=key,
+                                                seconds=seconds, notes=notes, **_cfg(config)))  # fmt: skip
+                if resamples >= self.max_resamples:
+                    return Proposal(status="duplicate", design=design, rationale=rationale, attempts=attempts,
+                                    error=f"every proposal repeated an earlier candidate ({seen[key]})")  # fmt: skip
+                resamples += 1
+                extra.append(RevisionEntry(
+                    iteration=iteration, status="duplicate", changes=design_diff(current, design),
+                    note=f"identical to the design of {seen[key]}; propose a different design",
+                ))  # fmt: skip
+                base_t = _temperature(self.propose.lm)
+                config = {"rollout_id": iteration * 100 + resamples,
+                          "temperature": max(self.resample_temperature, base_t or 0.0)}  # fmt: skip
+                continue
+            attempts.append(
+                ProposalAttempt(
+                    kind="ok", design_key=key, seconds=seconds, notes=notes, **_cfg(config)
+                )
+            )
+            return Proposal(status="ok", design=design, rationale=rationale, attempts=attempts)
+
+
+def _cfg(config: dict[str, Any]) -> dict[str, Any]:
+    return {"rollout_id": config.get("rollout_id"), "temperature": config.get("temperature")}
+
+
+def _temperature(lm: Any) -> float | None:
+    lm = lm or dspy.settings.lm
+    t = getattr(lm, "kwargs", {}).get("temperature") if lm is not None else None
+    return float(t) if isinstance(t, (int, float)) else None
+
+
+def _is_parse_error(exc: Exception) -> bool:
+    from dspy.utils.exceptions import AdapterParseError
+
+    from memsteer_dspy.errors import InputError
+
+    return isinstance(exc, (AdapterParseError, InputError, ValueError)) and not _is_lm_error(exc)
+
+
+def _is_lm_error(exc: Exception) -> bool:
+    name = type(exc).__name__
+    return any(
+        s in name
+        for s in (
+            "ContextLength",
+            "RateLimit",
+            "Timeout",
+            "Connection",
+            "APIError",
+            "Authentication",
+        )
+    )

@@ -1,0 +1,333 @@
+"""Programmatic checks of MemSteer's supervision pipeline (paper Section 3.2).
+
+"Answer plans that fail programmatic checks of structural consistency and provenance coverage are
+rejected before question generation." :func:`check_plan` resolves the planner's labels to span and
+record ids and returns the plan's failures, each with a reason code (:class:`PlanCheckCode`):
+
+=========================  =====================================================================
+code                       the plan fails when
+=========================  =====================================================================
+``no_facts``               it cites no supporting fact
+``unknown_span``           a cited span is not a span of the bundle
+``unknown_record``         an evidence record is not a record of the bundle
+``evidence_count``         its number of evidence records differs from the task's
+``evidence_without_fact``  an evidence record contributes no fact
+``fact_outside_evidence``  a fact's record is not an evidence record
+``bad_answer_type``        the answer type is not one of text/entity/number/date/list/boolean
+``empty_answer``           the answer is empty
+``answer_unparseable``     the answer does not parse as its type (``memsteer_dspy.normalize``)
+``answer_too_long``        a text/entity answer is longer than ``max_answer_words`` words
+``answer_not_in_spans``    a text/entity answer (or a list item) is not in the cited spans
+=========================  =====================================================================
+
+Before ``answer_not_in_spans`` fails a plan, :func:`repair_answer_citation` tries a deterministic
+citation repair: when the answer occurs in exactly one span of the bundle, and that span is in an
+evidence record (or the task needs a single record), the plan's answer span — and the fact that
+cited a neighbouring span of the same record — are pointed at it, and the repair is recorded.
+
+:func:`check_question` holds the question writer's output to the same standard: not empty, a
+question, no answer leakage, no mention of "the records" or span labels.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from enum import StrEnum
+
+from pydantic import BaseModel
+
+from memsteer_dspy.bundles import BundleView, Task
+from memsteer_dspy.normalize import AnswerParseError, list_items, normalize_text, parse_answer
+from memsteer_dspy.records import AnswerType
+from memsteer_dspy.signatures.plan import AnswerPlan, EvidenceUse, Fact
+
+__all__ = [
+    "PlanCheckCode",
+    "PlanIssue",
+    "Repair",
+    "answer_spans",
+    "check_plan",
+    "check_question",
+    "resolve_plan",
+]
+
+EXTRACTIVE_TYPES = (AnswerType.TEXT, AnswerType.ENTITY)
+
+
+class PlanCheckCode(StrEnum):
+    NO_FACTS = "no_facts"
+    UNKNOWN_SPAN = "unknown_span"
+    UNKNOWN_RECORD = "unknown_record"
+    EVIDENCE_COUNT = "evidence_count"
+    EVIDENCE_WITHOUT_FACT = "evidence_without_fact"
+    FACT_OUTSIDE_EVIDENCE = "fact_outside_evidence"
+    BAD_ANSWER_TYPE = "bad_answer_type"
+    EMPTY_ANSWER = "empty_answer"
+    ANSWER_UNPARSEABLE = "answer_unparseable"
+    ANSWER_TOO_LONG = "answer_too_long"
+    ANSWER_NOT_IN_SPANS = "answer_not_in_spans"
+
+
+class PlanIssue(BaseModel):
+    """One failed plan check: its code and what exactly failed."""
+
+    code: PlanCheckCode
+    detail: str
+
+
+class Repair(BaseModel):
+    """A deterministic citation repair: which stage, what was cited, what now is, and why."""
+
+    stage: str
+    field: str
+    before: str | None
+    after: str
+    reason: str
+
+
+def _contains(haystack: str, needle: str) -> bool:
+    """Whether normalized ``needle`` occurs in normalized ``haystack`` on word boundaries."""
+    n, h = normalize_text(needle), normalize_text(haystack)
+    return bool(n) and f" {n} " in f" {h} "
+
+
+def answer_spans(view: BundleView, span_texts: dict[str, str], answer: str) -> list[str]:
+    """Ids of the bundle's spans whose text contains ``answer`` (normalized, word-bounded)."""
+    return [sid for sid, text in span_texts.items() if _contains(text, answer)]
+
+
+def resolve_plan(
+    plan: AnswerPlan, view: BundleView, span_texts: dict[str, str] | None = None
+) -> tuple[AnswerPlan, list[PlanIssue]]:
+    """The plan with labels resolved to span and record ids, and the references that resolve to
+    nothing (``unknown_span`` / ``unknown_record``; those keep their raw text). A fact without a
+    statement gets its span's text."""
+    issues: list[PlanIssue] = []
+    facts = []
+    for f in plan.facts:
+        sid = view.resolve_span(f.span_id)
+        if sid is None:
+            issues.append(
+                PlanIssue(code=PlanCheckCode.UNKNOWN_SPAN, detail=f"fact cites {f.span_id!r}")
+            )
+        statement = f.statement or ((span_texts or {}).get(sid, "") if sid else "")
+        if sid is not None and any(x.span_id == sid for x in facts):
+            continue  # one span cited twice counts once
+        facts.append(Fact(span_id=sid or f.span_id, statement=statement))
+    evidence: list[EvidenceUse] = []
+    seen: set[str] = set()
+    for e in plan.evidence:
+        rid = view.resolve_record(e.record_id)
+        if rid is None:
+            issues.append(
+                PlanIssue(code=PlanCheckCode.UNKNOWN_RECORD, detail=f"evidence {e.record_id!r}")
+            )
+            rid = e.record_id
+        if rid in seen:
+            continue  # one record listed twice counts once
+        seen.add(rid)
+        evidence.append(EvidenceUse(record_id=rid, contribution=e.contribution))
+    answer_span = None
+    if plan.answer_span_id:
+        answer_span = view.resolve_span(plan.answer_span_id)
+        if answer_span is None:
+            issues.append(
+                PlanIssue(
+                    code=PlanCheckCode.UNKNOWN_SPAN, detail=f"answer span {plan.answer_span_id!r}"
+                )
+            )
+            answer_span = plan.answer_span_id
+    resolved = plan.model_copy(
+        update={"facts": facts, "evidence": evidence, "answer_span_id": answer_span}
+    )
+    return resolved, issues
+
+
+def _record_of(span_id: str) -> str:
+    return span_id.rpartition("#")[0]
+
+
+def repair_answer_citation(
+    plan: AnswerPlan, task: Task, span_texts: dict[str, str]
+) -> tuple[AnswerPlan, Repair | None]:
+    """Point the plan's answer citation at the one span of the bundle that contains the answer.
+
+    Applies only when exactly one span contains the answer and that span's record is an evidence
+    record (or the task needs one record, which then becomes the evidence). Returns the plan
+    unchanged and ``None`` otherwise.
+    """
+    hits = [sid for sid, text in span_texts.items() if _contains(text, plan.answer)]
+    if len(hits) != 1:
+        return plan, None
+    target = hits[0]
+    record = _record_of(target)
+    evidence = list(plan.evidence)
+    if record not in plan.evidence_ids:
+        if task.evidence_count != 1 or len(evidence) > 1:
+            return plan, None
+        contribution = evidence[0].contribution if evidence else "states the answer"
+        evidence = [EvidenceUse(record_id=record, contribution=contribution)]
+    before = plan.answer_span_id
+    facts = list(plan.facts)
+    # the fact that cited another span of the same record (or, for one record, of the old record)
+    same = [i for i, f in enumerate(facts) if _record_of(f.span_id) == record]
+    if task.evidence_count == 1 and not same:
+        same = list(range(len(facts)))[:1]
+    if same and all(facts[i].span_id != target for i in same):
+        i = same[0]
+        facts[i] = Fact(span_id=target, statement=span_texts[target])
+    elif not same:
+        facts.append(Fact(span_id=target, statement=span_texts[target]))
+    if task.evidence_count == 1:
+        facts = [f for f in facts if _record_of(f.span_id) == record] or [
+            Fact(span_id=target, statement=span_texts[target])
+        ]
+    deduped: list[Fact] = []
+    for f in facts:
+        if all(f.span_id != g.span_id for g in deduped):
+            deduped.append(f)
+    facts = deduped
+    repaired = plan.model_copy(
+        update={"answer_span_id": target, "facts": facts, "evidence": evidence}
+    )
+    repair = Repair(stage="plan", field="answer_span_id", before=before, after=target,
+                    reason="the answer occurs in exactly one span of the bundle")  # fmt: skip
+    return repaired, repair
+
+
+def _answer_support_issue(
+    plan: AnswerPlan, kind: AnswerType, span_texts: dict[str, str]
+) -> PlanIssue | None:
+    cited = [
+        sid for sid in [plan.answer_span_id, *(f.span_id for f in plan.facts)] if sid in span_texts
+    ]
+    text = "\n".join(span_texts[sid] for sid in dict.fromkeys(cited))
+    if kind in EXTRACTIVE_TYPES and not _contains(text, plan.answer):
+        return PlanIssue(
+            code=PlanCheckCode.ANSWER_NOT_IN_SPANS,
+            detail=f"{plan.answer!r} is not in the cited spans",
+        )
+    if kind is AnswerType.LIST:
+        missing = [item for item in list_items(plan.answer) if not _contains(text, item)]
+        if missing:
+            return PlanIssue(
+                code=PlanCheckCode.ANSWER_NOT_IN_SPANS,
+                detail=f"list items not in the cited spans: {missing}",
+            )
+    return None
+
+
+def check_plan(
+    plan: AnswerPlan,
+    task: Task,
+    view: BundleView,
+    span_texts: dict[str, str],
+    *,
+    max_answer_words: int = 10,
+    repair: bool = True,
+) -> tuple[AnswerPlan, list[PlanIssue], list[Repair]]:
+    """Resolve and check a plan: ``(resolved plan, failures, repairs)``; no failures = pass.
+
+    ``span_texts`` maps every span id of the bundle to its text. See the module docstring for
+    the checks and the citation repair.
+    """
+    resolved, issues = resolve_plan(plan, view, span_texts)
+    repairs: list[Repair] = []
+    try:
+        kind = AnswerType(str(resolved.answer_type))
+    except ValueError:
+        issues.append(
+            PlanIssue(code=PlanCheckCode.BAD_ANSWER_TYPE, detail=str(resolved.answer_type))
+        )
+        return resolved, issues, repairs
+    if not resolved.answer.strip():
+        issues.append(PlanIssue(code=PlanCheckCode.EMPTY_ANSWER, detail="the answer is empty"))
+        return resolved, issues, repairs
+    try:
+        parse_answer(resolved.answer, kind)
+    except AnswerParseError as exc:
+        issues.append(PlanIssue(code=PlanCheckCode.ANSWER_UNPARSEABLE, detail=str(exc)))
+    if kind in EXTRACTIVE_TYPES and len(resolved.answer.split()) > max_answer_words:
+        issues.append(PlanIssue(code=PlanCheckCode.ANSWER_TOO_LONG,
+                                detail=f"{len(resolved.answer.split())} words (at most {max_answer_words})"))  # fmt: skip
+
+    support = _answer_support_issue(resolved, kind, span_texts)
+    if support is not None and repair and kind in EXTRACTIVE_TYPES:
+        fixed, rep = repair_answer_citation(resolved, task, span_texts)
+        if rep is not None and _answer_support_issue(fixed, kind, span_texts) is None:
+            resolved, support = fixed, None
+            repairs.append(rep)
+            # a repair resolves the unknown answer span it replaced
+            issues = [
+                i
+                for i in issues
+                if not (i.code is PlanCheckCode.UNKNOWN_SPAN and i.detail.startswith("answer span"))
+            ]
+    if support is not None:
+        issues.append(support)
+
+    if not resolved.facts:
+        issues.append(PlanIssue(code=PlanCheckCode.NO_FACTS, detail="the plan cites no fact"))
+    evidence_ids = resolved.evidence_ids
+    if len(evidence_ids) != task.evidence_count:
+        issues.append(PlanIssue(code=PlanCheckCode.EVIDENCE_COUNT,
+                                detail=f"{len(evidence_ids)} evidence records, the task asks for {task.evidence_count}"))  # fmt: skip
+    fact_records = {_record_of(f.span_id) for f in resolved.facts if f.span_id in span_texts}
+    for rid in evidence_ids:
+        if rid in view.record_labels.values() and rid not in fact_records:
+            issues.append(
+                PlanIssue(
+                    code=PlanCheckCode.EVIDENCE_WITHOUT_FACT, detail=f"record {rid} has no fact"
+                )
+            )
+    for f in resolved.facts:
+        if f.span_id in span_texts and _record_of(f.span_id) not in evidence_ids:
+            issues.append(PlanIssue(code=PlanCheckCode.FACT_OUTSIDE_EVIDENCE,
+                                    detail=f"fact {f.span_id} is not from an evidence record"))  # fmt: skip
+    return resolved, issues, repairs
+
+
+# --------------------------------------------------------------------------------------------
+# question checks
+# --------------------------------------------------------------------------------------------
+
+_META = re.compile(
+    r"\b(?:the|these|those|this|given|provided|above)\s+(?:records?|texts?|documents?|passages?|sentences?|"
+    r"spans?|excerpts?|sources?|materials?|bundle)\b|\bR\d+(?:\.\d+)?\b|\bspan\s+\w*\d",
+    re.I,
+)
+
+
+def check_question(question: str, answer: str, answer_type: str) -> str | None:
+    """Why a written question is unusable (a reason code), or None when it is fine.
+
+    ``empty`` — no question; ``not_a_question`` — no question mark and no question word;
+    ``mentions_records`` — refers to "the records", "the document", span labels…;
+    ``leaks_answer`` — contains the answer (text, entity, date and list answers).
+    """
+    q = (question or "").strip()
+    if len(q.split()) < 3:
+        return "empty"
+    if "?" not in q and not re.match(
+        r"(?i)^(who|what|when|where|which|why|how|is|are|was|were|did|do|does|can)\b", q
+    ):
+        return "not_a_question"
+    if _META.search(q):
+        return "mentions_records"
+    kind = str(answer_type)
+    if (
+        kind in ("text", "entity", "date")
+        and len(normalize_text(answer)) >= 3
+        and _contains(q, answer)
+    ):
+        return "leaks_answer"
+    if kind == "list":
+        items = [i for i in list_items(answer) if len(i) >= 3]
+        if items and all(_contains(q, i) for i in items):
+            return "leaks_answer"
+    return None
+
+
+def spans_by_id(spans: Iterable) -> dict[str, str]:
+    return {s.id: s.text for s in spans}

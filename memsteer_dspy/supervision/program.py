@@ -1,0 +1,757 @@
+"""The MemSteer supervision program and its baselines, as ``dspy.Module``s (paper Section 3.2).
+
+:class:`MemSteerGenerator` turns one material bundle and task into one candidate QA–evidence item:
+
+1. ``plan`` (planner LM) — :class:`~memsteer_dspy.signatures.plan.PlanAnswer` → an
+   :class:`~memsteer_dspy.signatures.plan.AnswerPlan`;
+2. programmatic plan checks with reason codes and deterministic citation repair
+   (:func:`~memsteer_dspy.supervision.checks.check_plan`);
+3. ``write_question`` (question writer LM) — :class:`~memsteer_dspy.signatures.question.WriteQuestion`,
+   then :func:`~memsteer_dspy.supervision.checks.check_question`;
+4. ``audit`` (auditor LM) — :class:`~memsteer_dspy.signatures.audit.AuditQA`; every required verdict
+   must be "supported";
+5. ``blind_read`` (blind reader LM) — :class:`~memsteer_dspy.signatures.blind_read.BlindRead` over
+   the bundle's records in shuffled order; accepted only if answerable, the answer matches the
+   reference after type normalization, and the citations cover every evidence record.
+
+Each sub-predictor runs on its role's LM (``lms`` maps role → ``dspy.BaseLM``). An LM call that
+raises or returns something unparseable is retried (``max_retries``, re-sampled) and then rejects
+the candidate with reason ``lm_error``; nothing is raised for one candidate's failure.
+
+``generator(bundle=..., task=...)`` runs one candidate; :meth:`run_batch` runs many stage by stage
+(every plan, then every question, …), which lets an in-process LM reuse the cached prompt prefix
+(instructions and demonstrations) from one call to the next — on the embedded model that saves
+most of the prompt processing. Each candidate's pipeline is written once, as a Python generator
+that yields its LM requests; :meth:`forward` and :meth:`run_batch` only differ in how they drive it.
+
+Accepted candidates become few-shot demonstrations (:meth:`add_demo`) on the planner, question
+writer and blind reader, so a small LM sees what a good, short, span-grounded item looks like.
+
+Baselines behind the same interface (the paper's Tables 4–5): :class:`JointGenerator` (plan and
+question in one call) and :class:`DirectGenerator` (question, answer and evidence in one call; also
+the ``naive`` method with random bundles). ``checks=False`` skips the plan checks, audit and blind
+read (the ``--no-checks`` ablation).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import dspy
+from pydantic import BaseModel, Field
+
+from memsteer_dspy.bundles import Bundle, BundleView, Task
+from memsteer_dspy.normalize import answers_match
+from memsteer_dspy.signatures.audit import AuditQA
+from memsteer_dspy.signatures.baselines import PlanAndWriteQuestion, WriteQAPair
+from memsteer_dspy.signatures.blind_read import BlindRead
+from memsteer_dspy.signatures.plan import AnswerPlan, EvidenceUse, Fact, PlanAnswer
+from memsteer_dspy.signatures.question import WriteQuestion
+from memsteer_dspy.supervision.checks import (
+    PlanIssue,
+    Repair,
+    answer_spans,
+    check_plan,
+    check_question,
+    spans_by_id,
+)
+from memsteer_dspy.supervision.limits import bounded_signature
+from memsteer_dspy.tokens import count_tokens
+
+__all__ = [
+    "GENERATION_ROLES",
+    "AuditResult",
+    "BlindResult",
+    "DirectGenerator",
+    "JointGenerator",
+    "MemSteerGenerator",
+    "Outcome",
+    "Pipeline",
+    "RoleCost",
+    "make_generator",
+]
+
+GENERATION_ROLES = ("planner", "question_writer", "auditor", "blind_reader")
+# Output-token caps per call: enough for the fields, short enough that a small LM cannot ramble.
+MAX_TOKENS = {"plan": 400, "question": 100, "audit": 600, "blind": 160, "joint": 500, "direct": 300}
+# The order in which run_batch serves pending requests.
+STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
+
+
+class RoleCost(BaseModel):
+    """LM calls, tokens and seconds one role spent on one candidate."""
+
+    calls: int = 0
+    failed_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    estimated: bool = False
+    seconds: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class AuditResult(BaseModel):
+    """The auditor's verdicts (span and record ids resolved) and which required ones failed."""
+
+    fact_checks: list[dict[str, Any]] = Field(default_factory=list)
+    record_checks: list[dict[str, Any]] = Field(default_factory=list)
+    answer_support: str = "unclear"
+    answer_rationale: str = ""
+    consistency: str = "unclear"
+    consistency_rationale: str = ""
+    failures: list[str] = Field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+class BlindResult(BaseModel):
+    """The blind reader's answer and citations, and how they compare with the reference."""
+
+    answerable: bool
+    answer: str
+    cited_ids: list[str] = Field(default_factory=list, description="As the reader wrote them.")
+    cited_record_ids: list[str] = Field(default_factory=list)
+    record_order: list[str] = Field(default_factory=list, description="The shuffled order it read.")
+    matched: bool = False
+    missing_evidence: list[str] = Field(default_factory=list)
+
+
+class Outcome(BaseModel):
+    """What the program made of one bundle and task: accepted, or rejected at a stage with a reason.
+
+    ``reason`` is ``plan_check:<code>``, ``question:<code>``, ``audit:<check>``,
+    ``blind:<mismatch|unanswerable|citation>`` or ``lm_error`` (then ``stage`` is the stage
+    whose LM call failed).
+    """
+
+    status: Literal["accepted", "rejected"]
+    stage: str | None = None
+    reason: str | None = None
+    detail: str | None = None
+    plan: AnswerPlan | None = None
+    plan_issues: list[PlanIssue] = Field(default_factory=list)
+    question: str | None = None
+    audit: AuditResult | None = None
+    blind: BlindResult | None = None
+    repairs: list[Repair] = Field(default_factory=list)
+    usage: dict[str, RoleCost] = Field(default_factory=dict)
+
+
+class _LMFailure(Exception):
+    """Every attempt of one LM call failed."""
+
+    def __init__(self, stage: str, detail: str):
+        super().__init__(detail)
+        self.stage, self.detail = stage, detail
+
+
+@dataclass
+class _Request:
+    """One LM call a candidate's pipeline is waiting for."""
+
+    predictor: str
+    stage: str
+    inputs: dict[str, Any]
+    usage: dict[str, RoleCost]
+
+
+Pipeline = Generator[_Request, dspy.Prediction, Outcome]
+
+
+def _usage_tokens(tracker: Any) -> tuple[int, int]:
+    prompt = completion = 0
+    for entries in tracker.usage_data.values():
+        for e in entries:
+            prompt += int(e.get("prompt_tokens") or 0)
+            completion += int(e.get("completion_tokens") or 0)
+    return prompt, completion
+
+
+def _estimate_tokens(lm: Any, before: int) -> tuple[int, int]:
+    """Prompt/completion tokens of the LM's history entries since ``before`` (for LMs that report
+    no usage, such as test doubles)."""
+    prompt = completion = 0
+    for entry in list(getattr(lm, "history", []))[before:]:
+        for m in entry.get("messages") or []:
+            content = m.get("content") if isinstance(m, dict) else None
+            prompt += count_tokens(content if isinstance(content, str) else str(content or ""))
+        for o in entry.get("outputs") or []:
+            completion += count_tokens(o if isinstance(o, str) else str(o))
+    return prompt, completion
+
+
+def _shuffled(ids: list[str], seed: int) -> list[str]:
+    order = list(ids)
+    random.Random(f"blind:{seed}").shuffle(order)
+    return order
+
+
+def _rejected(stage: str, reason: str, detail: str | None, usage, **parts: Any) -> Outcome:
+    return Outcome(
+        status="rejected", stage=stage, reason=reason, detail=detail, usage=usage, **parts
+    )
+
+
+class _Generator(dspy.Module):
+    """What every generation method shares: per-role LMs, bounded retries, usage booking, demos,
+    the pipeline driver, and the verification stages (question check, audit, blind read)."""
+
+    method: str = "memsteer"
+
+    def __init__(
+        self,
+        lms: Mapping[str, dspy.BaseLM] | None = None,
+        *,
+        checks: bool = True,
+        max_retries: int = 2,
+        max_demos: int = 2,
+        adapter: dspy.Adapter | None = None,
+        max_answer_words: int = 10,
+        bounded: bool = False,
+        cold_start: bool = True,
+    ):
+        super().__init__()
+        self.bounded = bounded
+        self.cold_start = cold_start
+        self.checks = checks
+        self.max_retries = max_retries
+        self.max_demos = max_demos
+        self.adapter = adapter or dspy.JSONAdapter()
+        self.max_answer_words = max_answer_words
+        self.audit = dspy.Predict(AuditQA)
+        self.blind_read = dspy.Predict(BlindRead)
+        self._demo_lock = threading.Lock()
+        self._demo_count = 0
+        self.role_of: dict[str, str] = {"audit": "auditor", "blind_read": "blind_reader"}
+        self._pending_lms = dict(lms or {})
+
+    def _ready(self) -> None:
+        """Subclasses call this after adding their predictors: LMs, output limits, first demos."""
+        if self.bounded:
+            for name in self.role_of:
+                predictor = getattr(self, name)
+                predictor.signature = bounded_signature(predictor.signature)
+        if self._pending_lms:
+            self.set_role_lms(self._pending_lms)
+        if self.cold_start:
+            bundle, task, outcome = cold_start_example()
+            view = bundle.view()
+            for name, example in self._demo_examples(view, outcome.plan, outcome, task).items():
+                getattr(self, name).demos = [example]
+
+    # -- LMs ---------------------------------------------------------------------------------
+    def set_role_lms(self, lms: Mapping[str, dspy.BaseLM]) -> None:
+        """Put each sub-predictor on its role's LM (a role without an LM uses ``dspy.settings.lm``)."""
+        for name, role in self.role_of.items():
+            if role in lms:
+                getattr(self, name).lm = lms[role]
+
+    def _invoke(self, request: _Request) -> dspy.Prediction:
+        """One predictor call with bounded, re-sampled retries; raises :class:`_LMFailure` when
+        every attempt fails. Calls, tokens and seconds are booked under the predictor's role."""
+        predictor = getattr(self, request.predictor)
+        lm = predictor.lm or dspy.settings.lm
+        cost = request.usage.setdefault(self.role_of[request.predictor], RoleCost())
+        last: BaseException | None = None
+        for attempt in range(self.max_retries + 1):
+            config: dict[str, Any] = {"max_tokens": MAX_TOKENS.get(request.stage, 600)}
+            if attempt:
+                config.update(rollout_id=attempt, temperature=0.7)
+            before = len(getattr(lm, "history", None) or [])
+            start = time.perf_counter()
+            out = None
+            with dspy.track_usage() as tracker, dspy.context(adapter=self.adapter):
+                try:
+                    out = predictor(**request.inputs, config=config)
+                except Exception as exc:  # an LM or parse failure of this call only
+                    last = exc
+            cost.calls += 1
+            cost.seconds = round(cost.seconds + time.perf_counter() - start, 3)
+            prompt, completion = _usage_tokens(tracker)
+            if prompt == 0 and completion == 0 and lm is not None:
+                prompt, completion = _estimate_tokens(lm, before)
+                cost.estimated = cost.estimated or bool(prompt or completion)
+            cost.prompt_tokens += prompt
+            cost.completion_tokens += completion
+            if out is not None:
+                return out
+            cost.failed_calls += 1
+        raise _LMFailure(request.stage, f"{type(last).__name__}: {str(last)[:300]}")
+
+    # -- driving pipelines -------------------------------------------------------------------
+    def _pipeline(self, bundle: Bundle, task: Task, shuffle_seed: int) -> Pipeline:
+        raise NotImplementedError
+
+    def forward(self, bundle: Bundle, task: Task, shuffle_seed: int = 0) -> dspy.Prediction:
+        """Run one candidate; returns ``dspy.Prediction(outcome=Outcome)``."""
+        return dspy.Prediction(outcome=self._drive([self._pipeline(bundle, task, shuffle_seed)])[0])
+
+    def run_batch(
+        self,
+        items: Sequence[tuple[Bundle, Task, int]],
+        on_call: Callable[[str, int, int], None] | None = None,
+    ) -> list[Outcome]:
+        """Run many candidates stage by stage: all pending plan calls, then question calls, …
+
+        Same outcomes as calling the module on each item, in an order that lets an in-process LM
+        reuse its cached prompt prefix (the stage's instructions and demonstrations).
+        ``on_call(stage, done, total)`` is told after each LM call (for progress display).
+        """
+        return self._drive([self._pipeline(b, t, s) for b, t, s in items], on_call)
+
+    def _drive(
+        self, pipelines: list[Pipeline], on_call: Callable[[str, int, int], None] | None = None
+    ) -> list[Outcome]:
+        results: list[Outcome | None] = [None] * len(pipelines)
+        pending: dict[int, _Request] = {}
+
+        def advance(i: int, send: Any = None, error: BaseException | None = None) -> None:
+            try:
+                request = (
+                    pipelines[i].throw(error) if error is not None else pipelines[i].send(send)
+                )
+            except StopIteration as stop:
+                results[i] = stop.value
+                pending.pop(i, None)
+            else:
+                pending[i] = request
+
+        for i in range(len(pipelines)):
+            advance(i)
+        while pending:
+            stage = min((r.stage for r in pending.values()), key=STAGE_ORDER.index)
+            batch = sorted(k for k, r in pending.items() if r.stage == stage)
+            for done, i in enumerate(batch, 1):
+                try:
+                    out = self._invoke(pending[i])
+                except _LMFailure as exc:
+                    advance(i, error=exc)
+                else:
+                    advance(i, send=out)
+                if on_call is not None:
+                    on_call(stage, done, len(batch))
+        return [r for r in results if r is not None]
+
+    # -- demos -------------------------------------------------------------------------------
+    def add_demo(self, bundle: Bundle, task: Task, outcome: Outcome) -> bool:
+        """Add an accepted candidate as a few-shot demonstration (up to ``max_demos``).
+
+        The demo shows only the evidence records, each cut after the last span it cites, so it
+        teaches the output format and answer length without costing a small LM a whole bundle.
+        """
+        if self.max_demos <= 0 or outcome.status != "accepted" or outcome.plan is None:
+            return False
+        plan = outcome.plan
+        if len(plan.evidence_ids) > 2 or not plan.facts:
+            return False
+        with self._demo_lock:
+            if self._demo_count >= self.max_demos:
+                return False
+            view = _demo_bundle(bundle, plan).view()
+            for name, example in self._demo_examples(view, plan, outcome, task).items():
+                predictor = getattr(self, name)
+                predictor.demos = [*predictor.demos, example]
+            self._demo_count += 1
+        return True
+
+    def _demo_examples(
+        self, view: BundleView, plan: AnswerPlan, outcome: Outcome, task: Task
+    ) -> dict[str, dspy.Example]:
+        cited = [view.span_label(f.span_id) for f in plan.facts]
+        blind = dspy.Example(
+            question=outcome.question, answer_type=plan.answer_type, records=view.text,
+            cited_ids=cited, answer=plan.answer, answerable=True,
+        ).with_inputs("question", "answer_type", "records")  # fmt: skip
+        return {"blind_read": blind}
+
+    # -- shared stages -----------------------------------------------------------------------
+    def _checked_plan(
+        self,
+        plan: AnswerPlan,
+        task: Task,
+        bundle: Bundle,
+        view: BundleView,
+        *,
+        require_facts: bool = True,
+    ) -> tuple[AnswerPlan, list[PlanIssue], list[Repair]]:
+        texts = spans_by_id(bundle.spans())
+        resolved, issues, repairs = check_plan(
+            plan, task, view, texts, max_answer_words=self.max_answer_words,
+            repair=self.checks and require_facts,
+        )  # fmt: skip
+        if not require_facts:  # the direct baseline has no facts to check
+            skip = ("no_facts", "evidence_without_fact", "answer_not_in_spans")
+            issues = [i for i in issues if i.code.value not in skip]
+        return resolved, issues, repairs
+
+    def _verify(
+        self,
+        bundle: Bundle,
+        view: BundleView,
+        plan: AnswerPlan,
+        question: str,
+        usage: dict[str, RoleCost],
+        shuffle_seed: int,
+        repairs: list[Repair],
+        *,
+        question_check: bool = True,
+    ) -> Pipeline:
+        """Question check → audit → blind read; the candidate's final outcome."""
+        base = {"plan": plan, "question": question, "repairs": repairs}
+        if not self.checks:
+            return Outcome(status="accepted", usage=usage, **base)
+        problem = (
+            check_question(question, plan.answer, str(plan.answer_type)) if question_check else None
+        )
+        if problem:
+            return _rejected("question", f"question:{problem}", question, usage, **base)
+        facts = [f"{view.span_label(f.span_id)}: {f.statement}" for f in plan.facts]
+        evidence = [f"{view.label_of(e.record_id) or e.record_id}: {e.contribution or 'part of the answer'}"
+                    for e in plan.evidence]  # fmt: skip
+        try:
+            out = yield _Request("audit", "audit", {
+                "records": view.text, "question": question, "answer": plan.answer,
+                "answer_type": str(plan.answer_type), "ask": plan.ask or question, "facts": facts,
+                "evidence": evidence,
+            }, usage)  # fmt: skip
+        except _LMFailure as exc:
+            return _rejected(exc.stage, "lm_error", exc.detail, usage, **base)
+        audit = _audit_result(out, view, plan)
+        if audit.failures:
+            return _rejected("audit", f"audit:{audit.failures[0]}", ", ".join(audit.failures), usage,
+                             audit=audit, **base)  # fmt: skip
+        order = _shuffled(bundle.record_ids, shuffle_seed)
+        blind_view = bundle.view(order)
+        try:
+            out = yield _Request("blind_read", "blind", {
+                "question": question, "answer_type": plan.answer_type, "records": blind_view.text,
+            }, usage)  # fmt: skip
+        except _LMFailure as exc:
+            return _rejected(exc.stage, "lm_error", exc.detail, usage, audit=audit, **base)
+        blind = _blind_result(out, blind_view, bundle, plan, order, repairs)
+        if not blind.answerable:
+            reason, detail = (
+                "blind:unanswerable",
+                "the blind reader found the question unanswerable",
+            )
+        elif not blind.matched:
+            reason, detail = (
+                "blind:mismatch",
+                f"blind answer {blind.answer!r} vs reference {plan.answer!r}",
+            )
+        elif blind.missing_evidence:
+            reason, detail = "blind:citation", f"evidence not cited: {blind.missing_evidence}"
+        else:
+            return Outcome(status="accepted", audit=audit, blind=blind, usage=usage, **base)
+        return _rejected("blind", reason, detail, usage, audit=audit, blind=blind, **base)
+
+
+def _audit_result(out: dspy.Prediction, view: BundleView, plan: AnswerPlan) -> AuditResult:
+    """The audit's verdicts matched to the plan's facts and evidence records; a fact or record
+    without a "supported" verdict (or with none at all) fails its check."""
+    result = AuditResult(
+        answer_support=out.answer_support, answer_rationale=out.answer_rationale,
+        consistency=out.consistency, consistency_rationale=out.consistency_rationale,
+    )  # fmt: skip
+    fact_verdicts: dict[str, str] = {}
+    for i, fc in enumerate(out.fact_checks or []):
+        sid = view.resolve_span(fc.span_id)
+        if sid is None and i < len(plan.facts):
+            sid = plan.facts[i].span_id  # matched by position when the label is garbled
+        result.fact_checks.append(
+            {"span_id": sid or fc.span_id, "verdict": fc.verdict, "rationale": fc.rationale}
+        )
+        if sid is not None:
+            fact_verdicts.setdefault(sid, fc.verdict)
+    record_verdicts: dict[str, str] = {}
+    for i, rc in enumerate(out.record_checks or []):
+        rid = view.resolve_record(rc.record_id)
+        if rid is None and i < len(plan.evidence):
+            rid = plan.evidence[i].record_id
+        result.record_checks.append(
+            {"record_id": rid or rc.record_id, "verdict": rc.verdict, "rationale": rc.rationale}
+        )
+        if rid is not None:
+            record_verdicts.setdefault(rid, rc.verdict)
+    failures = []
+    if any(fact_verdicts.get(f.span_id) != "supported" for f in plan.facts):
+        failures.append("fact_support")
+    if any(record_verdicts.get(rid) != "supported" for rid in plan.evidence_ids):
+        failures.append("record_contribution")
+    if result.answer_support != "supported":
+        failures.append("answer_support")
+    if result.consistency != "supported":
+        failures.append("consistency")
+    result.failures = failures
+    return result
+
+
+def _blind_result(
+    out: dspy.Prediction,
+    view: BundleView,
+    bundle: Bundle,
+    plan: AnswerPlan,
+    order: list[str],
+    repairs: list[Repair],
+) -> BlindResult:
+    """Compare the blind answer with the reference; cited ids resolved to records. When the answer
+    matched but an evidence record is uncited, and the answer occurs in exactly one span of the
+    bundle (in that record), the citation is repaired and the repair recorded."""
+    cited_ids = [str(c) for c in (out.cited_ids or [])]
+    cited: list[str] = []
+    for c in cited_ids:
+        rid = view.resolve_record(c)
+        if rid is not None and rid not in cited:
+            cited.append(rid)
+    matched = bool(out.answerable) and answers_match(str(out.answer), plan.answer, plan.answer_type)
+    missing = [rid for rid in plan.evidence_ids if rid not in cited]
+    if matched and missing:
+        hits = answer_spans(view, spans_by_id(bundle.spans()), plan.answer)
+        if len(hits) == 1 and (rid := hits[0].rpartition("#")[0]) in missing:
+            cited.append(rid)
+            missing.remove(rid)
+            repairs.append(Repair(stage="blind", field="cited_record_ids", before=None, after=rid,
+                                  reason="the matched answer occurs in exactly one span of the bundle"))  # fmt: skip
+    return BlindResult(
+        answerable=bool(out.answerable), answer=str(out.answer), cited_ids=cited_ids, cited_record_ids=cited,
+        record_order=order, matched=matched, missing_evidence=missing,
+    )  # fmt: skip
+
+
+def _demo_bundle(bundle: Bundle, plan: AnswerPlan) -> Bundle:
+    """The evidence records of an accepted item, each cut after its last cited span (+1)."""
+    cited: dict[str, int] = {}
+    for sid in [plan.answer_span_id, *(f.span_id for f in plan.facts)]:
+        if sid and "#" in sid:
+            rid, _, n = sid.rpartition("#")
+            if n.isdigit():
+                cited[rid] = max(cited.get(rid, 0), int(n))
+    records = []
+    for r in bundle.records:
+        if r.id in plan.evidence_ids:
+            last = cited.get(r.id, len(r.spans))
+            spans = [s for s in r.spans if s.index <= last + 1]
+            cut = r.truncated or len(spans) < len(r.spans)
+            records.append(r.model_copy(update={"spans": spans, "truncated": cut}))
+    return bundle.model_copy(update={"records": records})
+
+
+def _plan_from(out: dspy.Prediction) -> AnswerPlan:
+    """The planner's fields as an :class:`AnswerPlan` (labels unresolved). The answer span counts
+    as a fact; each fact's statement is filled in from its span when the plan is resolved."""
+    labels = [str(x) for x in (getattr(out, "fact_span_ids", None) or [])]
+    answer_span = str(out.answer_span_id) if getattr(out, "answer_span_id", None) else None
+    if answer_span and answer_span not in labels:
+        labels.append(answer_span)
+    return AnswerPlan(
+        ask=str(getattr(out, "ask", "") or ""), answer=str(out.answer or "").strip(), answer_type=out.answer_type,
+        answer_span_id=answer_span, facts=[Fact(span_id=label, statement="") for label in dict.fromkeys(labels)],
+        evidence=list(getattr(out, "evidence", None) or []),
+        operations=[str(o) for o in (getattr(out, "operations", None) or [])],
+    )  # fmt: skip
+
+
+def _plan_rejection(plan: AnswerPlan, issues: list[PlanIssue], repairs, usage) -> Outcome:
+    detail = "; ".join(f"{i.code.value}: {i.detail}" for i in issues)
+    return _rejected("plan_check", f"plan_check:{issues[0].code.value}", detail, usage,
+                     plan=plan, plan_issues=issues, repairs=repairs)  # fmt: skip
+
+
+def _task_inputs(view: BundleView, task: Task) -> dict[str, Any]:
+    return {"records": view.text, "question_type": f"{task.question_type}: {task.description}",
+            "evidence_count": task.evidence_count}  # fmt: skip
+
+
+class MemSteerGenerator(_Generator):
+    """MemSteer: plan → plan checks → question → audit → blind read (two-stage generation)."""
+
+    method = "memsteer"
+
+    def __init__(self, lms: Mapping[str, dspy.BaseLM] | None = None, **kwargs: Any):
+        super().__init__(lms, **kwargs)
+        self.plan = dspy.Predict(PlanAnswer)
+        self.write_question = dspy.Predict(WriteQuestion)
+        self.role_of.update({"plan": "planner", "write_question": "question_writer"})
+        self._ready()
+
+    def _pipeline(self, bundle: Bundle, task: Task, shuffle_seed: int) -> Pipeline:
+        usage: dict[str, RoleCost] = {}
+        view = bundle.view()
+        try:
+            out = yield _Request("plan", "plan", _task_inputs(view, task), usage)
+        except _LMFailure as exc:
+            return _rejected(exc.stage, "lm_error", exc.detail, usage)
+        plan, issues, repairs = self._checked_plan(_plan_from(out), task, bundle, view)
+        if issues and self.checks:
+            return _plan_rejection(plan, issues, repairs, usage)
+        evidence_view = bundle.subset(plan.evidence_ids).view() if plan.evidence_ids else view
+        try:
+            q = yield _Request("write_question", "question", {
+                "records": evidence_view.text, "ask": plan.ask, "facts": [f.statement for f in plan.facts],
+                "answer": plan.answer, "answer_type": str(plan.answer_type),
+            }, usage)  # fmt: skip
+        except _LMFailure as exc:
+            return _rejected(exc.stage, "lm_error", exc.detail, usage, plan=plan, repairs=repairs)
+        question = str(q.question or "").strip()
+        return (yield from self._verify(bundle, view, plan, question, usage, shuffle_seed, repairs))
+
+    def _demo_examples(
+        self, view: BundleView, plan: AnswerPlan, outcome: Outcome, task: Task
+    ) -> dict[str, dspy.Example]:
+        examples = super()._demo_examples(view, plan, outcome, task)
+        examples["plan"] = dspy.Example(**_plan_demo_fields(view, plan, task)).with_inputs(
+            "records", "question_type", "evidence_count"
+        )
+        examples["write_question"] = dspy.Example(
+            records=view.text, ask=plan.ask, facts=[f.statement for f in plan.facts], answer=plan.answer,
+            answer_type=str(plan.answer_type), question=outcome.question,
+        ).with_inputs("records", "ask", "facts", "answer", "answer_type")  # fmt: skip
+        return examples
+
+
+class JointGenerator(_Generator):
+    """Baseline ``joint``: plan and question in one planner call, then the same checks."""
+
+    method = "joint"
+
+    def __init__(self, lms: Mapping[str, dspy.BaseLM] | None = None, **kwargs: Any):
+        super().__init__(lms, **kwargs)
+        self.plan_and_write = dspy.Predict(PlanAndWriteQuestion)
+        self.role_of.update({"plan_and_write": "planner"})
+        self._ready()
+
+    def _pipeline(self, bundle: Bundle, task: Task, shuffle_seed: int) -> Pipeline:
+        usage: dict[str, RoleCost] = {}
+        view = bundle.view()
+        try:
+            out = yield _Request("plan_and_write", "joint", _task_inputs(view, task), usage)
+        except _LMFailure as exc:
+            return _rejected(exc.stage, "lm_error", exc.detail, usage)
+        plan, issues, repairs = self._checked_plan(_plan_from(out), task, bundle, view)
+        if issues and self.checks:
+            return _plan_rejection(plan, issues, repairs, usage)
+        question = str(out.question or "").strip()
+        return (yield from self._verify(bundle, view, plan, question, usage, shuffle_seed, repairs))
+
+    def _demo_examples(
+        self, view: BundleView, plan: AnswerPlan, outcome: Outcome, task: Task
+    ) -> dict[str, dspy.Example]:
+        examples = super()._demo_examples(view, plan, outcome, task)
+        fields = _plan_demo_fields(view, plan, task)
+        examples["plan_and_write"] = dspy.Example(**fields, question=outcome.question).with_inputs(
+            "records", "question_type", "evidence_count"
+        )
+        return examples
+
+
+class DirectGenerator(_Generator):
+    """Baselines ``direct`` and ``naive``: question, answer and evidence records in one call, no plan."""
+
+    method = "direct"
+
+    def __init__(self, lms: Mapping[str, dspy.BaseLM] | None = None, **kwargs: Any):
+        super().__init__(lms, **kwargs)
+        self.write_qa = dspy.Predict(WriteQAPair)
+        self.role_of.update({"write_qa": "planner"})
+        self._ready()
+
+    def _pipeline(self, bundle: Bundle, task: Task, shuffle_seed: int) -> Pipeline:
+        usage: dict[str, RoleCost] = {}
+        view = bundle.view()
+        try:
+            out = yield _Request("write_qa", "direct", _task_inputs(view, task), usage)
+        except _LMFailure as exc:
+            return _rejected(exc.stage, "lm_error", exc.detail, usage)
+        evidence = [
+            EvidenceUse(record_id=str(r), contribution="") for r in (out.evidence_record_ids or [])
+        ]
+        raw = AnswerPlan(
+            ask="",
+            answer=str(out.answer or "").strip(),
+            answer_type=out.answer_type,
+            evidence=evidence,
+        )
+        plan, issues, repairs = self._checked_plan(raw, task, bundle, view, require_facts=False)
+        if issues and self.checks:
+            return _plan_rejection(plan, issues, repairs, usage)
+        question = str(out.question or "").strip()
+        return (yield from self._verify(bundle, view, plan, question, usage, shuffle_seed, repairs))
+
+    def _demo_examples(
+        self, view: BundleView, plan: AnswerPlan, outcome: Outcome, task: Task
+    ) -> dict[str, dspy.Example]:
+        examples = super()._demo_examples(view, plan, outcome, task)
+        examples["write_qa"] = dspy.Example(
+            records=view.text, question_type=f"{task.question_type}: {task.description}",
+            evidence_count=len(plan.evidence_ids), question=outcome.question, answer=plan.answer,
+            answer_type=plan.answer_type, evidence_record_ids=[view.label_of(r) or r for r in plan.evidence_ids],
+        ).with_inputs("records", "question_type", "evidence_count")  # fmt: skip
+        return examples
+
+
+def _plan_demo_fields(view: BundleView, plan: AnswerPlan, task: Task) -> dict[str, Any]:
+    """The planner's inputs and outputs for a demonstration, with the demo view's labels."""
+    labels = [view.span_label(f.span_id) for f in plan.facts]
+    answer_label = view.span_label(plan.answer_span_id) if plan.answer_span_id else labels[0]
+    evidence = [EvidenceUse(record_id=view.label_of(e.record_id) or e.record_id, contribution=e.contribution)
+                for e in plan.evidence]  # fmt: skip
+    return {
+        "records": view.text, "question_type": f"{task.question_type}: {task.description}",
+        "evidence_count": len(plan.evidence_ids), "fact_span_ids": [x for x in labels if x != answer_label],
+        "answer_span_id": answer_label, "answer_type": plan.answer_type, "answer": plan.answer,
+        "evidence": evidence, "operations": plan.operations, "ask": plan.ask,
+    }  # fmt: skip
+
+
+def cold_start_example() -> tuple[Bundle, Task, Outcome]:
+    """A fictional accepted item (not from any user's history) that demonstrates the output format
+    to every predictor until real accepted items replace it: a short answer copied from one
+    labelled sentence, a standalone question in the user's voice, an extractive blind answer."""
+    from datetime import datetime
+
+    from memsteer_dspy.bundles import BundleConfig, bundle_from_records
+    from memsteer_dspy.records import History, Record
+
+    records = [
+        Record(id="demo:1", kind="conversation_turn", timestamp=datetime(2023, 5, 2, 18, 0), author="Sam",
+               text="User: I finally booked the pottery class at Clayworks Studio for Saturday. "
+                    "My sister Maya is coming along, and we want to try the wheel."),
+        Record(id="demo:2", kind="email", timestamp=datetime(2023, 5, 3), author="Clayworks Studio",
+               metadata={"subject": "Your booking"},
+               text="Subject: Your booking\nThank you for booking two seats for the wheel-throwing class. "
+                    "Please arrive ten minutes early."),
+    ]  # fmt: skip
+    bundle = bundle_from_records(History("demo", records), ["demo:1", "demo:2"], BundleConfig())
+    plan = AnswerPlan(
+        ask="who is coming with the user to the pottery class", answer="Maya", answer_type="entity",
+        answer_span_id="demo:1#2", facts=[Fact(span_id="demo:1#2", statement=bundle.span("demo:1#2").text)],
+        evidence=[EvidenceUse(record_id="demo:1", contribution="names who comes along")], operations=["lookup"],
+    )  # fmt: skip
+    outcome = Outcome(status="accepted", plan=plan,
+                      question="Who is coming with me to the pottery class at Clayworks Studio?")  # fmt: skip
+    return bundle, Task(question_type="fact", evidence_count=1), outcome
+
+
+def make_generator(
+    method: str, lms: Mapping[str, dspy.BaseLM] | None = None, **kwargs: Any
+) -> MemSteerGenerator | JointGenerator | DirectGenerator:
+    """The generator for ``method``: memsteer, joint, direct or naive (naive = direct on random bundles)."""
+    if method == "memsteer":
+        return MemSteerGenerator(lms, **kwargs)
+    if method == "joint":
+        return JointGenerator(lms, **kwargs)
+    if method in ("direct", "naive"):
+        gen = DirectGenerator(lms, **kwargs)
+        gen.method = method
+        return gen
+    raise ValueError(f"unknown method {method!r}; choose memsteer, joint, direct or naive")

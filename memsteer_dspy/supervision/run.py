@@ -1,0 +1,778 @@
+"""Running supervision construction end to end, resumably: ``memsteer generate``.
+
+:func:`generate_supervision` plans candidates with a :class:`~memsteer_dspy.bundles.BundleSampler`
+(candidate ``i`` is a pure function of the history, config, seed and ``i``), runs the chosen
+generator on each, removes near-duplicate questions, and writes the output folder:
+
+=======================  ==========================================================================
+``run.json``             the run's settings, history fingerprint, LMs per role and sessions
+``candidates.jsonl``     the progress log: one line per finished candidate, appended and synced
+``train.jsonl``          accepted items (QAItem JSON + top-level ``facts``) in the train split
+``val.jsonl``            accepted items in the validation split (disjoint bundles)
+``rejected.jsonl``       every rejected or skipped candidate with ``stage`` and ``reason``
+``summary.json``         candidates, accepted, kept_fraction, rejected_by_stage, lm_calls,
+                         tokens_per_accepted, wall_seconds, …
+``dataset/``             the accepted items as a ``datasets.DatasetDict`` (train / validation)
+``graph-*.json.gz``      the record graph, keyed by the history fingerprint
+=======================  ==========================================================================
+
+Everything but ``candidates.jsonl`` is derived from it and rewritten atomically, so a run stopped at
+any point (Ctrl-C included) leaves a consistent folder, and rerunning the same command continues
+with the first candidate not in the log: nothing is done twice, nothing is lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import dspy
+from pydantic import BaseModel, ConfigDict, Field
+
+from memsteer_dspy.bundles import Bundle, BundleConfig, BundleSampler, Candidate, Task
+from memsteer_dspy.errors import InputError
+from memsteer_dspy.graph import GraphParams, RecordGraph
+from memsteer_dspy.normalize import normalize_text
+from memsteer_dspy.records import AnswerType, History, QAItem
+from memsteer_dspy.supervision.program import GENERATION_ROLES, Outcome, RoleCost, make_generator
+
+__all__ = [
+    "METHODS",
+    "CandidateRecord",
+    "GenerationConfig",
+    "SupervisionSet",
+    "generate_supervision",
+    "load_qa_jsonl",
+    "read_log",
+]
+
+METHODS = ("memsteer", "joint", "direct", "naive")
+LOG_NAME = "candidates.jsonl"
+_STOP = frozenset(
+    "a an the of to in on at for with by from and or is was were are did do does i my me you your "
+    "what which who whom when where how why that this it its be been".split()
+)
+
+
+class GenerationConfig(BaseModel):
+    """Settings of one ``generate`` run. ``max_candidates`` defaults to 5 × ``n``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n: int = Field(default=100, ge=1, description="Accepted items wanted.")
+    max_candidates: int | None = Field(default=None, ge=1)
+    method: Literal["memsteer", "joint", "direct", "naive"] = "memsteer"
+    checks: bool = True
+    seed: int = 0
+    threads: int = Field(default=1, ge=1)
+    batch_size: int = Field(
+        default=8, ge=1, description="Candidates run stage by stage together (one thread)."
+    )
+    train_fraction: float = Field(default=0.6, gt=0, lt=1)
+    max_demos: int = Field(default=2, ge=0)
+    max_retries: int = Field(default=2, ge=0)
+    bounded: bool = Field(
+        default=False,
+        description="Length limits in the output schemas (LMs that decode under them).",
+    )
+    cold_start: bool = Field(
+        default=True, description="A fictional demonstration until real ones exist."
+    )
+    dedup_threshold: float = Field(default=0.8, gt=0, le=1)
+    bundle: BundleConfig = Field(default_factory=BundleConfig)
+    graph: dict[str, Any] = Field(default_factory=lambda: asdict(GraphParams()))
+
+    @property
+    def candidate_limit(self) -> int:
+        return self.max_candidates or 5 * self.n
+
+    def identity(self) -> dict[str, Any]:
+        """The settings a resumed run must share with the run it continues."""
+        return {"method": self.method, "checks": self.checks, "seed": self.seed,
+                "bundle": self.bundle.model_dump(mode="json"), "graph": self.graph}  # fmt: skip
+
+
+class CandidateRecord(BaseModel):
+    """One line of the progress log: a finished candidate with everything needed to rebuild the
+    outputs (the accepted item, or the rejection's stage and reason)."""
+
+    index: int
+    status: Literal["accepted", "rejected", "skipped"]
+    stage: str | None = None
+    reason: str | None = None
+    detail: str | None = None
+    method: str
+    seed_record: str
+    task: Task
+    bundle_id: str | None = None
+    bundle_record_ids: list[str] = Field(default_factory=list)
+    question: str | None = None
+    answer: str | None = None
+    item: dict[str, Any] | None = None
+    outcome: dict[str, Any] | None = None
+    usage: dict[str, RoleCost] = Field(default_factory=dict)
+    seconds: float = 0.0
+    finished_at: str = Field(
+        default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds")
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# reading and writing QA files
+# --------------------------------------------------------------------------------------------
+
+
+def item_line(item: QAItem) -> dict[str, Any]:
+    """An accepted item as written to train/val.jsonl: QAItem fields plus top-level ``facts``."""
+    obj = item.model_dump(mode="json")
+    obj["facts"] = obj["metadata"].get("facts", [])
+    return obj
+
+
+def load_qa_jsonl(path: str | Path) -> list[QAItem]:
+    """Read QA items from a JSONL file written by ``memsteer generate`` (or any QAItem JSONL).
+
+    A top-level ``facts`` list is kept in ``metadata["facts"]``; other unknown top-level keys are an
+    error naming the line and field.
+    """
+    path = Path(path)
+    items: list[QAItem] = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"not valid JSON: {exc.msg}", file=path, line=lineno,
+                                 hint="each line must be one JSON object") from None  # fmt: skip
+            if not isinstance(obj, dict):
+                raise InputError("expected a JSON object", file=path, line=lineno)
+            facts = obj.pop("facts", None)
+            if facts is not None:
+                obj.setdefault("metadata", {}).setdefault("facts", facts)
+            try:
+                items.append(QAItem.model_validate(obj))
+            except Exception as exc:
+                errors = getattr(exc, "errors", lambda: [])()
+                field_name = ".".join(str(p) for p in errors[0]["loc"]) if errors else None
+                msg = errors[0]["msg"] if errors else str(exc)
+                raise InputError(msg, file=path, line=lineno, field=field_name, record=obj.get("id"),
+                                 hint="a QA line needs id, question, answer, answer_type, evidence_ids") from None  # fmt: skip
+    return items
+
+
+@dataclass
+class SupervisionSet:
+    """Generated QA–evidence supervision: disjoint train and validation items."""
+
+    train: list[QAItem] = field(default_factory=list)
+    val: list[QAItem] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, out_dir: str | Path) -> SupervisionSet:
+        out = Path(out_dir)
+        missing = [n for n in ("train.jsonl", "val.jsonl") if not (out / n).exists()]
+        if missing:
+            raise InputError(f"no {', '.join(missing)} in {out}", file=out,
+                             hint="point at a folder written by `memsteer generate --out`")  # fmt: skip
+        return cls(load_qa_jsonl(out / "train.jsonl"), load_qa_jsonl(out / "val.jsonl"))
+
+    def __len__(self) -> int:
+        return len(self.train) + len(self.val)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def read_log(out_dir: str | Path) -> list[CandidateRecord]:
+    """The finished candidates of a run; a torn last line (a run killed mid-write) is cut off."""
+    path = Path(out_dir) / LOG_NAME
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    records: list[CandidateRecord] = []
+    good_end = 0
+    pos = 0
+    for line in raw.splitlines(keepends=True):
+        pos += len(line)
+        if not line.endswith(b"\n"):
+            break
+        if line.strip():
+            try:
+                records.append(CandidateRecord.model_validate_json(line))
+            except ValueError:
+                break
+        good_end = pos
+    if good_end < len(raw):
+        with path.open("r+b") as fh:
+            fh.truncate(good_end)
+    seen: dict[int, CandidateRecord] = {}
+    for r in records:
+        seen.setdefault(r.index, r)
+    return sorted(seen.values(), key=lambda r: r.index)
+
+
+class _Log:
+    def __init__(self, out_dir: Path):
+        self.path = out_dir / LOG_NAME
+        self.lock = threading.Lock()
+
+    def append(self, record: CandidateRecord) -> None:
+        line = record.model_dump_json() + "\n"
+        with self.lock, self.path.open("a", encoding="utf-8") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+# --------------------------------------------------------------------------------------------
+# near-duplicates and the split
+# --------------------------------------------------------------------------------------------
+
+
+def _terms(question: str) -> frozenset[str]:
+    return frozenset(w for w in normalize_text(question).split() if w not in _STOP)
+
+
+class _Deduper:
+    """Near-duplicate questions: content-word Jaccard ≥ threshold, or the same answer and evidence
+    with Jaccard ≥ half the threshold."""
+
+    def __init__(self, threshold: float):
+        self.threshold = threshold
+        self.seen: list[tuple[frozenset[str], str, frozenset[str], str]] = []
+
+    def duplicate_of(self, question: str, answer: str, evidence: list[str]) -> str | None:
+        terms, ans, ev = _terms(question), normalize_text(answer), frozenset(evidence)
+        for other_terms, other_ans, other_ev, other_id in self.seen:
+            union = terms | other_terms
+            jac = len(terms & other_terms) / len(union) if union else 1.0
+            if jac >= self.threshold or (
+                ans == other_ans and ev == other_ev and jac >= self.threshold / 2
+            ):
+                return other_id
+        return None
+
+    def add(self, item_id: str, question: str, answer: str, evidence: list[str]) -> None:
+        self.seen.append((_terms(question), normalize_text(answer), frozenset(evidence), item_id))
+
+
+def split_by_bundle(
+    items: list[QAItem], train_fraction: float, seed: int
+) -> tuple[list[QAItem], list[QAItem]]:
+    """Disjoint train/val: whole bundles go to one side, in a seeded order, until train holds
+    ``train_fraction`` of the items."""
+    groups: dict[str, list[QAItem]] = {}
+    for it in items:
+        groups.setdefault(it.metadata.get("provenance", {}).get("bundle_id", it.id), []).append(it)
+    order = sorted(groups, key=lambda b: hashlib.sha256(f"{seed}:{b}".encode()).hexdigest())
+    target = round(train_fraction * len(items))
+    train: list[QAItem] = []
+    val: list[QAItem] = []
+    for b in order:
+        g = groups[b]
+        if len(train) + len(g) <= target or (not train and target > 0):
+            train.extend(g)
+        else:
+            val.extend(g)
+    key = {it.id: i for i, it in enumerate(items)}
+    return sorted(train, key=lambda it: key[it.id]), sorted(val, key=lambda it: key[it.id])
+
+
+# --------------------------------------------------------------------------------------------
+# building the accepted item
+# --------------------------------------------------------------------------------------------
+
+
+def _question_date(history: History, evidence_ids: list[str]) -> date | None:
+    """The day after the latest evidence record: asked then, every evidence record is in the past
+    (RHELM's protocol answers from records strictly before the question date)."""
+    days = [
+        history[rid].timestamp for rid in evidence_ids if rid in history and history[rid].timestamp
+    ]
+    return (max(days).date() + timedelta(days=1)) if days else None
+
+
+def build_item(
+    history: History,
+    candidate: Candidate,
+    outcome: Outcome,
+    *,
+    method: str,
+    seed: int,
+    lm_description: Mapping[str, str],
+    item_id: str,
+) -> QAItem:
+    """The accepted candidate as a :class:`QAItem` (``source="generated"``) with facts, plan,
+    audit verdicts, blind answer and provenance in ``metadata``."""
+    plan = outcome.plan
+    assert plan is not None and outcome.question
+    bundle: Bundle = candidate.bundle  # type: ignore[assignment]
+    facts = [{"span_id": f.span_id, "statement": f.statement} for f in plan.facts]
+    evidence_ids = plan.evidence_ids
+    span_ids = list(
+        dict.fromkeys(
+            [f.span_id for f in plan.facts] + ([plan.answer_span_id] if plan.answer_span_id else [])
+        )
+    )
+    return QAItem(
+        id=item_id,
+        question=outcome.question,
+        answer=plan.answer,
+        answer_type=AnswerType(plan.answer_type),
+        evidence_ids=evidence_ids,
+        span_ids=span_ids,
+        question_date=_question_date(history, evidence_ids),
+        question_type=candidate.task.question_type,
+        source="generated",
+        metadata={
+            "facts": facts,
+            "plan": plan.model_dump(mode="json"),
+            "audit": outcome.audit.model_dump(mode="json") if outcome.audit else None,
+            "blind": outcome.blind.model_dump(mode="json") if outcome.blind else None,
+            "repairs": [r.model_dump(mode="json") for r in outcome.repairs],
+            "provenance": {
+                "method": method,
+                "seed": seed,
+                "candidate_index": candidate.index,
+                "seed_record": candidate.seed_id,
+                "task": candidate.task.model_dump(),
+                "bundle_id": bundle.id,
+                "bundle_record_ids": bundle.record_ids,
+                "bundle_tokens": bundle.tokens,
+                "user": history.user_id,
+                "history_fingerprint": history.fingerprint,
+                "lm": {r: lm_description.get(r, "?") for r in GENERATION_ROLES},
+                "usage": {r: c.model_dump() for r, c in outcome.usage.items()},
+            },
+        },
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# outputs
+# --------------------------------------------------------------------------------------------
+
+
+def _dataset_dict(train: list[QAItem], val: list[QAItem]):
+    from datasets import Dataset, DatasetDict, Features, Sequence, Value
+
+    features = Features({
+        "id": Value("string"), "question": Value("string"), "answer": Value("string"),
+        "answer_type": Value("string"), "evidence_ids": Sequence(Value("string")),
+        "span_ids": Sequence(Value("string")), "question_date": Value("string"),
+        "question_type": Value("string"),
+        "facts": [{"span_id": Value("string"), "statement": Value("string")}],
+        "metadata": Value("string"),
+    })  # fmt: skip
+
+    def rows(items: list[QAItem]) -> dict[str, list]:
+        cols: dict[str, list] = {k: [] for k in features}
+        for it in items:
+            obj = it.model_dump(mode="json")
+            for k in (
+                "id",
+                "question",
+                "answer",
+                "answer_type",
+                "evidence_ids",
+                "span_ids",
+                "question_date",
+                "question_type",
+            ):
+                cols[k].append(obj[k])
+            cols["facts"].append(obj["metadata"].get("facts", []))
+            cols["metadata"].append(json.dumps(obj["metadata"], ensure_ascii=False))
+        return cols
+
+    return DatasetDict({
+        "train": Dataset.from_dict(rows(train), features=features),
+        "validation": Dataset.from_dict(rows(val), features=features),
+    })  # fmt: skip
+
+
+def _summary(
+    log: list[CandidateRecord],
+    accepted: list[QAItem],
+    config: GenerationConfig,
+    wall: float,
+    lm_description,
+) -> dict[str, Any]:
+    tried = [r for r in log if r.status != "skipped"]
+    rejected = [r for r in log if r.status == "rejected"]
+    calls: Counter[str] = Counter()
+    tokens: dict[str, Counter[str]] = {}
+    for r in log:
+        for role, c in r.usage.items():
+            calls[role] += c.calls
+            t = tokens.setdefault(role, Counter())
+            t["prompt_tokens"] += c.prompt_tokens
+            t["completion_tokens"] += c.completion_tokens
+    n_acc = len(accepted)
+    per = (
+        {
+            role: round((t["prompt_tokens"] + t["completion_tokens"]) / n_acc, 1)
+            for role, t in tokens.items()
+        }
+        if n_acc
+        else {}
+    )
+    if per:
+        per["total"] = round(sum(per.values()), 1)
+    return {
+        "method": config.method,
+        "checks": config.checks,
+        "seed": config.seed,
+        "n_wanted": config.n,
+        "max_candidates": config.candidate_limit,
+        "candidates": len(tried),
+        "skipped_bundles": len(log) - len(tried),
+        "accepted": n_acc,
+        "kept_fraction": round(n_acc / len(tried), 4) if tried else 0.0,
+        "rejected": len(rejected),
+        "rejected_by_stage": dict(Counter(r.stage or "?" for r in rejected).most_common()),
+        "rejected_by_reason": dict(Counter(r.reason or "?" for r in rejected).most_common()),
+        "skipped_by_reason": dict(
+            Counter(r.reason or "?" for r in log if r.status == "skipped").most_common()
+        ),
+        "repairs": sum(
+            len((r.outcome or {}).get("repairs", [])) for r in log if r.status == "accepted"
+        ),
+        "lm_calls": dict(calls),
+        "lm_calls_per_accepted": {role: round(c / n_acc, 2) for role, c in calls.items()}
+        if n_acc
+        else {},
+        "tokens_by_role": {role: dict(t) for role, t in tokens.items()},
+        "tokens_per_accepted": per,
+        "tokens_estimated": any(c.estimated for r in log for c in r.usage.values()),
+        "seconds_per_candidate": round(sum(r.seconds for r in tried) / len(tried), 2)
+        if tried
+        else 0.0,
+        "wall_seconds": round(wall, 1),
+        "lm": dict(lm_description),
+    }
+
+
+class _Outputs:
+    """Rebuilds every derived file from the log (atomically)."""
+
+    def __init__(self, out_dir: Path, history: History, config: GenerationConfig, lm_description):
+        self.out = out_dir
+        self.history = history
+        self.config = config
+        self.lm_description = lm_description
+
+    def write(self, log: list[CandidateRecord], wall: float, *, dataset: bool) -> dict[str, Any]:
+        accepted = [QAItem.model_validate(r.item) for r in log if r.status == "accepted" and r.item]
+        train, val = split_by_bundle(accepted, self.config.train_fraction, self.config.seed)
+        _atomic_write(
+            self.out / "train.jsonl",
+            "".join(json.dumps(item_line(i), ensure_ascii=False) + "\n" for i in train),
+        )
+        _atomic_write(
+            self.out / "val.jsonl",
+            "".join(json.dumps(item_line(i), ensure_ascii=False) + "\n" for i in val),
+        )
+        rejected = []
+        for r in log:
+            if r.status == "accepted":
+                continue
+            obj = r.model_dump(mode="json", exclude={"item"})
+            rejected.append(json.dumps(obj, ensure_ascii=False) + "\n")
+        _atomic_write(self.out / "rejected.jsonl", "".join(rejected))
+        summary = _summary(log, accepted, self.config, wall, self.lm_description)
+        summary["train"], summary["val"] = len(train), len(val)
+        _atomic_write(
+            self.out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
+        )
+        if dataset:
+            tmp = self.out / ".dataset.tmp"
+            if tmp.exists():
+                import shutil
+
+                shutil.rmtree(tmp)
+            _dataset_dict(train, val).save_to_disk(str(tmp))
+            final = self.out / "dataset"
+            if final.exists():
+                import shutil
+
+                shutil.rmtree(final)
+            tmp.replace(final)
+        return summary
+
+
+# --------------------------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------------------------
+
+
+def _check_resume(out: Path, history: History, config: GenerationConfig) -> dict[str, Any]:
+    path = out / "run.json"
+    identity = config.identity()
+    if not path.exists():
+        return {
+            "user": history.user_id,
+            "history_fingerprint": history.fingerprint,
+            "identity": identity,
+            "sessions": [],
+        }
+    state = json.loads(path.read_text(encoding="utf-8"))
+    if state.get("history_fingerprint") != history.fingerprint:
+        raise InputError(
+            f"{out} holds a run over another history (fingerprint {state.get('history_fingerprint')}, "
+            f"this one {history.fingerprint})", file=path, field="history_fingerprint",
+            hint="use a new --out folder, or the same history to resume",
+        )  # fmt: skip
+    if state.get("identity") != identity:
+        diff = sorted(k for k in identity if state.get("identity", {}).get(k) != identity[k])
+        raise InputError(
+            f"{out} holds a run with different settings ({', '.join(diff)})", file=path, field=diff[0] if diff else None,
+            hint="rerun with the same --method/--seed/--no-checks/bundle options to resume, or use a new --out",
+        )  # fmt: skip
+    return state
+
+
+ProgressHook = Callable[[CandidateRecord, dict[str, int]], None]
+
+
+def generate_supervision(
+    history: History,
+    lms: Mapping[str, dspy.BaseLM],
+    out_dir: str | Path,
+    config: GenerationConfig | None = None,
+    *,
+    lm_description: Mapping[str, str] | None = None,
+    graph: RecordGraph | None = None,
+    progress: bool | ProgressHook = True,
+) -> dict[str, Any]:
+    """Generate QA–evidence supervision for ``history`` into ``out_dir`` (resuming a run there).
+
+    ``lms`` maps the roles planner, question_writer, auditor and blind_reader to LMs. Stops when
+    ``config.n`` items are accepted or ``config.candidate_limit`` candidates are done. Returns the
+    summary (also written to ``summary.json``). Ctrl-C stops the run with a consistent folder and
+    re-raises ``KeyboardInterrupt``.
+    """
+    config = config or GenerationConfig()
+    lm_description = dict(
+        lm_description or {r: getattr(lm, "model", type(lm).__name__) for r, lm in lms.items()}
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = _check_resume(out, history, config)
+    started = time.perf_counter()
+    prior_wall = sum(s.get("wall_seconds", 0.0) for s in state.get("sessions", []))
+    session = {"started": datetime.now(UTC).isoformat(timespec="seconds"), "wall_seconds": 0.0,
+               "n": config.n, "max_candidates": config.candidate_limit, "lm": lm_description}  # fmt: skip
+    state.setdefault("sessions", []).append(session)
+
+    def save_state() -> None:
+        session["wall_seconds"] = round(time.perf_counter() - started, 2)
+        _atomic_write(out / "run.json", json.dumps(state, indent=2, ensure_ascii=False) + "\n")
+
+    save_state()
+    if graph is None:
+        graph = RecordGraph.cached(history, out, GraphParams(**config.graph))
+    sampler = BundleSampler(graph, config.bundle, seed=config.seed, max_candidates=config.candidate_limit,
+                            method="random" if config.method == "naive" else "graph")  # fmt: skip
+    generator = make_generator(
+        config.method, lms, checks=config.checks, max_retries=config.max_retries, max_demos=config.max_demos,
+        bounded=config.bounded, cold_start=config.cold_start,
+    )  # fmt: skip
+    log = read_log(out)
+    done = {r.index for r in log}
+    deduper = _Deduper(config.dedup_threshold)
+    for r in log:
+        if r.status == "accepted" and r.item:
+            deduper.add(r.item["id"], r.item["question"], r.item["answer"], r.item["evidence_ids"])
+            cand = sampler.candidate(r.index) if r.index < len(sampler) else None
+            if cand is not None and cand.bundle is not None and r.outcome:
+                generator.add_demo(cand.bundle, cand.task, Outcome.model_validate(r.outcome))
+    writer = _Log(out)
+    outputs = _Outputs(out, history, config, lm_description)
+    counts: Counter[str] = Counter()
+    for r in log:
+        counts["accepted" if r.status == "accepted" else (r.stage or r.status)] += 1
+    accepted = counts["accepted"]
+    pending = [i for i in range(len(sampler)) if i not in done]
+
+    bar = None
+    hook = progress if callable(progress) else None
+    if progress is True:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(sampler), initial=len(done), desc=f"generate ({config.method})", unit="cand",
+                   dynamic_ncols=True)  # fmt: skip
+        bar.set_postfix(dict(counts))
+
+    def run_batch(indices: list[int]) -> list[tuple[Candidate, Outcome | None, float]]:
+        t0 = time.perf_counter()
+        cands = [sampler.candidate(i) for i in indices]
+        ready = [c for c in cands if c.bundle is not None]
+
+        def on_call(stage: str, done: int, total: int) -> None:
+            if bar is not None:
+                bar.set_postfix_str(
+                    f"{stage} {done}/{total} | " + ", ".join(f"{k} {v}" for k, v in counts.items())
+                )
+
+        items = [(c.bundle, c.task, config.seed * 100_003 + c.index) for c in ready]
+        outcomes = generator.run_batch(items, on_call)
+        by_index = {c.index: o for c, o in zip(ready, outcomes, strict=True)}
+        seconds = (time.perf_counter() - t0) / max(1, len(ready))
+        return [(c, by_index.get(c.index), seconds if c.bundle is not None else 0.0) for c in cands]
+
+    def run_one(index: int) -> tuple[Candidate, Outcome | None, float]:
+        t0 = time.perf_counter()
+        cand = sampler.candidate(index)
+        if cand.bundle is None:
+            return cand, None, time.perf_counter() - t0
+        outcome = generator(
+            bundle=cand.bundle, task=cand.task, shuffle_seed=config.seed * 100_003 + index
+        ).outcome
+        return cand, outcome, time.perf_counter() - t0
+
+    last_write = 0.0
+
+    def record(cand: Candidate, outcome: Outcome | None, seconds: float) -> None:
+        nonlocal accepted, last_write
+        base = {"index": cand.index, "method": config.method, "seed_record": cand.seed_id, "task": cand.task,
+                "seconds": round(seconds, 2)}  # fmt: skip
+        if outcome is None:
+            rec = CandidateRecord(status="skipped", stage="bundle", reason=f"bundle:{cand.skip_reason}",
+                                  detail=f"no bundle from seed {cand.seed_id}", **base)  # fmt: skip
+        else:
+            base.update(bundle_id=cand.bundle.id, bundle_record_ids=cand.bundle.record_ids,
+                        question=outcome.question, answer=outcome.plan.answer if outcome.plan else None,
+                        usage=outcome.usage)  # fmt: skip
+            if outcome.status == "accepted":
+                item_id = f"gen-{config.method}-s{config.seed}-{cand.index:05d}"
+                item = build_item(history, cand, outcome, method=config.method, seed=config.seed,
+                                  lm_description=lm_description, item_id=item_id)  # fmt: skip
+                dup = deduper.duplicate_of(item.question, item.answer, item.evidence_ids)
+                if dup is not None:
+                    rec = CandidateRecord(status="rejected", stage="dedup", reason="dedup:near_duplicate",
+                                          detail=f"near-duplicate of {dup}", outcome=outcome.model_dump(mode="json"),
+                                          **base)  # fmt: skip
+                else:
+                    deduper.add(item.id, item.question, item.answer, item.evidence_ids)
+                    generator.add_demo(cand.bundle, cand.task, outcome)
+                    rec = CandidateRecord(status="accepted", item=item.model_dump(mode="json"),
+                                          outcome=outcome.model_dump(mode="json"), **base)  # fmt: skip
+                    accepted += 1
+            else:
+                rec = CandidateRecord(status="rejected", stage=outcome.stage, reason=outcome.reason,
+                                      detail=outcome.detail, outcome=outcome.model_dump(mode="json"), **base)  # fmt: skip
+        writer.append(rec)
+        log.append(rec)
+        counts["accepted" if rec.status == "accepted" else (rec.stage or rec.status)] += 1
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(dict(counts))
+        if hook is not None:
+            hook(rec, dict(counts))
+        now = time.perf_counter()
+        if now - last_write > 5.0:
+            outputs.write(
+                sorted(log, key=lambda r: r.index), prior_wall + now - started, dataset=False
+            )
+            last_write = now
+
+    interrupted = False
+    try:
+        if config.threads <= 1:
+            queue = list(pending)
+            while queue and accepted < config.n:
+                size = min(config.batch_size, max(1, 2 * (config.n - accepted)))
+                batch, queue = queue[:size], queue[size:]
+                for result in run_batch(batch):
+                    record(*result)
+        else:
+            with ThreadPoolExecutor(max_workers=config.threads) as pool:
+                queue = iter(pending)
+                running: dict[Future, int] = {}
+                try:
+                    while True:
+                        while (
+                            len(running) < config.threads
+                            and accepted + len(running) < config.n + config.threads
+                        ):
+                            if accepted >= config.n:
+                                break
+                            index = next(queue, None)
+                            if index is None:
+                                break
+                            running[pool.submit(run_one, index)] = index
+                        if not running:
+                            break
+                        finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                        for fut in finished:
+                            running.pop(fut)
+                            record(*fut.result())
+                except BaseException:
+                    for fut in running:
+                        fut.cancel()
+                    raise
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        save_state()
+        final = sorted(log, key=lambda r: r.index)
+        summary = outputs.write(final, prior_wall + time.perf_counter() - started, dataset=True)
+        summary["interrupted"] = interrupted
+    return summary
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    """The end-of-run report: kept %, rejections by stage, LM calls and tokens per accepted item
+    by role, wall time."""
+    lines = [
+        f"accepted {summary['accepted']} of {summary['candidates']} candidates "
+        f"(kept {100 * summary['kept_fraction']:.1f}%); train {summary.get('train', 0)}, val {summary.get('val', 0)}",
+    ]
+    if summary.get("skipped_bundles"):
+        lines.append(
+            f"skipped bundles: {summary['skipped_bundles']} {summary.get('skipped_by_reason', {})}"
+        )
+    if summary["rejected_by_stage"]:
+        lines.append(
+            "rejected by stage: "
+            + ", ".join(f"{k} {v}" for k, v in summary["rejected_by_stage"].items())
+        )
+        lines.append(
+            "rejected by reason: "
+            + ", ".join(f"{k} {v}" for k, v in summary["rejected_by_reason"].items())
+        )
+    per_calls = summary.get("lm_calls_per_accepted", {})
+    per_tokens = summary.get("tokens_per_accepted", {})
+    if per_tokens:
+        est = " (estimated)" if summary.get("tokens_estimated") else ""
+        lines.append(f"per accepted item{est}:")
+        for role in GENERATION_ROLES:
+            if role in per_tokens:
+                lines.append(
+                    f"  {role:<16} {per_calls.get(role, 0):>6.2f} calls  {per_tokens[role]:>9.1f} tokens"
+                )
+        lines.append(
+            f"  {'total':<16} {sum(per_calls.values()):>6.2f} calls  {per_tokens.get('total', 0):>9.1f} tokens"
+        )
+    lines.append(
+        f"wall time {summary['wall_seconds']:.1f}s ({summary.get('seconds_per_candidate', 0):.1f}s per candidate)"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,93 @@
+"""``memsteer optimize`` and ``memsteer tune-prompts`` through typer's CliRunner (scripted LMs)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from memory_fixtures import small_history, small_qa
+from optimize_fixtures import ProposerLM, changed, proposal
+from test_optimize_loop import NARROW
+from typer.testing import CliRunner
+
+from memsteer_dspy.cli import app
+
+
+@pytest.fixture
+def history_dir(tmp_path):
+    folder = tmp_path / "hist"
+    folder.mkdir()
+    (folder / "records.jsonl").write_text(
+        "".join(r.model_dump_json() + "\n" for r in small_history().records)
+    )
+    sup = tmp_path / "sup"
+    sup.mkdir()
+    qa = small_qa()
+    (sup / "train.jsonl").write_text("".join(q.to_json() + "\n" for q in qa))
+    (sup / "val.jsonl").write_text("".join(q.to_json() + "\n" for q in qa[:3]))
+    design = tmp_path / "narrow.json"
+    NARROW.save(design)
+    return folder, sup, design
+
+
+@pytest.fixture
+def scripted_config(monkeypatch):
+    """Make --lm/--config resolve to an LMConfig whose proposer is scripted."""
+    import memsteer_dspy.lm as lm_pkg
+    from memsteer_dspy.lm import LMConfig
+
+    holder = {}
+
+    def load(config=None, lm=None, role_lms=None):
+        cfg = LMConfig.uniform("openai/gpt-4o-mini")
+        cfg.set_lm("proposer", holder["proposer"])
+        return cfg
+
+    monkeypatch.setattr(lm_pkg, "load_lm_config", load)
+    return holder
+
+
+def test_optimize_command_runs_and_resumes(history_dir, scripted_config, tmp_path):
+    folder, sup, design = history_dir
+    out = tmp_path / "run"
+    scripted_config["proposer"] = ProposerLM(
+        [proposal(changed(NARROW, retrieve__top_k=3, retrieve__pool=3))]
+    )
+    args = ["optimize", "--format", "jsonl", "--path", str(folder), "--supervision", str(sup), "--out", str(out),
+            "--objective", "recall", "--init-design", str(design), "--no-tracking", "--no-cache"]  # fmt: skip
+    res = CliRunner().invoke(app, [*args, "--iterations", "1"])
+    assert res.exit_code == 0, res.output
+    assert "iter   1/1  accepted" in res.output and "best design" in res.output
+    assert (out / "best_design.json").exists() and (out / "summary.md").exists()
+    # resume with more iterations: one more proposal, shown as JSON
+    scripted_config["proposer"] = ProposerLM(
+        [proposal(changed(NARROW, retrieve__top_k=2, retrieve__pool=2))]
+    )
+    res = CliRunner().invoke(app, [*args, "--iterations", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout[res.stdout.index("{") :])
+    assert report["iterations"] == 2 and report["accepted_path"] == [0, 1]
+    assert report["best"]["delivered_recall"] > report["baseline"]["delivered_recall"]
+    assert len((out / "trajectory.jsonl").read_text().splitlines()) == 3
+
+
+def test_optimize_command_reports_bad_input(history_dir, scripted_config, tmp_path):
+    folder, _, _ = history_dir
+    scripted_config["proposer"] = ProposerLM([])
+    res = CliRunner().invoke(app, ["optimize", "--format", "jsonl", "--path", str(folder), "--supervision",
+                                   str(tmp_path / "nowhere"), "--out", str(tmp_path / "o"), "--no-tracking"])  # fmt: skip
+    assert res.exit_code == 2 and "train.jsonl" in res.output
+    res = CliRunner().invoke(app, ["optimize", "--format", "jsonl", "--path", str(folder), "--supervision", "official",
+                                   "--out", str(tmp_path / "o"), "--no-tracking"])  # fmt: skip
+    assert res.exit_code == 2 and "no official QA items" in res.output
+    res = CliRunner().invoke(app, ["optimize", "--format", "jsonl", "--path", str(folder), "--supervision", "official",
+                                   "--out", str(tmp_path / "o"), "--objective", "speed"])  # fmt: skip
+    assert res.exit_code != 0 and "--objective" in res.output
+
+
+def test_tune_prompts_rejects_unknown_optimizer(history_dir, scripted_config, tmp_path):
+    folder, sup, _ = history_dir
+    scripted_config["proposer"] = ProposerLM([])
+    res = CliRunner().invoke(app, ["tune-prompts", "--format", "jsonl", "--path", str(folder), "--supervision",
+                                   str(sup), "--out", str(tmp_path / "t"), "--optimizer", "sgd"])  # fmt: skip
+    assert res.exit_code != 0 and "--optimizer" in res.output

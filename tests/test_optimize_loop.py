@@ -1,0 +1,303 @@
+"""The MemSteer-Opt loop: the accept rule, invalid and duplicate proposals, resumption, outputs,
+and a scripted-proposer run on a RHELM persona tracked in a sqlite MLflow store."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from memory_fixtures import ScriptedLM, field_value, signature_of, small_history, small_qa
+from optimize_fixtures import ProposerLM, changed, proposal
+
+from memsteer_dspy.errors import ConfigError
+from memsteer_dspy.memory import MemoryDesign
+from memsteer_dspy.optimize import MemSteerOpt, OptimizeConfig, split_official
+from memsteer_dspy.optimize.loop import TrajectoryEntry
+
+NARROW = MemoryDesign.from_dict({"name": "narrow", "retrieve": {"top_k": 1, "pool": 1}})
+
+
+def wide(k: int) -> dict:
+    return changed(NARROW, retrieve__top_k=k, retrieve__pool=max(k, 1))
+
+
+def run(tmp_path, replies, *, iterations, objective="recall", lms=None, **kw):
+    lm = ProposerLM(replies)
+    opt = MemSteerOpt(
+        small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=NARROW,
+        config=OptimizeConfig(iterations=iterations, objective=objective), lms={"proposer": lm, **(lms or {})}, **kw,
+    )  # fmt: skip
+    return opt, lm
+
+
+def lines(path) -> list[TrajectoryEntry]:
+    return [TrajectoryEntry.model_validate_json(x) for x in path.read_text().splitlines()]
+
+
+def test_accept_rule_invalid_and_every_proposal_kept(tmp_path):
+    events = []
+    replies = [
+        proposal(
+            changed(NARROW, context__show_kind=True), "show kinds"
+        ),  # same recall: a tie, rejected
+        proposal(wide(3), "more units"),  # better: accepted
+        proposal(changed(NARROW, store__unit="paragraph")),
+        "not json",  # invalid twice
+        proposal(wide(2), "fewer units"),  # worse than the accepted one
+    ]
+    opt, lm = run(tmp_path, replies, iterations=4, on_event=events.append)
+    res = opt.run()
+    out = tmp_path / "run"
+    assert [e.status for e in res.entries] == [
+        "baseline",
+        "rejected",
+        "accepted",
+        "invalid",
+        "rejected",
+    ]
+    assert res.accepted_path == [0, 2]
+    assert (
+        res.best_design.retrieve.top_k == 3
+        and res.best_score.delivered_recall > res.baseline_score.delivered_recall
+    )
+    tie = res.entries[1]
+    assert tie.score.delivered_recall == res.baseline_score.delivered_recall and not tie.accepted
+    assert "not better" in tie.reason and tie.changes == ["context.show_kind: false -> true"]
+    assert (
+        res.entries[2].selected_by.startswith("delivered recall")
+        and res.entries[2].train_failures is not None
+    )
+    assert res.entries[3].design is None and "store.unit" in res.entries[3].attempts[0].error
+    # files: every proposal kept; the accepted design re-ran the training set
+    assert [e.iteration for e in lines(out / "trajectory.jsonl")] == [0, 1, 2, 3, 4]
+    for t in range(1, 5):
+        assert (out / "iterations" / f"{t:03d}" / "proposal.json").exists()
+        assert (out / "iterations" / f"{t:03d}" / "feedback.md").exists()
+    assert (out / "iterations/002/train/items.jsonl").exists() and (
+        out / "iterations/002/diagnosis.jsonl"
+    ).exists()
+    assert not (out / "iterations/001/train").exists()
+    assert MemoryDesign.load(out / "best_design.json").key() == res.best_design.key()
+    summary = (out / "summary.md").read_text()
+    assert (
+        "| 2 | accepted |" in summary and "## Accepted path" in summary and "iteration 2" in summary
+    )
+    assert [e["iteration"] for e in events] == [0, 1, 2, 3, 4] and events[2]["status"] == "accepted"
+    # the proposer saw the feedback and, later, the revision history with the rejected tie
+    second = lm.calls[1]["user"]
+    assert "retrieval failure" in field_value(second, "feedback")
+    assert "iteration 1: REJECTED" in field_value(second, "revision_history")
+    assert res.entries[-1].cost_total.calls == len(lm.calls) == 5
+
+
+def test_duplicates_are_not_evaluated_again(tmp_path):
+    opt, lm = run(tmp_path, [proposal(NARROW), proposal(wide(2))], iterations=1)
+    res = opt.run()
+    e = res.entries[1]
+    assert e.status == "accepted" and [a.kind for a in e.attempts] == ["duplicate", "ok"]
+    assert e.attempts[0].duplicate_of == "iteration 0 (baseline)"
+    assert (
+        lm.calls[1]["kwargs"]["temperature"] > 0 and lm.calls[1]["kwargs"]["rollout_id"] is not None
+    )
+
+
+def test_resume_continues_from_the_last_finished_iteration(tmp_path):
+    opt, _ = run(tmp_path, [proposal(wide(2)), proposal(wide(4))], iterations=2)
+    first = opt.run()
+    assert [e.status for e in first.entries] == ["baseline", "accepted", "accepted"]
+    # a torn line from an interrupted write is dropped, not kept
+    path = tmp_path / "run" / "trajectory.jsonl"
+    with open(path, "a") as f:
+        f.write('{"iteration": 3, "status": "acc')
+    opt2, lm2 = run(tmp_path, [proposal(wide(3)), proposal(wide(5))], iterations=4)
+    second = opt2.run()
+    assert [e.iteration for e in second.entries] == [0, 1, 2, 3, 4]
+    assert len(lm2.calls) == 2  # only the new iterations asked the proposer
+    assert [e.iteration for e in lines(path)] == [0, 1, 2, 3, 4]
+    assert (
+        second.entries[3].status == "rejected"
+        and second.entries[3].parent_key == first.best_design.key()
+    )
+    # nothing left to do: a third run returns the same result without asking anything
+    opt3, lm3 = run(tmp_path, [], iterations=4)
+    assert opt3.run().best_design.key() == second.best_design.key() and lm3.calls == []
+
+
+def test_an_interrupted_iteration_reuses_its_saved_proposal(tmp_path, monkeypatch):
+    opt, lm = run(tmp_path, [proposal(wide(2))], iterations=1)
+    real = MemSteerOpt.evaluate
+    state = {"raised": False}
+
+    def evaluate(self, design, items, metrics, folder):
+        if folder.parent.name == "001" and not state["raised"]:
+            state["raised"] = True
+            raise KeyboardInterrupt
+        return real(self, design, items, metrics, folder)
+
+    monkeypatch.setattr(MemSteerOpt, "evaluate", evaluate)
+    with pytest.raises(KeyboardInterrupt):
+        opt.run()
+    assert len(lines(tmp_path / "run" / "trajectory.jsonl")) == 1
+    opt2, lm2 = run(tmp_path, [], iterations=1)
+    res = opt2.run()
+    assert res.entries[1].status == "accepted" and lm2.calls == []
+
+
+def test_changed_settings_refuse_to_resume(tmp_path):
+    run(tmp_path, [proposal(wide(2))], iterations=1)[0].run()
+    opt, _ = run(tmp_path, [], iterations=1, objective="recall-then-accuracy")
+    with pytest.raises(ConfigError, match="objective"):
+        opt.run()
+
+
+def test_a_candidate_that_cannot_be_built_is_recorded_failed(tmp_path):
+    needs_lm = changed(NARROW, retrieve__query="rewrite")  # no answerer LM given: cannot build
+    opt, _ = run(tmp_path, [proposal(needs_lm), proposal(wide(2))], iterations=2)
+    res = opt.run()
+    assert [e.status for e in res.entries] == ["baseline", "failed", "accepted"]
+    assert "could not build" in res.entries[1].reason
+
+
+ANSWERS = {"colour": "red", "conference": "Lisbon", "pay": "90", "people": "Anna, Tom"}
+
+
+def answerer_and_judge():
+    """An answerer that answers right exactly when the answer is in its context; a judge that
+    rejects everything not matched exactly."""
+
+    def handler(system, user):
+        sig = signature_of(system)
+        if sig == "judge":
+            return {"correct": False}
+        question, context = field_value(user, "question"), field_value(user, "context")
+        for word, answer in ANSWERS.items():
+            if word in question:
+                found = all(part in context for part in answer.split(", "))
+                return {"answer": answer if found else "I don't know"}
+        return {"answer": "I don't know"}
+
+    return ScriptedLM(handler)
+
+
+def test_accuracy_objective_answers_judges_and_diagnoses(tmp_path):
+    lm = answerer_and_judge()
+    opt, _ = run(
+        tmp_path,
+        [proposal(wide(4))],
+        iterations=1,
+        objective="accuracy",
+        lms={"answerer": lm, "judge": lm},
+    )
+    res = opt.run()
+    base, best = res.baseline_score, res.best_score
+    assert base.accuracy < best.accuracy == 1.0 and res.entries[1].selected_by == "accuracy"
+    diag = [
+        json.loads(x)
+        for x in (tmp_path / "run/iterations/000/diagnosis.jsonl").read_text().splitlines()
+    ]
+    assert diag and {d["stage"] for d in diag} <= {"retrieval", "storage", "answering"}
+    items = [
+        json.loads(x)
+        for x in (tmp_path / "run/iterations/001/val/items.jsonl").read_text().splitlines()
+    ]
+    assert all(i["correct"] for i in items)
+
+
+def test_rhelm_persona_end_to_end_with_recall_objective_and_mlflow(tmp_path, rhelm_root):
+    """Scripted proposer, recall objective (no answering LM), tracked in a tmp sqlite store."""
+    from mlflow import MlflowClient
+
+    from memsteer_dspy.loaders.rhelm import load_rhelm
+    from memsteer_dspy.tracking import Tracker
+
+    loaded = load_rhelm(rhelm_root, "Elena_Morales", external=True)
+    train, val = split_official(loaded.qa_items, seed=0)
+    base = MemoryDesign.base_bm25()
+    replies = [
+        proposal(changed(base, store__unit="window"), "windows keep neighbouring turns together"),
+        proposal(changed(base, retrieve__bm25__k1=1.2), "milder term saturation"),
+        proposal(changed(base, retrieve__expand_neighbors=1)),
+    ]
+    lm = ProposerLM(replies)
+    out = tmp_path / "opt"
+    tracker = Tracker.for_history(out, loaded.history.user_id, loaded.history.fingerprint)
+    opt = MemSteerOpt(
+        loaded.history, train, val, out, config=OptimizeConfig(iterations=3, objective="recall", protocol="as_of"),
+        lms={"proposer": lm}, tracker=tracker, cache_dir=tmp_path / "cache", run_params={"supervision": "official"},
+    )  # fmt: skip
+    res = opt.run()
+    assert len(train) == 35 and len(val) == 17
+    assert [e.iteration for e in res.entries] == [0, 1, 2, 3]
+    assert res.entries[0].train_failures["retrieval"] > 0
+    assert all(e.status in ("accepted", "rejected") for e in res.entries[1:])
+    best = res.best_score
+    assert best.delivered_recall >= res.baseline_score.delivered_recall and best.accuracy is None
+    feedback = (out / "iterations/001/feedback.md").read_text()
+    assert "Retrieval failures" in feedback and "lookup " in feedback
+
+    client = MlflowClient(tracking_uri=res.tracking_uri)
+    exp = client.get_experiment_by_name(f"memsteer/Elena_Morales/{loaded.history.fingerprint}")
+    runs = client.search_runs([exp.experiment_id])
+    parent = next(r for r in runs if r.info.run_id == res.parent_run_id)
+    children = sorted((r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id),
+                      key=lambda r: r.info.run_name)  # fmt: skip
+    assert [r.info.run_name for r in children] == ["iter-000", "iter-001", "iter-002", "iter-003"]
+    assert (
+        parent.data.params["objective"] == "recall"
+        and parent.data.params["supervision"] == "official"
+    )
+    assert parent.data.params["n_train"] == "35"
+    assert [m.step for m in client.get_metric_history(parent.info.run_id, "best_score")] == [
+        0,
+        1,
+        2,
+        3,
+    ]
+    for entry, child in zip(res.entries, children, strict=True):
+        assert child.data.tags["accepted"] == ("true" if entry.accepted else "false")
+        assert child.data.params["design.retrieve.top_k"] == "20"
+        assert child.data.metrics["val_delivered_recall"] == pytest.approx(
+            entry.score.delivered_recall
+        )
+        assert "val_recall_at_10" in child.data.metrics and "wall_seconds" in child.data.metrics
+        arts = {a.path for a in client.list_artifacts(child.info.run_id)}
+        assert {"design.json", "rationale.md", "val_items.json"} <= arts
+        if entry.iteration:
+            assert {"feedback.md", "feedback.json", "diagnosis.json"} <= arts
+    assert children[1].data.params["design.store.unit"] == "window"
+    parent_arts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"best_design.json", "trajectory.jsonl", "summary.md"} <= parent_arts
+    table = json.loads(
+        open(
+            client.download_artifacts(children[0].info.run_id, "val_items.json", str(tmp_path))
+        ).read()
+    )
+    assert len(table["data"]) == 17 and "delivered_recall" in table["columns"]
+
+
+def test_recall_then_accuracy_screens_before_answering(tmp_path):
+    lm = answerer_and_judge()
+    start = changed(NARROW, retrieve__top_k=2, retrieve__pool=2)
+    replies = [proposal(changed(NARROW, retrieve__top_k=1, retrieve__pool=1, context__show_kind=True)),
+               proposal(changed(NARROW, retrieve__top_k=4, retrieve__pool=4))]  # fmt: skip
+    opt = MemSteerOpt(
+        small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=MemoryDesign.from_dict(start),
+        config=OptimizeConfig(iterations=2, objective="recall-then-accuracy"),
+        lms={"proposer": ProposerLM(replies), "answerer": lm, "judge": lm},
+    )  # fmt: skip
+    res = opt.run()
+    screened, accepted = res.entries[1], res.entries[2]
+    assert (
+        screened.status == "rejected"
+        and screened.score is None
+        and "screened out by recall" in screened.reason
+    )
+    assert (
+        not (tmp_path / "run/iterations/001/val").exists()
+        and (tmp_path / "run/iterations/001/val-recall").exists()
+    )
+    assert accepted.status == "accepted" and accepted.selected_by == "recall screen + accuracy"
+    assert (
+        accepted.score.accuracy > res.baseline_score.accuracy
+        and accepted.screen_score.delivered_recall is not None
+    )

@@ -1,0 +1,126 @@
+"""The design proposer: the ProposeDesign prompt, invalid proposals sent back once, duplicates
+re-sampled with a new rollout id above temperature 0, the fixed context budget."""
+
+from __future__ import annotations
+
+import json
+
+from memory_fixtures import field_value
+from optimize_fixtures import ProposerLM, changed, proposal
+
+from memsteer_dspy.memory import MemoryDesign
+from memsteer_dspy.optimize.proposer import (
+    DesignProposer,
+    RevisionEntry,
+    design_diff,
+    design_space_schema,
+    render_history,
+)
+
+BASE = MemoryDesign.base_bm25()
+SEEN = {BASE.key(): "iteration 0 (baseline)"}
+HISTORY = [RevisionEntry(iteration=0, status="baseline", score="acc 0.300")]
+
+
+def test_the_prompt_carries_design_schema_history_and_feedback():
+    lm = ProposerLM([proposal(changed(retrieve__top_k=30), "more units")])
+    out = DesignProposer(lm)(BASE, HISTORY, "Case 1: retrieval failure ...", seen=SEEN, iteration=1)
+    assert out.status == "ok" and out.design.retrieve.top_k == 30 and out.rationale == "more units"
+    user = lm.calls[0]["user"]
+    assert json.loads(field_value(user, "current_design")) == BASE.model_dump(mode="json")
+    schema = json.loads(field_value(user, "design_space"))
+    assert "retrieve" in schema["properties"] and '"title":' not in json.dumps(schema)
+    assert "iteration 0: BASELINE (acc 0.300)" in field_value(user, "revision_history")
+    assert field_value(user, "feedback") == "Case 1: retrieval failure ..."
+    assert out.attempts[0].kind == "ok" and out.attempts[0].design_key == out.design.key()
+
+
+def test_an_invalid_design_is_sent_back_once_with_the_validation_error():
+    bad = changed(retrieve__pool=5)  # pool < top_k (20)
+    lm = ProposerLM([proposal(bad), proposal(changed(retrieve__top_k=5))])
+    out = DesignProposer(lm)(BASE, HISTORY, "fb", seen=SEEN, iteration=2)
+    assert out.status == "ok" and out.design.retrieve.top_k == 5
+    assert [a.kind for a in out.attempts] == ["invalid", "ok"]
+    assert "retrieve.pool" in out.attempts[0].error and out.attempts[0].raw
+    resent = field_value(lm.calls[1]["user"], "revision_history")
+    assert (
+        "not a valid design" in resent
+        and "retrieve.pool (5) must be >= retrieve.top_k (20)" in resent
+    )
+
+
+def test_still_invalid_after_the_second_try_gives_an_invalid_proposal():
+    lm = ProposerLM([proposal(changed(store__unit="paragraph")), "this is not JSON at all"])
+    out = DesignProposer(lm)(BASE, HISTORY, "fb", seen=SEEN, iteration=3)
+    assert out.status == "invalid" and out.design is None
+    assert [a.kind for a in out.attempts] == ["invalid", "invalid"]
+    assert "store.unit" in out.attempts[0].error
+    assert len(lm.calls) == 2
+
+
+def test_a_duplicate_is_resampled_with_rollout_id_and_temperature_and_named_in_the_history():
+    lm = ProposerLM(
+        [
+            proposal(BASE),
+            proposal(changed(retrieve__top_k=40)),
+            proposal(changed(retrieve__top_k=41)),
+        ]
+    )
+    seen = {
+        **SEEN,
+        MemoryDesign.from_dict(changed(retrieve__top_k=40)).key(): "iteration 4 (rejected)",
+    }
+    out = DesignProposer(lm, resample_temperature=0.7)(BASE, HISTORY, "fb", seen=seen, iteration=5)
+    assert out.status == "ok" and out.design.retrieve.top_k == 41
+    assert [a.kind for a in out.attempts] == ["duplicate", "duplicate", "ok"]
+    assert [a.duplicate_of for a in out.attempts[:2]] == [
+        "iteration 0 (baseline)",
+        "iteration 4 (rejected)",
+    ]
+    assert lm.calls[0]["kwargs"] == {}  # the first call is as configured
+    rollouts = [c["kwargs"].get("rollout_id") for c in lm.calls[1:]]
+    assert len(set(rollouts)) == 2 and None not in rollouts
+    assert all(c["kwargs"]["temperature"] >= 0.7 for c in lm.calls[1:])
+    history = field_value(lm.calls[2]["user"], "revision_history")
+    assert "identical to the design of iteration 0 (baseline)" in history
+    assert "identical to the design of iteration 4 (rejected)" in history
+
+
+def test_a_proposal_that_keeps_repeating_gives_a_duplicate_outcome():
+    lm = ProposerLM([proposal(BASE)] * 3)
+    out = DesignProposer(lm, max_resamples=2)(BASE, HISTORY, "fb", seen=SEEN, iteration=1)
+    assert out.status == "duplicate" and len(lm.calls) == 3
+    assert "iteration 0 (baseline)" in out.error
+
+
+def test_the_context_budget_is_pinned_to_the_fixed_budget():
+    lm = ProposerLM(
+        [proposal(changed(context__budget_tokens=20000, retrieve__top_k=50, retrieve__pool=60))]
+    )
+    out = DesignProposer(lm, fixed_budget=4000)(BASE, HISTORY, "fb", seen=SEEN, iteration=1)
+    assert (
+        out.status == "ok"
+        and out.design.context.budget_tokens == 4000
+        and out.design.retrieve.top_k == 50
+    )
+    assert "pinned back" in out.attempts[0].notes[0]
+
+
+def test_an_lm_failure_is_a_failed_proposal_not_an_exception():
+    lm = ProposerLM([ConnectionError("server down")])
+    out = DesignProposer(lm)(BASE, HISTORY, "fb", seen=SEEN, iteration=1)
+    assert out.status == "failed" and "server down" in out.error
+
+
+def test_design_diff_and_history_rendering():
+    new = MemoryDesign.from_dict(changed(retrieve__top_k=30, store__unit="window"))
+    assert design_diff(BASE, new) == [
+        "retrieve.top_k: 20 -> 30",
+        'store.unit: "record" -> "window"',
+    ]
+    entries = HISTORY + [RevisionEntry(iteration=i, status="rejected", changes=[f"retrieve.top_k: 20 -> {i}"],
+                                       rationale="x " * 200) for i in range(1, 40)]  # fmt: skip
+    text = render_history(entries, max_tokens=300)
+    assert text.startswith("- iteration 0: BASELINE") and "earlier proposal(s) omitted" in text
+    assert "iteration 39" in text and "iteration 1:" not in text
+    assert len(design_space_schema()) < len(json.dumps(MemoryDesign.model_json_schema()))
