@@ -62,7 +62,8 @@ class GraphParams:
     ``lexical_k`` neighbours per record are kept when their BM25 score is at least
     ``lexical_threshold`` times the record's own score for the same query; each query is the
     record's ``query_terms`` rarest terms that occur in at least two and at most ``max_df``
-    (fraction of records, or an absolute count when ≥ 1) records. Queries run ``batch_size`` at a
+    (fraction of records, or an absolute count when ≥ 1; never more than ``max_df_cap``) records,
+    so every query touches a bounded number of postings. Queries run ``batch_size`` at a
     time. A title (subject, heading) links a record that names it when it has at least
     ``min_title_terms`` terms and at most ``max_title_holders`` records carry it.
     """
@@ -71,6 +72,7 @@ class GraphParams:
     lexical_threshold: float = 0.2
     query_terms: int = 24
     max_df: float = 0.05
+    max_df_cap: int = 1000
     batch_size: int = 2048
     min_title_terms: int = 2
     max_title_holders: int = 5
@@ -363,7 +365,7 @@ class _LexicalIndex:
         if n < 2:
             return
         max_df = params.max_df if params.max_df >= 1 else max(2, int(params.max_df * n))
-        max_df = max(max_df, 2)
+        max_df = max(min(max_df, params.max_df_cap), 2)
         k = params.lexical_k
         for start in range(0, n, params.batch_size):
             stop = min(n, start + params.batch_size)

@@ -301,3 +301,19 @@ def test_recall_then_accuracy_screens_before_answering(tmp_path):
         accepted.score.accuracy > res.baseline_score.accuracy
         and accepted.screen_score.delivered_recall is not None
     )
+
+
+def test_changes_proposer_output_runs_the_same_loop(tmp_path):
+    reply = {"rationale": "wider", "changes": [{"field": "retrieve.top_k", "value": "3"},
+                                               {"field": "retrieve.pool", "value": "3"}]}  # fmt: skip
+    lm = ProposerLM([reply])
+    opt = MemSteerOpt(
+        small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=NARROW, lms={"proposer": lm},
+        config=OptimizeConfig(iterations=1, objective="recall", proposer_output="changes"),
+    )  # fmt: skip
+    res = opt.run()
+    assert res.entries[1].status == "accepted" and res.best_design.retrieve.top_k == 3
+    assert (
+        "[[ ## changes ## ]]" not in lm.calls[0]["user"]
+        and "changes" in lm.history[0]["messages"][0]["content"]
+    )

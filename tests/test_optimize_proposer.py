@@ -124,3 +124,32 @@ def test_design_diff_and_history_rendering():
     assert text.startswith("- iteration 0: BASELINE") and "earlier proposal(s) omitted" in text
     assert "iteration 39" in text and "iteration 1:" not in text
     assert len(design_space_schema()) < len(json.dumps(MemoryDesign.model_json_schema()))
+
+
+def changes(*pairs, rationale="scripted"):
+    return {"rationale": rationale, "changes": [{"field": f, "value": v} for f, v in pairs]}
+
+
+def test_changes_output_applies_fields_to_the_current_design():
+    lm = ProposerLM(
+        [changes(("retrieve.top_k", "40"), ("retrieve.pool", "80"), ("store.unit", "window"))]
+    )
+    out = DesignProposer(lm, output="changes")(BASE, HISTORY, "fb", seen=SEEN, iteration=1)
+    assert out.status == "ok"
+    assert design_diff(BASE, out.design) == [
+        "retrieve.pool: 50 -> 80", "retrieve.top_k: 20 -> 40", 'store.unit: "record" -> "window"',
+    ]  # fmt: skip
+    assert "changes: retrieve.top_k=40" in out.attempts[0].notes[0]
+    schema = json.loads(field_value(lm.calls[0]["user"], "design_space"))
+    assert "retrieve" in schema["properties"]
+
+
+def test_changes_output_invalid_value_is_sent_back_and_no_change_is_a_duplicate():
+    lm = ProposerLM(
+        [changes(("retrieve.pool", "5")), changes(), changes(("retrieve.rerank", '"llm"'))]
+    )
+    out = DesignProposer(lm, output="changes")(BASE, HISTORY, "fb", seen=SEEN, iteration=1)
+    assert [a.kind for a in out.attempts] == ["invalid", "duplicate", "ok"]
+    assert "retrieve.pool" in out.attempts[0].error
+    assert out.design.retrieve.rerank == "llm"
+    assert "not a valid design" in field_value(lm.calls[1]["user"], "revision_history")

@@ -111,9 +111,24 @@ def test_citation_repair_points_at_the_one_span_with_the_answer():
     assert rep.stage == "plan" and rep.before == "c1:1#2" and rep.after == "c1:1#1"
 
 
+def test_repair_within_the_cited_record():
+    # "Lila" occurs in two records, but only once in the record the planner cited (c1:1)
+    plan = plan_reply(answer="Lila", answer_type="entity", fact_span_ids=["R1.2"], answer_span_id="R1.2")
+    lms = role_lms(
+        [plan],
+        [question_reply("Whom did I send a quick note from my laptop on March 2?")],
+        [audit_reply()],
+        [blind_reply(answer="Lila", cited=["c1:1#1"])],
+    )
+    out, _ = run(lms)
+    assert out.status == "accepted", out.detail
+    assert out.plan.answer_span_id == "c1:1#1"
+    assert out.repairs[0].reason == "the answer occurs in exactly one span of the cited record"
+
+
 def test_no_repair_when_the_answer_occurs_in_two_spans():
-    # "Lila" occurs in c1:1 and c1:2: the citation is ambiguous and is not repaired
-    plan = plan_reply(answer="Lila", fact_span_ids=["R1.2"], answer_span_id="R1.2")
+    # "garden" is in c1:2 and mail:1, and not in the cited record c1:1: ambiguous, no repair
+    plan = plan_reply(answer="garden", fact_span_ids=["R1.1"], answer_span_id="R1.1")
     out, _ = run(role_lms([plan]))
     assert out.reason == "plan_check:answer_not_in_spans"
     assert out.repairs == []

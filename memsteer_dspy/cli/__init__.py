@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from memsteer_dspy.cli.demo import demo
 from memsteer_dspy.cli.evaluate import evaluate
 from memsteer_dspy.cli.generate import assess, generate
 from memsteer_dspy.cli.ingest import ingest
@@ -20,6 +21,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+app.command()(demo)
 app.command()(ingest)
 app.command()(generate)
 app.command()(assess)

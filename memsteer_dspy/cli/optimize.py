@@ -121,6 +121,13 @@ def optimize(
             help="Token budget of the feedback given to the proposer (keep the proposer's context in mind).",
         ),
     ] = 3000,
+    proposer_output: Annotated[
+        str,
+        typer.Option(
+            "--proposer-output",
+            help="'design' (the whole revised design as structured output) or 'changes' (only the fields to change: a much shorter output, for small local proposers).",
+        ),
+    ] = "design",
     tracking_uri: Annotated[
         str | None,
         typer.Option(
@@ -175,12 +182,15 @@ def optimize(
         )
     if protocol is not None and protocol not in ("as_of", "full"):
         raise typer.BadParameter("choose 'as_of' or 'full'", param_hint="--protocol")
+    if proposer_output not in ("design", "changes"):
+        raise typer.BadParameter("choose 'design' or 'changes'", param_hint="--proposer-output")
     d0 = MemoryDesign.load(init_design) if init_design is not None else MemoryDesign.base_bm25()
     loaded = history.load()
     train, val, source = load_supervision(supervision, loaded, seed=seed)
     config = OptimizeConfig(
         iterations=iterations, objective=objective, feedback=feedback, seed=seed, feedback_tokens=feedback_tokens,
         protocol=protocol or ("as_of" if history.format == "rhelm" else "full"), threads=threads,
+        proposer_output=proposer_output,
     )  # fmt: skip
     tracker = _tracker(out, loaded, tracking_uri, no_tracking)
     if dspy_autolog:

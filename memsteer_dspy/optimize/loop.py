@@ -91,6 +91,10 @@ class OptimizeConfig(BaseModel):
     threads: int = Field(1, ge=1, description="QA items evaluated concurrently.")
     max_resamples: int = Field(3, ge=0, description="Re-samples of a duplicate proposal.")
     resample_temperature: float = Field(0.7, gt=0, le=2)
+    proposer_output: Literal["design", "changes"] = Field(
+        "design",
+        description="'design': the whole revised design; 'changes': only the fields to change (small LMs).",
+    )
 
 
 class Cost(BaseModel):
@@ -311,6 +315,7 @@ class MemSteerOpt:
             self._proposer = DesignProposer(
                 self.lm("proposer"), fixed_budget=self.fixed_budget, max_resamples=self.config.max_resamples,
                 resample_temperature=self.config.resample_temperature, history_tokens=self.config.history_tokens,
+                output=self.config.proposer_output,
             )  # fmt: skip
         elif self._proposer.fixed_budget is None:
             self._proposer.fixed_budget = self.fixed_budget

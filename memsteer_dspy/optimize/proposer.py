@@ -14,6 +14,11 @@ outputs on API models), and handles the two ways a proposal can be unusable:
 
 The context token budget is held fixed across designs (paper, Section 3.3): a proposal that changes
 it is pinned back, and the attempt says so.
+
+``output="changes"`` asks for the fields to change instead of the whole design
+(:class:`~memsteer_dspy.signatures.propose.ProposeDesignChanges`): a short, grammar-cheap structured
+output that makes the embedded 1.5B model usable on a busy CPU, where writing all ~40 fields of a
+design under the full schema's grammar took tens of minutes per proposal.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ import dspy
 from dspy.adapters.chat_adapter import FieldInfoWithName
 from pydantic import BaseModel, Field
 
+from memsteer_dspy.errors import InputError
 from memsteer_dspy.memory.design import MemoryDesign, design_json_schema
-from memsteer_dspy.signatures.propose import ProposeDesign
+from memsteer_dspy.signatures.propose import DesignChange, ProposeDesign, ProposeDesignChanges
 from memsteer_dspy.tokens import count_tokens, truncate_to_tokens
 
 HISTORY_TOKENS = 900
@@ -181,8 +187,27 @@ class Proposal(BaseModel):
     error: str | None = None
 
 
+def apply_changes(current: MemoryDesign, changes: list[DesignChange]) -> MemoryDesign:
+    """``current`` with each change applied (values are JSON; a bare word is taken as a string).
+    Raises :class:`InputError` naming the field when the result is not a valid design."""
+    data = current.model_dump(mode="json")
+    for ch in changes:
+        try:
+            value = json.loads(ch.value)
+        except (json.JSONDecodeError, TypeError):
+            value = ch.value
+        node = data
+        *parents, last = ch.field.split(".")
+        for part in parents:
+            node = node[part]
+        node[last] = value
+    return MemoryDesign.from_dict(data)
+
+
 def _validation_error(exc: Exception) -> tuple[str, str | None]:
     """A readable validation error for an unparseable reply, and the raw reply."""
+    if isinstance(exc, InputError):
+        return str(exc), None
     raw = getattr(exc, "lm_response", None)
     if raw is None:
         return f"{type(exc).__name__}: {exc}", None
@@ -213,14 +238,20 @@ class DesignProposer(dspy.Module):
         max_resamples: re-samples of a duplicate proposal before the iteration is skipped.
         resample_temperature: the temperature of a re-sample (at least this, above 0).
         history_tokens: token budget of the rendered revision history.
+        output: ``"design"`` (the whole revised design, the design schema as structured output) or
+            ``"changes"`` (only the fields to change; for small local models).
     """
 
     def __init__(
         self, lm: Any = None, *, fixed_budget: int | None = None, max_resamples: int = 3,
         resample_temperature: float = 0.7, history_tokens: int = HISTORY_TOKENS,
+        output: Literal["design", "changes"] = "design",
     ):  # fmt: skip
         super().__init__()
-        self.propose = dspy.Predict(ProposeDesign)
+        if output not in ("design", "changes"):
+            raise ValueError(f"output must be 'design' or 'changes', not {output!r}")
+        self.output = output
+        self.propose = dspy.Predict(ProposeDesign if output == "design" else ProposeDesignChanges)
         self.propose.lm = lm
         self.adapter = ProposerAdapter()
         self.fixed_budget = fixed_budget
@@ -269,9 +300,16 @@ class DesignProposer(dspy.Module):
             text = render_history(history + extra, self.history_tokens)
             try:
                 pred = self._call(current, text, feedback, config)
-                design, error, raw = pred.design, None, None
-                if not isinstance(design, MemoryDesign):
-                    design = MemoryDesign.from_dict(design)
+                error, raw = None, None
+                if self.output == "changes":
+                    design = apply_changes(current, list(pred.changes or []))
+                    notes.append(
+                        "changes: " + "; ".join(f"{c.field}={c.value}" for c in pred.changes or [])
+                    )
+                else:
+                    design = pred.design
+                    if not isinstance(design, MemoryDesign):
+                        design = MemoryDesign.from_dict(design)
             except Exception as exc:  # noqa: BLE001 - sorted below: parse/validation vs LM failure
                 design = None
                 if _is_parse_error(exc):

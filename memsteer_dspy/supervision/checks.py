@@ -151,16 +151,26 @@ def _record_of(span_id: str) -> str:
 def repair_answer_citation(
     plan: AnswerPlan, task: Task, span_texts: dict[str, str]
 ) -> tuple[AnswerPlan, Repair | None]:
-    """Point the plan's answer citation at the one span of the bundle that contains the answer.
+    """Point the plan's answer citation at the one span that contains the answer.
 
-    Applies only when exactly one span contains the answer and that span's record is an evidence
-    record (or the task needs one record, which then becomes the evidence). Returns the plan
-    unchanged and ``None`` otherwise.
+    The span is the only one of the cited answer span's record that contains the answer (the
+    planner cited a neighbouring sentence), or else the only one of the whole bundle. It must be in
+    an evidence record, or the task needs one record (which then becomes the evidence). Returns the
+    plan unchanged and ``None`` when no such span exists.
     """
     hits = [sid for sid, text in span_texts.items() if _contains(text, plan.answer)]
-    if len(hits) != 1:
+    cited_record = (
+        _record_of(plan.answer_span_id)
+        if plan.answer_span_id and "#" in plan.answer_span_id
+        else None
+    )
+    in_record = [sid for sid in hits if _record_of(sid) == cited_record]
+    if len(in_record) == 1:
+        target, why = in_record[0], "the answer occurs in exactly one span of the cited record"
+    elif len(hits) == 1:
+        target, why = hits[0], "the answer occurs in exactly one span of the bundle"
+    else:
         return plan, None
-    target = hits[0]
     record = _record_of(target)
     evidence = list(plan.evidence)
     if record not in plan.evidence_ids:
@@ -191,8 +201,7 @@ def repair_answer_citation(
     repaired = plan.model_copy(
         update={"answer_span_id": target, "facts": facts, "evidence": evidence}
     )
-    repair = Repair(stage="plan", field="answer_span_id", before=before, after=target,
-                    reason="the answer occurs in exactly one span of the bundle")  # fmt: skip
+    repair = Repair(stage="plan", field="answer_span_id", before=before, after=target, reason=why)
     return repaired, repair
 
 

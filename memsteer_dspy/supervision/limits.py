@@ -2,7 +2,7 @@
 
 A 1.5B model told "at most six words" still writes whole sentences. The embedded LM decodes under
 a grammar compiled from each signature's JSON schema, so limits written into that schema
-(``maxLength`` on strings, ``maxItems`` on lists) are enforced while it writes: the answer cannot
+(``maxLength`` on strings, ``minItems``/``maxItems`` on lists) are enforced while it writes: the answer cannot
 grow into a sentence, a rationale cannot ramble, a list cannot repeat itself until the token cap.
 
 :func:`bounded_signature` returns a copy of a signature whose output fields carry such limits. The
@@ -64,27 +64,29 @@ def _text(n: int) -> type:
     return bounded_type(str, f"Text{n}", maxLength=n)
 
 
-def _labels(n: int) -> type:
-    return bounded_type(list[bounded_type(str, "Label", maxLength=12)], f"Labels{n}", maxItems=n)
+def _labels(n: int, at_least: int = 0) -> type:
+    return bounded_type(
+        list[bounded_type(str, "Label", maxLength=12)], f"Labels{n}", minItems=at_least, maxItems=n
+    )
 
 
 # field name -> bounded type, per output field (the same names recur across signatures)
 LIMITS: dict[str, Any] = {
-    "fact_span_ids": _labels(4),
+    "fact_span_ids": _labels(4, at_least=1),
     "answer_span_id": _text(12),
     "answer": _text(48),
-    "evidence": bounded_type(list[BriefEvidenceUse], "EvidenceList", maxItems=4),
+    "evidence": bounded_type(list[BriefEvidenceUse], "EvidenceList", minItems=1, maxItems=4),
     "operations": bounded_type(
         list[bounded_type(str, "Operation", maxLength=30)], "Operations", maxItems=3
     ),
     "ask": _text(160),
     "question": _text(200),
-    "fact_checks": bounded_type(list[BriefFactCheck], "FactChecks", maxItems=6),
-    "record_checks": bounded_type(list[BriefRecordCheck], "RecordChecks", maxItems=4),
+    "fact_checks": bounded_type(list[BriefFactCheck], "FactChecks", minItems=1, maxItems=6),
+    "record_checks": bounded_type(list[BriefRecordCheck], "RecordChecks", minItems=1, maxItems=4),
     "answer_rationale": _text(120),
     "consistency_rationale": _text(120),
     "cited_ids": _labels(4),
-    "evidence_record_ids": _labels(4),
+    "evidence_record_ids": _labels(4, at_least=1),
     "rationale": _text(160),
 }
 

@@ -300,17 +300,22 @@ class _Generator(dspy.Module):
         self,
         items: Sequence[tuple[Bundle, Task, int]],
         on_call: Callable[[str, int, int], None] | None = None,
+        on_done: Callable[[int, Outcome], None] | None = None,
     ) -> list[Outcome]:
         """Run many candidates stage by stage: all pending plan calls, then question calls, …
 
         Same outcomes as calling the module on each item, in an order that lets an in-process LM
         reuse its cached prompt prefix (the stage's instructions and demonstrations).
-        ``on_call(stage, done, total)`` is told after each LM call (for progress display).
+        ``on_call(stage, done, total)`` is told after each LM call (for progress display), and
+        ``on_done(item index, outcome)`` as soon as an item is finished (so it can be saved).
         """
-        return self._drive([self._pipeline(b, t, s) for b, t, s in items], on_call)
+        return self._drive([self._pipeline(b, t, s) for b, t, s in items], on_call, on_done)
 
     def _drive(
-        self, pipelines: list[Pipeline], on_call: Callable[[str, int, int], None] | None = None
+        self,
+        pipelines: list[Pipeline],
+        on_call: Callable[[str, int, int], None] | None = None,
+        on_done: Callable[[int, Outcome], None] | None = None,
     ) -> list[Outcome]:
         results: list[Outcome | None] = [None] * len(pipelines)
         pending: dict[int, _Request] = {}
@@ -323,6 +328,8 @@ class _Generator(dspy.Module):
             except StopIteration as stop:
                 results[i] = stop.value
                 pending.pop(i, None)
+                if on_done is not None:
+                    on_done(i, stop.value)
             else:
                 pending[i] = request
 

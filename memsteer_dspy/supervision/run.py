@@ -618,10 +618,13 @@ def generate_supervision(
                    dynamic_ncols=True)  # fmt: skip
         bar.set_postfix(dict(counts))
 
-    def run_batch(indices: list[int]) -> list[tuple[Candidate, Outcome | None, float]]:
-        t0 = time.perf_counter()
+    def run_batch(indices: list[int]) -> None:
+        """Run candidates stage by stage; each is recorded as soon as it is finished."""
         cands = [sampler.candidate(i) for i in indices]
         ready = [c for c in cands if c.bundle is not None]
+        for c in cands:
+            if c.bundle is None:
+                record(c, None, 0.0)
 
         def on_call(stage: str, done: int, total: int) -> None:
             if bar is not None:
@@ -629,11 +632,12 @@ def generate_supervision(
                     f"{stage} {done}/{total} | " + ", ".join(f"{k} {v}" for k, v in counts.items())
                 )
 
+        def on_done(i: int, outcome: Outcome) -> None:
+            # a candidate's own time: the seconds of its LM calls (batch-mates interleave)
+            record(ready[i], outcome, sum(c.seconds for c in outcome.usage.values()))
+
         items = [(c.bundle, c.task, config.seed * 100_003 + c.index) for c in ready]
-        outcomes = generator.run_batch(items, on_call)
-        by_index = {c.index: o for c, o in zip(ready, outcomes, strict=True)}
-        seconds = (time.perf_counter() - t0) / max(1, len(ready))
-        return [(c, by_index.get(c.index), seconds if c.bundle is not None else 0.0) for c in cands]
+        generator.run_batch(items, on_call, on_done)
 
     def run_one(index: int) -> tuple[Candidate, Outcome | None, float]:
         t0 = time.perf_counter()
@@ -698,8 +702,7 @@ def generate_supervision(
             while queue and accepted < config.n:
                 size = min(config.batch_size, max(1, 2 * (config.n - accepted)))
                 batch, queue = queue[:size], queue[size:]
-                for result in run_batch(batch):
-                    record(*result)
+                run_batch(batch)
         else:
             with ThreadPoolExecutor(max_workers=config.threads) as pool:
                 queue = iter(pending)
@@ -723,8 +726,8 @@ def generate_supervision(
                             running.pop(fut)
                             record(*fut.result())
                 except BaseException:
-                    for fut in running:
-                        fut.cancel()
+                    # unfinished candidates are not logged; a rerun does them again
+                    pool.shutdown(wait=False, cancel_futures=True)
                     raise
     except KeyboardInterrupt:
         interrupted = True

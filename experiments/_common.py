@@ -1,0 +1,1025 @@
+"""What every experiment script shares: the config (LM per role, dataset, budgets) and its presets,
+the RHELM data, the method's stages as resumable steps, a shared design over several personas,
+result tables, per-item JSONL and MLflow.
+
+The paper's studies (Section 4 and Appendices A/B) are each one script in this folder. A script is
+a function of (config, preset, seed) that writes only into its ``--out`` folder:
+
+=======================  ==========================================================================
+``results.md``           the study's table(s), shaped like the paper's, with the settings and costs
+``results.json``         every number in the tables, machine-readable
+``items.jsonl``          one line per (condition, persona, official test item): correct, QS, R@10,
+                         prediction, reference, error
+``log.txt``              progress lines (also printed to stderr)
+``run.json``             the resolved config and the study's MLflow run id (a rerun resumes it)
+``mlflow.db``            the MLflow store (``sqlite:///<out>/mlflow.db``): one study run with the
+                         table numbers as metrics, and one run per MemSteer-Opt optimization (with
+                         a nested run per candidate design), nested under the study run
+``<stage folders>``      each stage's own outputs: ``memsteer generate``-style supervision folders,
+                         MemSteer-Opt run folders, evaluation folders (``items.jsonl`` with traces)
+``cache/``               stores and indexes, reused across designs and reruns
+=======================  ==========================================================================
+
+Every stage resumes where it stopped (supervision generation, optimization iterations and
+evaluated items are all append-only on disk), so rerunning the same command after an interruption
+continues the study and never pays for an LM call twice.
+
+Presets size a study (the config's ``[budgets]`` and study tables override them key by key):
+
+* ``tiny`` — a few items and one iteration: for the tests, with a scripted LM (seconds to minutes);
+* ``small`` — the embedded LM on one RHELM persona, sized to finish in about 30 minutes on 2 cores;
+* ``full`` — the paper's sizes: all ten personas, 20 iterations, 788 supervision items, the full
+  official evaluation set and the 4,000-token context budget.
+
+Several personas share one design (the paper's ten-user and six-user settings, Appendix B.4):
+:class:`SharedMemSteerOpt` scores a candidate on the pooled questions of all of them, each persona's
+questions answered from that persona's own memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+import tomllib
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from memsteer_dspy.errors import ConfigError, InputError, MemsteerError
+from memsteer_dspy.evaluation import (
+    EvaluationReport,
+    EvaluationSummary,
+    ItemResult,
+    MetricSummary,
+    evaluate_design,
+    summarize_items,
+)
+from memsteer_dspy.loaders.base import Loaded
+from memsteer_dspy.memory import MemoryDesign, MemorySystem
+from memsteer_dspy.memory.lookup import RecordLookup
+from memsteer_dspy.optimize.loop import MemSteerOpt, OptimizeConfig, OptimizeResult
+from memsteer_dspy.optimize.splits import split_official
+from memsteer_dspy.records import History, QAItem, Record
+from memsteer_dspy.tracking import Tracker, resolve_tracking_uri
+
+PRESETS = ("tiny", "small", "full")
+Setting = Literal["without", "with"]
+#: Column labels of the two RHELM settings (paper, Table 2).
+SETTING_LABELS = {"without": "w/o", "with": "w/"}
+#: RHELM question types and the paper's column abbreviations (Table 8).
+QUESTION_TYPES = {"fact": "FC", "temporal": "TP", "aggregation": "AG", "hallucination": "HL",
+                  "misleading": "MI", "attachment": "EX", "mixed": "MX"}  # fmt: skip
+ALL_PERSONAS = [
+    "David_R._Ellis", "David_Reyes", "Dr._Alastair_McEwan", "Dr._Elena_Markovic", "Dr._Elias_Romero",
+    "Dr._Marcus_Ellison", "Elena_Morales", "Jonas_Richter", "Justice_Arvind_Prakash_Mehra", "Martin_Keller",
+]  # fmt: skip
+PERSONA_SEP = "/"
+
+
+# --------------------------------------------------------------------------------------------
+# the config and its presets
+# --------------------------------------------------------------------------------------------
+
+
+class _Table(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DatasetConfig(_Table):
+    """Which RHELM data a study runs on."""
+
+    rhelm_root: Path | None = Field(
+        None, description="The RHELM folder (default: $MEMSTEER_RHELM_ROOT or ../shared/benchmarks/rhelm)."
+    )  # fmt: skip
+    personas: list[str] | None = Field(
+        None, description="Personas of the study (None: all ten). Several share one design."
+    )
+    settings: list[Setting] = Field(
+        default_factory=lambda: ["without", "with"],
+        description="main.py: RHELM without / with external sources (the other studies use 'with').",
+    )
+    eval_items: int | None = Field(
+        None, ge=1, description="Official test items per persona, stratified by type (None: all)."
+    )
+    seed: int = 0
+
+
+class Budgets(_Table):
+    """How much supervision, optimization and context a study spends."""
+
+    supervision: int = Field(79, ge=2, description="Generated QA items wanted per persona.")
+    max_candidates: int | None = Field(
+        None, ge=1, description="Candidates tried per persona at most (None: 5 x supervision)."
+    )
+    train_fraction: float = Field(
+        0.665, gt=0, lt=1, description="Generated items that go to training (the rest validate)."
+    )
+    official_train: int | None = Field(
+        None,
+        ge=1,
+        description="Cap on Official-QA training items per persona (None: the 40% split).",
+    )
+    official_val: int | None = Field(
+        None,
+        ge=1,
+        description="Cap on Official-QA validation items per persona (None: the 20% split).",
+    )
+    iterations: int = Field(20, ge=0, description="MemSteer-Opt iterations (the paper runs 20).")
+    context_tokens: int = Field(
+        4000, ge=64, description="The fixed context budget of every design (cl100k tokens)."
+    )
+    feedback_tokens: int = Field(
+        3000, ge=200, description="Token budget of the proposer's feedback."
+    )
+    quality_items: int = Field(
+        50, ge=1, description="Items the QA-quality judge scores per folder."
+    )
+    bundle_profile: Literal["auto", "small", "full"] = Field(
+        "auto",
+        description="Bundles for the generator: small (a 1.5B LM), full, or auto by planner LM.",
+    )
+    batch_size: int = Field(
+        8, ge=1, description="Generation candidates run stage by stage together."
+    )
+    threads: int = Field(1, ge=1, description="Items (and candidates) run concurrently (API LMs).")
+
+
+class MainStudy(_Table):
+    """main.py: the supervision sources compared (Table 2)."""
+
+    sources: list[Literal["official", "memsteer"]] = Field(
+        default_factory=lambda: ["official", "memsteer"]
+    )
+
+
+class AblationStudy(_Table):
+    """supervision_ablation.py: generation methods and checks (Tables 4 and 5)."""
+
+    methods: list[Literal["naive", "direct", "joint", "memsteer"]] = Field(
+        default_factory=lambda: ["naive", "direct", "joint", "memsteer"]
+    )
+    checks: list[bool] = Field(default_factory=lambda: [False, True])
+    downstream: bool = Field(True, description="Optimize with each supervision and evaluate it.")
+
+
+class FeedbackStudy(_Table):
+    """feedback_ablation.py: the feedback modes (Figure 3)."""
+
+    modes: list[Literal["random30", "random30+gold", "random30+diagnosis", "stratified"]] = Field(
+        default_factory=lambda: ["random30", "random30+gold", "random30+diagnosis", "stratified"]
+    )
+
+
+class TransferStudy(_Table):
+    """transfer.py: the six-user shared design and personal continuation (Table 3, Table 9a)."""
+
+    source_train: list[str] = Field(
+        default_factory=lambda: ["Jonas_Richter", "David_Reyes", "Dr._Elias_Romero", "Justice_Arvind_Prakash_Mehra"]
+    )  # fmt: skip
+    source_val: list[str] = Field(default_factory=lambda: ["Elena_Morales", "Dr._Elena_Markovic"])
+    held_out: list[str] = Field(
+        default_factory=lambda: ["Dr._Alastair_McEwan", "Dr._Marcus_Ellison"],
+        description="Evaluated with the frozen design only (Table 9a).",
+    )
+    targets: list[str] = Field(
+        default_factory=lambda: ["Martin_Keller", "David_R._Ellis"],
+        description="Held out, then continued with their own generated supervision (Table 3).",
+    )
+    source_supervision: Literal["memsteer", "official"] = "memsteer"
+    target_supervision: int | None = Field(
+        400,
+        ge=2,
+        description="Generated items per continuation target (None: budgets.supervision).",
+    )
+
+
+class BudgetStudy(_Table):
+    """budget.py: training-question budgets (Figure 4)."""
+
+    sizes: list[int] = Field(default_factory=lambda: [100, 200, 300, 400, 500])
+
+
+class OptimizersStudy(_Table):
+    """existing_optimizers.py: the supervision handed to DSPy's optimizers."""
+
+    optimizers: list[Literal["gepa", "mipro"]] = Field(default_factory=lambda: ["gepa", "mipro"])
+    sources: list[Literal["official", "memsteer"]] = Field(
+        default_factory=lambda: ["official", "memsteer"]
+    )
+    auto: Literal["light", "medium", "heavy"] | None = "light"
+    max_metric_calls: int | None = Field(None, ge=1, description="GEPA's budget instead of auto.")
+
+
+PRESET_VALUES: dict[str, dict[str, dict[str, Any]]] = {
+    "tiny": {
+        "dataset": {"personas": ["Elena_Morales"], "eval_items": 6},
+        "budgets": {"supervision": 4, "max_candidates": 8, "train_fraction": 0.6, "official_train": 3,
+                    "official_val": 2, "iterations": 1, "context_tokens": 800, "quality_items": 4,
+                    "bundle_profile": "small", "batch_size": 4},
+        "transfer": {"source_train": ["Elena_Morales"], "source_val": ["Jonas_Richter"], "held_out": [],
+                     "targets": ["Dr._Elena_Markovic"], "target_supervision": 4},
+        "budget": {"sizes": [2, 3]},
+        "existing_optimizers": {"auto": None, "max_metric_calls": 12},
+    },
+    "small": {
+        "dataset": {"personas": ["Elena_Morales"], "eval_items": 8},
+        "budgets": {"supervision": 4, "max_candidates": 8, "train_fraction": 0.6, "official_train": 2,
+                    "official_val": 2, "iterations": 1, "context_tokens": 1000, "quality_items": 4,
+                    "bundle_profile": "small", "batch_size": 4},
+        "transfer": {"source_train": ["Elena_Morales"], "source_val": ["Elena_Morales"], "held_out": [],
+                     "targets": ["Jonas_Richter"], "target_supervision": 4},
+        "budget": {"sizes": [2, 3]},
+        "existing_optimizers": {"optimizers": ["gepa"], "auto": None, "max_metric_calls": 12},
+    },
+    "full": {
+        "dataset": {"personas": None, "eval_items": None},
+        "budgets": {"supervision": 79, "train_fraction": 0.665, "iterations": 20, "context_tokens": 4000,
+                    "quality_items": 50, "threads": 8},
+    },
+}  # fmt: skip
+
+STUDY_TABLES = {
+    "dataset": DatasetConfig,
+    "budgets": Budgets,
+    "main": MainStudy,
+    "supervision_ablation": AblationStudy,
+    "feedback_ablation": FeedbackStudy,
+    "transfer": TransferStudy,
+    "budget": BudgetStudy,
+    "existing_optimizers": OptimizersStudy,
+}
+
+
+class ExperimentConfig(BaseModel):
+    """A study's whole configuration: the preset, the config file its LMs come from, and every
+    table (dataset, budgets, per-study options) after the file's values override the preset's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    preset: Literal["tiny", "small", "full"] = "small"
+    config_file: Path | None = None
+    lm: str | None = Field(None, description="--lm: one LM for every role (overrides the file).")
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    budgets: Budgets = Field(default_factory=Budgets)
+    main: MainStudy = Field(default_factory=MainStudy)
+    supervision_ablation: AblationStudy = Field(default_factory=AblationStudy)
+    feedback_ablation: FeedbackStudy = Field(default_factory=FeedbackStudy)
+    transfer: TransferStudy = Field(default_factory=TransferStudy)
+    budget: BudgetStudy = Field(default_factory=BudgetStudy)
+    existing_optimizers: OptimizersStudy = Field(default_factory=OptimizersStudy)
+
+    def rhelm_root(self) -> Path:
+        from memsteer_dspy.loaders.rhelm import default_rhelm_root
+
+        root = self.dataset.rhelm_root or default_rhelm_root()
+        if root is None:
+            raise InputError(
+                "no RHELM data found",
+                field="dataset.rhelm_root",
+                hint="set rhelm_root under [dataset] in the config, or MEMSTEER_RHELM_ROOT, to the "
+                "folder holding RHELM's data/ (a copy of github.com/microsoft/RHELM)",
+            )
+        return Path(root)
+
+    def personas(self) -> list[str]:
+        if self.dataset.personas:
+            return list(self.dataset.personas)
+        from memsteer_dspy.loaders.rhelm import list_personas
+
+        return list_personas(self.rhelm_root())
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config(
+    path: str | Path | None,
+    preset: str = "small",
+    *,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    lm: str | None = None,
+) -> ExperimentConfig:
+    """Read a study config: the preset's values, then the TOML file's tables, then ``overrides``
+    (e.g. ``{"dataset": {"personas": [...]}}`` from command-line flags).
+
+    The file's ``[lm]`` table is read by :func:`memsteer_dspy.lm.load_lm_config` (role → LM); the
+    other tables are ``[dataset]``, ``[budgets]`` and one per study (``[main]``,
+    ``[supervision_ablation]``, ``[feedback_ablation]``, ``[transfer]``, ``[budget]``,
+    ``[existing_optimizers]``). A relative ``rhelm_root`` is relative to the file.
+    """
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    values: dict[str, Any] = {k: dict(v) for k, v in PRESET_VALUES[preset].items()}
+    file = Path(path).expanduser() if path is not None else None
+    if file is not None:
+        if not file.is_file():
+            raise ConfigError(f"{file}: config file not found (pass --config PATH to a TOML file; "
+                              "see experiments/configs/)")  # fmt: skip
+        try:
+            data = tomllib.loads(file.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+        unknown = sorted(set(data) - set(STUDY_TABLES) - {"lm"})
+        if unknown:
+            raise ConfigError(
+                f"{file}: unknown table(s) [{'], ['.join(unknown)}]; a study config has [lm] and "
+                f"[{'], ['.join(STUDY_TABLES)}]"
+            )
+        for name in STUDY_TABLES:
+            table = data.get(name, {})
+            if not isinstance(table, Mapping):
+                raise ConfigError(f"{file}: [{name}] must be a table")
+            table = dict(table)
+            if name == "dataset" and table.get("rhelm_root"):
+                root = Path(str(table["rhelm_root"])).expanduser()
+                table["rhelm_root"] = root if root.is_absolute() else (file.parent / root).resolve()
+            values[name] = _merge(values.get(name, {}), table)
+    for name, table in (overrides or {}).items():
+        values[name] = _merge(
+            values.get(name, {}), {k: v for k, v in table.items() if v is not None}
+        )
+    try:
+        return ExperimentConfig(preset=preset, config_file=file, lm=lm, **values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(
+            f"{file or 'preset ' + preset}: {where}: {err['msg']} (each table's keys are listed in "
+            "experiments/README.md)"
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------
+# data helpers
+# --------------------------------------------------------------------------------------------
+
+
+def base_design(context_tokens: int) -> MemoryDesign:
+    """The paper's Base-BM25 with the study's fixed context budget."""
+    d = MemoryDesign.base_bm25()
+    return d.model_copy(
+        update={"context": d.context.model_copy(update={"budget_tokens": context_tokens})}
+    )
+
+
+def select_eval_items(items: Sequence[QAItem], n: int | None, seed: int) -> list[QAItem]:
+    """The official test items of one persona: all of them, or ``n`` drawn round-robin over the
+    question types (seeded), so every type is represented. Kept in the source order."""
+    if n is None or n >= len(items):
+        return list(items)
+    groups: dict[str, list[QAItem]] = {}
+    for q in sorted(items, key=lambda q: q.id):
+        groups.setdefault(q.question_type or "unknown", []).append(q)
+    rng = random.Random(f"eval-items:{seed}")
+    for key in sorted(groups):
+        rng.shuffle(groups[key])
+    chosen: set[str] = set()
+    while len(chosen) < n:
+        for key in sorted(groups):
+            if groups[key] and len(chosen) < n:
+                chosen.add(groups[key].pop().id)
+    return [q for q in items if q.id in chosen]
+
+
+def with_persona(items: Iterable[QAItem], persona: str) -> list[QAItem]:
+    """The items with ``metadata["persona"]`` set (generated items do not carry it)."""
+    return [q.model_copy(update={"metadata": {**q.metadata, "persona": persona}}) for q in items]
+
+
+def persona_of(item: QAItem) -> str:
+    persona = item.metadata.get("persona")
+    if not persona:
+        raise InputError("a QA item of a shared optimization has no persona", record=item.id,
+                         field="metadata.persona", hint="tag items with with_persona(items, persona)")  # fmt: skip
+    return str(persona)
+
+
+def official_split(
+    items: Sequence[QAItem], budgets: Budgets, seed: int
+) -> tuple[list[QAItem], list[QAItem]]:
+    """The Official-QA reference: 40% train / 20% validation per persona (Appendix A.3), capped
+    per persona by ``budgets.official_train`` / ``official_val`` (small presets match the sizes of
+    the generated supervision)."""
+    train, val = split_official(list(items), seed=seed)
+    out_t: list[QAItem] = []
+    out_v: list[QAItem] = []
+    for persona in sorted({persona_of(q) for q in [*train, *val]}):
+        t = [q for q in train if persona_of(q) == persona]
+        v = [q for q in val if persona_of(q) == persona]
+        out_t += t[: budgets.official_train] if budgets.official_train else t
+        out_v += v[: budgets.official_val] if budgets.official_val else v
+    return out_t, out_v
+
+
+def metric_name(text: str) -> str:
+    """A name MLflow accepts for a metric (``random30+gold.accuracy`` → ``random30_gold.accuracy``)."""
+    return "".join(c if c.isalnum() or c in "_-. :/" else "_" for c in text)
+
+
+def safe_name(text: str) -> str:
+    """A persona or label as a folder name."""
+    return "".join(c if c.isalnum() or c in "._-+" else "_" for c in text)
+
+
+# --------------------------------------------------------------------------------------------
+# one design shared by several personas
+# --------------------------------------------------------------------------------------------
+
+
+def prefixed_history(persona: str, history: History) -> History:
+    """``history`` with every record id (and reference, thread id) prefixed ``<persona>/``, so
+    several personas' records can live in one pooled history without id clashes."""
+    p = f"{persona}{PERSONA_SEP}"
+    records = []
+    for r in history.records:
+        data = r.model_dump()
+        data.update(id=p + r.id, references=[p + x for x in r.references],
+                    thread_id=p + r.thread_id if r.thread_id else None)  # fmt: skip
+        records.append(Record.model_validate(data))
+    return History(f"{persona}", records, source=history.source)
+
+
+class PersonaPool:
+    """Several personas as one pooled history (ids prefixed ``<persona>/``) plus each persona's
+    own prefixed history, and QA items mapped onto the prefixed ids."""
+
+    def __init__(self, histories: Mapping[str, History]):
+        if not histories:
+            raise InputError("a shared design needs at least one persona", field="personas")
+        self.parts = {p: prefixed_history(p, h) for p, h in sorted(histories.items())}
+        self.history = History("shared:" + "+".join(self.parts),
+                               [r for h in self.parts.values() for r in h.records])  # fmt: skip
+
+    def item(self, item: QAItem) -> QAItem:
+        persona = persona_of(item)
+        if persona not in self.parts:
+            raise InputError(f"QA item of persona {persona!r}, which is not in the pool",
+                             record=item.id, hint=f"the pool holds {', '.join(self.parts)}")  # fmt: skip
+        p = f"{persona}{PERSONA_SEP}"
+        return item.model_copy(update={
+            "id": p + item.id, "evidence_ids": [p + x for x in item.evidence_ids],
+            "span_ids": [p + x for x in item.span_ids], "metadata": {**item.metadata, "persona": persona},
+        })  # fmt: skip
+
+    def items(self, items: Iterable[QAItem]) -> list[QAItem]:
+        return [self.item(q) for q in items]
+
+
+class PooledSystem:
+    """What failure diagnosis needs of a memory system (history, design, record lookup), over the
+    per-persona systems of one shared design; a record id's prefix says whose memory to ask."""
+
+    def __init__(
+        self, history: History, design: MemoryDesign, system_of: Callable[[str], MemorySystem]
+    ):
+        self.user_history = history
+        self.design = design
+        self._system_of = system_of
+
+    def lookup(self, record_id: str, **kwargs: Any) -> RecordLookup:
+        persona = record_id.split(PERSONA_SEP, 1)[0]
+        if PERSONA_SEP not in record_id or record_id not in self.user_history:
+            return RecordLookup(
+                record_id=record_id, in_history=False, stored=False, retrievable=False
+            )
+        return self._system_of(persona).lookup(record_id, **kwargs)
+
+
+def pooled_summary(items: list[ItemResult], metrics: str, design: MemoryDesign, user: str,
+                   fingerprint: str | None) -> EvaluationSummary:  # fmt: skip
+    """Means over the pooled items of several personas (the paper pools evaluation questions)."""
+    by_type: dict[str, list[ItemResult]] = {}
+    for r in items:
+        by_type.setdefault(r.question_type or "unknown", []).append(r)
+    return EvaluationSummary(
+        **summarize_items(items, metrics).model_dump(), design_key=design.key(), design_name=design.name,
+        metrics=metrics, protocol="as_of", user=user, history_fingerprint=fingerprint,
+        by_type={t: summarize_items(rs, metrics) for t, rs in sorted(by_type.items())},
+    )  # fmt: skip
+
+
+class SharedMemSteerOpt(MemSteerOpt):
+    """MemSteer-Opt with one design shared by several personas (the paper's ten-user and six-user
+    settings): a candidate is built over each persona's own history and scored on the pooled
+    validation questions, each answered from its persona's memory; training failures are diagnosed
+    against the memory of the persona they belong to. Everything else — feedback, proposals, the
+    strict accept rule, resumption, MLflow — is MemSteer-Opt's own.
+
+    Per-persona evaluation folders sit inside MemSteer-Opt's (``val/<persona>/items.jsonl``), with
+    the pooled ``val/items.jsonl`` beside them.
+    """
+
+    def __init__(self, histories: Mapping[str, History], train: list[QAItem], val: list[QAItem],
+                 out_dir: str | Path, **kwargs: Any):  # fmt: skip
+        self.pool = PersonaPool(histories)
+        super().__init__(
+            self.pool.history, self.pool.items(train), self.pool.items(val), out_dir, **kwargs
+        )
+        self._persona_systems: dict[tuple[str, str, bool], MemorySystem] = {}
+
+    def persona_system(self, design: MemoryDesign, persona: str) -> MemorySystem:
+        answering = self.config.objective != "recall"
+        key = (design.key(), persona, answering)
+        if key not in self._persona_systems:
+            lms = {"answerer": self.lm("answerer")} if design.lm_uses(answering=answering) else {}
+            self._persona_systems[key] = MemorySystem.from_design(
+                design,
+                self.pool.parts[persona],
+                cache_dir=self.cache_dir,
+                lms=lms,
+                threads=self.config.threads,
+            )
+            designs = list(dict.fromkeys(k[0] for k in self._persona_systems))
+            for old in designs[:-2]:  # keep the current design's and one candidate's systems
+                for k in [k for k in self._persona_systems if k[0] == old]:
+                    del self._persona_systems[k]
+        return self._persona_systems[key]
+
+    def evaluate(self, design: MemoryDesign, items: list[QAItem], metrics: str, folder: Path):
+        judge = self.lm("judge") if metrics == "all" else None
+        groups: dict[str, list[QAItem]] = {}
+        for q in items:
+            groups.setdefault(persona_of(q), []).append(q)
+        results: dict[str, ItemResult] = {}
+        for persona, group in groups.items():
+            system = self.persona_system(design, persona)
+            rep = evaluate_design(system, group, metrics=metrics, judge_lm=judge, protocol=self.config.protocol,
+                                  threads=self.config.threads, out_dir=Path(folder) / safe_name(persona))  # fmt: skip
+            results.update({r.qa_id: r for r in rep.items})
+        ordered = [results[q.id] for q in items]
+        write_atomic(
+            Path(folder) / "items.jsonl", "".join(r.model_dump_json() + "\n" for r in ordered)
+        )
+        summary = pooled_summary(
+            ordered, metrics, design, self.history.user_id, self.history.fingerprint
+        )
+        system = PooledSystem(self.history, design, lambda p: self.persona_system(design, p))
+        return system, EvaluationReport(summary=summary, items=ordered)
+
+
+# --------------------------------------------------------------------------------------------
+# outputs
+# --------------------------------------------------------------------------------------------
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def pct(v: float | None, digits: int = 1) -> str:
+    """A fraction as a percentage (``–`` where not measured)."""
+    return "–" if v is None else f"{100 * v:.{digits}f}"
+
+
+def with_delta(v: float | None, base: float | None) -> str:
+    """``26.4 ↑4.1`` — a percentage and its point change from ``base`` (the paper's arrows)."""
+    if v is None:
+        return "–"
+    if base is None:
+        return pct(v)
+    d = 100 * (v - base)
+    arrow = "↑" if d >= 0.05 else ("↓" if d <= -0.05 else "±")
+    return f"{pct(v)} {arrow}{abs(d):.1f}"
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, left: int = 1) -> str:
+    """A Markdown table; the first ``left`` columns are left-aligned, the rest right-aligned."""
+    out = ["| " + " | ".join(headers) + " |",
+           "|" + "|".join("---" if i < left else "---:" for i in range(len(headers))) + "|"]  # fmt: skip
+    for row in rows:
+        out.append("| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |")
+    return "\n".join(out)
+
+
+@dataclass
+class Stage:
+    """Cost of one stage of a study: LM calls and tokens (all roles) and wall time."""
+
+    name: str
+    calls: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+    def row(self) -> list[Any]:
+        return [self.name, self.calls, f"{self.tokens:,}", f"{self.seconds:.0f}", self.error or ""]
+
+
+@dataclass
+class Generated:
+    """Supervision generated for one persona (or pooled): items and the run's summary."""
+
+    train: list[QAItem]
+    val: list[QAItem]
+    summary: dict[str, Any] = field(default_factory=dict)
+    folders: list[Path] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------
+# the study runner
+# --------------------------------------------------------------------------------------------
+
+
+class Study:
+    """One study's run: its LMs, data, stages, MLflow run and outputs (see the module docstring).
+
+    ``lm_config`` replaces the LMs the config file names (tests pass scripted LMs through
+    :meth:`memsteer_dspy.lm.LMConfig.set_lm`).
+    """
+
+    def __init__(self, name: str, cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None,
+                 tracking: bool = True, progress: bool = True):  # fmt: skip
+        from memsteer_dspy.lm import load_lm_config
+
+        self.name = name
+        self.cfg = cfg
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.lm = lm_config if lm_config is not None else load_lm_config(cfg.config_file, lm=cfg.lm)
+        self.progress = progress
+        self.cache_dir = self.out / "cache"
+        self.tracker = (
+            Tracker(resolve_tracking_uri(self.out), f"memsteer-experiments/{name}") if tracking else Tracker.disabled()
+        )  # fmt: skip
+        self.stages: list[Stage] = []
+        self.rows: list[dict[str, Any]] = []
+        self._loaded: dict[tuple[str, bool], Loaded] = {}
+        self.started = time.perf_counter()
+        self.run_id: str | None = None
+        self._open_run()
+
+    # -- run bookkeeping -------------------------------------------------------------------------
+    def _open_run(self) -> None:
+        path = self.out / "run.json"
+        state: dict[str, Any] = {}
+        if path.exists():
+            try:
+                state = json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError:
+                state = {}
+        config = self.cfg.model_dump(mode="json")
+        if state.get("config") and state["config"] != config:
+            self.log(f"note: {path} was written with another config; the stages that changed start "
+                     "afresh, the others resume")  # fmt: skip
+        self.run_id = self.tracker.start_run(
+            self.name, resume_run_id=state.get("mlflow_run_id"),
+            tags={"memsteer.kind": "experiment", "memsteer.study": self.name, "memsteer.preset": self.cfg.preset},
+        )  # fmt: skip
+        self.tracker.log_params(self.run_id, {"preset": self.cfg.preset, "lm": self.lm.describe(),
+                                              "dataset": self.cfg.dataset.model_dump(mode="json"),
+                                              "budgets": self.cfg.budgets.model_dump(mode="json")})  # fmt: skip
+        state.update(study=self.name, config=config, lm=self.lm.describe(), mlflow_run_id=self.run_id,
+                     tracking_uri=self.tracker.uri if self.tracker.active else None)  # fmt: skip
+        state.setdefault("sessions", []).append(
+            {"started": datetime.now(UTC).isoformat(timespec="seconds"), "wall_seconds": None}
+        )
+        self._state = state
+        write_atomic(path, json.dumps(state, indent=2, ensure_ascii=False) + "\n")
+
+    def log(self, message: str) -> None:
+        line = f"[{datetime.now().strftime('%H:%M:%S')}] {self.name}: {message}"
+        print(line, file=sys.stderr, flush=True)
+        with open(self.out / "log.txt", "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+    def _usage(self) -> tuple[int, int]:
+        usage = self.lm.usage_by_role()
+        return (sum(int(u.get("calls", 0)) for u in usage.values()),
+                sum(int(u.get("total_tokens", 0)) for u in usage.values()))  # fmt: skip
+
+    @contextmanager
+    def stage(self, name: str, *, fatal: bool = False) -> Iterator[Stage]:
+        """Time a stage and book its LM calls and tokens. Unless ``fatal``, a stage that fails
+        is recorded with its error (the traceback goes to ``log.txt``) and the study goes on;
+        Ctrl-C always stops the study (rerun to resume)."""
+        st = Stage(name)
+        c0, t0 = self._usage()
+        start = time.perf_counter()
+        self.log(f"{name} ...")
+        try:
+            yield st
+        except Exception as exc:  # one failed stage is recorded; the study goes on
+            first = (str(exc).splitlines() or [""])[0]
+            st.error = f"{type(exc).__name__}: {first[:300]}"
+            self.log(f"{name} failed: {st.error}")
+            with open(self.out / "log.txt", "a", encoding="utf-8") as f:
+                f.write(traceback.format_exc())
+            if fatal:
+                raise
+        finally:
+            c1, t1 = self._usage()
+            st.calls, st.tokens = c1 - c0, t1 - t0
+            st.seconds = round(time.perf_counter() - start, 1)
+            self.stages.append(st)
+            if st.error is None:
+                self.log(
+                    f"{name} done ({st.calls} LM calls, {st.tokens:,} tokens, {st.seconds:.0f}s)"
+                )
+
+    # -- data ----------------------------------------------------------------------------------
+    def load(self, persona: str, external: bool = True) -> Loaded:
+        """One RHELM persona (``external=False``: conversations only), loaded once per study."""
+        from memsteer_dspy.loaders.rhelm import load_rhelm
+
+        key = (persona, external)
+        if key not in self._loaded:
+            self._loaded[key] = load_rhelm(self.cfg.rhelm_root(), persona, external=external)
+        return self._loaded[key]
+
+    def test_items(self, persona: str, external: bool = True) -> list[QAItem]:
+        """The persona's official QA items evaluated in this study (all, or a stratified sample)."""
+        loaded = self.load(persona, external)
+        return select_eval_items(
+            loaded.qa_items, self.cfg.dataset.eval_items, self.cfg.dataset.seed
+        )
+
+    def base_design(self) -> MemoryDesign:
+        return base_design(self.cfg.budgets.context_tokens)
+
+    # -- stages --------------------------------------------------------------------------------
+    def evaluate(
+        self, design: MemoryDesign, history: History, items: list[QAItem], folder: Path
+    ) -> EvaluationReport:
+        """Answer and judge ``items`` under ``design`` (RHELM's as-of protocol); per-item results
+        with traces in ``folder/items.jsonl`` (a rerun resumes)."""
+        system = MemorySystem.from_design(design, history, cache_dir=self.cache_dir,
+                                          lms={"answerer": self.lm.lm("answerer")}, threads=self.cfg.budgets.threads)  # fmt: skip
+        return evaluate_design(system, items, metrics="all", judge_lm=self.lm.lm("judge"), protocol="as_of",
+                               threads=self.cfg.budgets.threads, out_dir=folder)  # fmt: skip
+
+    def test(self, design: MemoryDesign, personas: Sequence[str], *, external: bool = True,
+             condition: str, setting: str = "with") -> dict[str, EvaluationReport]:  # fmt: skip
+        """Evaluate ``design`` on each persona's official test items, from that persona's own
+        history. Each (persona, design) is evaluated once per study (``<setting>/<persona>/eval/
+        <design key>/``), whichever condition asks; rows go to ``items.jsonl`` under ``condition``."""
+        reports = {}
+        for persona in personas:
+            folder = self.out / "eval" / setting / safe_name(persona) / design.key()
+            rep = self.evaluate(
+                design,
+                self.load(persona, external).history,
+                self.test_items(persona, external),
+                folder,
+            )
+            reports[persona] = rep
+            for r in rep.items:
+                self.rows.append({
+                    "study": self.name, "condition": condition, "setting": setting, "persona": persona,
+                    "design_key": design.key(), "qa_id": r.qa_id, "question_type": r.question_type,
+                    "correct": r.correct, "qs": r.qs, "recall_at_10": r.recall_at_10,
+                    "delivered_recall": r.delivered_recall, "prediction": r.prediction, "reference": r.reference,
+                    "error": r.error,
+                })  # fmt: skip
+        return reports
+
+    def generate(self, folder: Path, persona: str, *, external: bool = True, method: str = "memsteer",
+                 checks: bool = True, n: int | None = None) -> Generated:  # fmt: skip
+        """Generate QA–evidence supervision from one persona's history into ``folder`` (as
+        ``memsteer generate`` does; a rerun resumes). Items are tagged with the persona."""
+        from memsteer_dspy.bundles import BundleConfig, small_lm_bundle_config
+        from memsteer_dspy.supervision.program import GENERATION_ROLES
+        from memsteer_dspy.supervision.run import (
+            GenerationConfig,
+            SupervisionSet,
+            generate_supervision,
+        )
+
+        b = self.cfg.budgets
+        profile = b.bundle_profile
+        if profile == "auto":
+            profile = (
+                "small" if self.lm.spec("planner").backend in ("local", "llamacpp") else "full"
+            )
+        n = n or b.supervision
+        max_candidates = ceil_div(b.max_candidates * n, b.supervision) if b.max_candidates else None
+        config = GenerationConfig(
+            n=n, max_candidates=max_candidates, method=method, checks=checks,
+            seed=self.cfg.dataset.seed, threads=b.threads, batch_size=b.batch_size, train_fraction=b.train_fraction,
+            bundle=small_lm_bundle_config() if profile == "small" else BundleConfig(),
+        )  # fmt: skip
+        lms = {role: self.lm.lm(role) for role in GENERATION_ROLES}
+        history = self.load(persona, external).history
+        summary = generate_supervision(history, lms, folder, config, lm_description=self.lm.describe(),
+                                       progress=self.progress)  # fmt: skip
+        sup = SupervisionSet.load(folder)
+        return Generated(
+            with_persona(sup.train, persona), with_persona(sup.val, persona), summary, [folder]
+        )
+
+    def optimize(self, folder: Path, histories: Mapping[str, History], train: list[QAItem], val: list[QAItem], *,
+                 init_design: MemoryDesign | None = None, feedback: str = "stratified", label: str = "") -> OptimizeResult:  # fmt: skip
+        """MemSteer-Opt from ``init_design`` (default Base-BM25) on ``train``/``val``: over one
+        persona's history, or with one design shared by several (:class:`SharedMemSteerOpt`).
+        The optimization's MLflow run is nested under the study's."""
+        b = self.cfg.budgets
+        config = OptimizeConfig(iterations=b.iterations, feedback=feedback, seed=self.cfg.dataset.seed,
+                                protocol="as_of", threads=b.threads, feedback_tokens=b.feedback_tokens)  # fmt: skip
+        kwargs = dict(config=config, lms=self.lm.lm, init_design=init_design or self.base_design(), tracker=self.tracker,
+                      cache_dir=self.cache_dir, usage=self.lm.usage_by_role,
+                      run_params={"study": self.name, "condition": label, "lm": self.lm.describe()})  # fmt: skip
+        if len(histories) == 1:
+            ((_, history),) = histories.items()
+            opt: MemSteerOpt = MemSteerOpt(history, train, val, folder, **kwargs)
+        else:
+            opt = SharedMemSteerOpt(histories, train, val, folder, **kwargs)
+        result = opt.run()
+        if result.parent_run_id and self.run_id:
+            self.tracker.set_tags(
+                result.parent_run_id,
+                {"mlflow.parentRunId": self.run_id, "memsteer.condition": label},
+            )
+        return result
+
+    # -- finishing -----------------------------------------------------------------------------
+    def header(self, title: str, extra: Sequence[str] = ()) -> list[str]:
+        """The head of ``results.md``: what ran, on what, with which LMs and sizes."""
+        c, b = self.cfg, self.cfg.budgets
+        roles = ", ".join(f"{r}: `{m}`" for r, m in self.lm.describe().items())
+        return [
+            f"# {title}", "",
+            f"- preset `{c.preset}`" + (f", config `{c.config_file}`" if c.config_file else "")
+            + f", seed {c.dataset.seed}; written {datetime.now(UTC).isoformat(timespec='seconds')}",
+            f"- LMs: {roles}",
+            f"- test items per persona: {c.dataset.eval_items or 'all official'}; context budget {b.context_tokens} "
+            f"tokens; MemSteer-Opt iterations {b.iterations}; generated supervision {b.supervision} items per persona "
+            f"({round(100 * b.train_fraction)}% train)",
+            *extra, "",
+        ]  # fmt: skip
+
+    def finish(
+        self, markdown: str, results: Mapping[str, Any], metrics: Mapping[str, float | None]
+    ) -> Path:
+        """Write ``results.md`` (with a cost table and where the MLflow runs are), ``results.json``
+        and ``items.jsonl``; log the metrics and artifacts to the study's MLflow run."""
+        wall = time.perf_counter() - self.started
+        calls, tokens = self._usage()
+        self._state["sessions"][-1]["wall_seconds"] = round(wall, 1)
+        write_atomic(
+            self.out / "run.json", json.dumps(self._state, indent=2, ensure_ascii=False) + "\n"
+        )
+        sessions = [
+            x["wall_seconds"] for x in self._state["sessions"] if x.get("wall_seconds") is not None
+        ]
+        cost = md_table(
+            ["stage", "LM calls", "tokens", "s", "error"], [s.row() for s in self.stages]
+        )
+        tail = ["", "## Cost", "", cost, "",
+                f"Total this session: {calls} LM calls, {tokens:,} tokens, {wall:.0f}s wall time "
+                "(stages resumed from disk cost nothing)"
+                + (f"; {len(sessions)} sessions, {sum(sessions):.0f}s wall time in all." if len(sessions) > 1 else ".")]  # fmt: skip
+        if self.tracker.active:
+            tail += [
+                "",
+                f"MLflow: `{self.tracker.ui_command()}` (experiment `memsteer-experiments/{self.name}`).",
+            ]
+        text = markdown.rstrip() + "\n" + "\n".join(tail) + "\n"
+        write_atomic(self.out / "results.md", text)
+        payload = {"study": self.name, "preset": self.cfg.preset, "lm": self.lm.describe(), **results,
+                   "stages": [s.__dict__ for s in self.stages], "wall_seconds": round(wall, 1),
+                   "lm_usage": self.lm.usage_by_role()}  # fmt: skip
+        write_atomic(
+            self.out / "results.json",
+            json.dumps(payload, indent=2, ensure_ascii=False, default=str) + "\n",
+        )
+        write_atomic(
+            self.out / "items.jsonl",
+            "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.rows),
+        )
+        clean = {metric_name(k): v for k, v in metrics.items()}
+        self.tracker.log_metrics(
+            self.run_id, {**clean, "wall_seconds": wall, "lm_calls": calls, "lm_tokens": tokens}
+        )
+        for name in ("results.md", "results.json", "items.jsonl"):
+            self.tracker.log_artifact(self.run_id, self.out / name)
+        self.tracker.end_run(self.run_id)
+        self.log(f"wrote {self.out / 'results.md'} ({wall:.0f}s)")
+        return self.out / "results.md"
+
+
+def summary_of(reports: Mapping[str, EvaluationReport]) -> MetricSummary:
+    """Pooled means over the reports of several personas."""
+    return summarize_items([r for rep in reports.values() for r in rep.items], "all")
+
+
+def by_type_of(reports: Mapping[str, EvaluationReport]) -> dict[str, MetricSummary]:
+    groups: dict[str, list[ItemResult]] = {}
+    for rep in reports.values():
+        for r in rep.items:
+            groups.setdefault(r.question_type or "unknown", []).append(r)
+    return {t: summarize_items(rs, "all") for t, rs in groups.items()}
+
+
+def _scores(s: MetricSummary) -> dict[str, Any]:
+    return {"n": s.n, "accuracy": s.accuracy, "qs": s.qs, "recall_at_10": s.recall_at_10,
+            "delivered_recall": s.delivered_recall, "errors": s.errors}  # fmt: skip
+
+
+def report_dict(reports: Mapping[str, EvaluationReport]) -> dict[str, Any]:
+    """A condition's test results: pooled scores, by question type and per persona."""
+    return {
+        **_scores(summary_of(reports)),
+        "by_type": {t: _scores(s) for t, s in sorted(by_type_of(reports).items())},
+        "per_persona": {p: _scores(rep.summary) for p, rep in reports.items()},
+    }
+
+
+def optimization_dict(result: OptimizeResult, n_train: int, n_val: int) -> dict[str, Any]:
+    """What a results table says about one MemSteer-Opt run."""
+    from memsteer_dspy.optimize.proposer import design_diff
+
+    d0 = MemoryDesign.from_dict(result.entries[0].design)
+    return {
+        "n_train": n_train, "n_val": n_val, "iterations": len(result.entries) - 1,
+        "accepted_path": result.accepted_path, "val_initial": result.baseline_score.accuracy,
+        "val_best": result.best_score.accuracy, "best_design_key": result.best_design.key(),
+        "changes": design_diff(d0, result.best_design), "out_dir": result.out_dir,
+        "statuses": [e.status for e in result.entries[1:]],
+    }  # fmt: skip
+
+
+def optimization_lines(label: str, opt: Mapping[str, Any]) -> list[str]:
+    """One bullet per optimization: sizes, validation accuracy, accepted path, final changes."""
+    changes = "; ".join(opt["changes"]) or "none (the initial design stayed best)"
+    return [f"- **{label}**: {opt['n_train']} train / {opt['n_val']} val items; validation accuracy "
+            f"{pct(opt['val_initial'])} → {pct(opt['val_best'])} over {opt['iterations']} iteration(s) "
+            f"({', '.join(opt['statuses']) or 'none'}); best design `{opt['best_design_key']}`: {changes}"]  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# the command line every script shares
+# --------------------------------------------------------------------------------------------
+
+
+def parse_args(
+    study: str, doc: str | None, argv: Sequence[str] | None = None
+) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=f"python experiments/{study}.py", description=(doc or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog="See experiments/README.md.",
+    )  # fmt: skip
+    parser.add_argument("--config", type=Path, default=None,
+                        help="TOML file: [lm] role -> LM (as memsteer.example.toml), [dataset], [budgets], "
+                        "study tables. Examples in experiments/configs/. Default: $MEMSTEER_CONFIG or "
+                        "./memsteer.toml for the LMs, the preset for the rest.")  # fmt: skip
+    parser.add_argument("--preset", choices=PRESETS, default="small",
+                        help="tiny (tests), small (embedded LM, one persona, ~30 min on 2 cores), full (paper sizes).")  # fmt: skip
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"Output folder (default experiments/runs/{study}-<preset>).",
+    )
+    parser.add_argument(
+        "--persona", action="append", default=None, help="Persona(s) of the study (repeatable)."
+    )
+    parser.add_argument(
+        "--lm", default=None, help="One LM for every role (overrides the config file)."
+    )
+    parser.add_argument("--rhelm-root", type=Path, default=None, help="The RHELM folder.")
+    parser.add_argument(
+        "--no-tracking", action="store_true", help="Write local files only; no MLflow."
+    )
+    return parser.parse_args(argv)
+
+
+def cli(
+    study: str, doc: str | None, run: Callable[..., Path], argv: Sequence[str] | None = None
+) -> int:
+    """Parse the shared flags, run the study, print where the results are. Bad input or config
+    exits with status 2 and a message saying what to fix."""
+    args = parse_args(study, doc, argv)
+    try:
+        cfg = load_config(args.config, args.preset, lm=args.lm, overrides={
+            "dataset": {"personas": args.persona, "rhelm_root": args.rhelm_root}})  # fmt: skip
+        out = args.out or Path(__file__).resolve().parent / "runs" / f"{study}-{args.preset}"
+        path = run(cfg, out, tracking=not args.no_tracking)
+    except MemsteerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+    print(path.read_text(encoding="utf-8"))
+    return 0
+
+
+def ceil_div(a: int, b: float) -> int:
+    return int(math.ceil(a / b))

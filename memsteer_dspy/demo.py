@@ -1,0 +1,800 @@
+"""``memsteer demo``: the whole MemSteer method once, on the demo history shipped in the package.
+
+The demo is the README's first command. On the embedded local LM (or any LM given with ``--lm``) it
+runs the paper's pipeline end to end for one user, Nora Whitfield (``memsteer_dspy.demo_data``):
+
+1. **supervision** — MemSteer turns her unlabeled history into verified QA–evidence supervision
+   (:func:`~memsteer_dspy.supervision.run.generate_supervision`), split into train and validation;
+2. **optimization** — MemSteer-Opt revises the memory design from Base-BM25 with evidence-guided
+   feedback, accepting a revision only when it scores strictly better on validation
+   (:class:`~memsteer_dspy.optimize.loop.MemSteerOpt`), tracked in MLflow;
+3. **evaluation** — Base-BM25 and the best design are scored on the demo's hand-written QA set
+   (never used for optimization): accuracy, QS, R@10, LM calls, tokens and wall time, side by side.
+
+The answer-context budget is the same for both designs (the paper holds it fixed). Every stage
+writes to its own subfolder of ``out_dir`` and resumes there, so a rerun reuses finished work:
+
+=========================  ==========================================================================
+``supervision/``           ``generate`` output: train.jsonl, val.jsonl, rejected.jsonl, summary.json
+``optimize/``              ``optimize`` output: best_design.json, trajectory.jsonl, summary.md, ...
+``eval/<design>/recall/``  R@k on every hand-written item (retrieval only)
+``eval/<design>/answer/``  accuracy and QS on the answered items (answerer + judge)
+``eval/<design>/cost.json`` LM calls, tokens and seconds spent evaluating that design
+``indexes/``               built stores and indexes, shared by every design
+``mlflow.db``              the MLflow store (``mlflow ui --backend-store-uri sqlite:///<out>/mlflow.db``)
+``demo.json``              the settings and the result; ``results.md`` the table
+=========================  ==========================================================================
+
+Two sizes: ``small`` (the default) fits 15 minutes on a 2-core CPU with the embedded 1.5B model by
+generating a handful of items, optimizing for delivered recall for a few iterations (no answering
+during optimization) and answering a stratified subset of the hand-written items with a smaller
+(fixed) context; ``full`` runs the paper-sized version. :meth:`DemoSettings.sized_down` says what
+a size changes relative to ``full``, and the demo prints it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from memsteer_dspy.errors import ConfigError
+from memsteer_dspy.memory.design import DEFAULT_CONTEXT_BUDGET, MemoryDesign
+from memsteer_dspy.optimize.objectives import Objective
+from memsteer_dspy.records import QAItem
+
+__all__ = [
+    "SIZES",
+    "DemoResult",
+    "DemoSettings",
+    "DesignRow",
+    "StageReport",
+    "accuracy_subset",
+    "demo_settings",
+    "run_demo",
+]
+
+SizeName = Literal["small", "full"]
+SETTINGS_FILE = "demo.json"
+RESULTS_FILE = "results.md"
+USAGE_KEYS = ("calls", "cache_hits", "prompt_tokens", "completion_tokens", "total_tokens")
+
+
+class DemoSettings(BaseModel):
+    """How big one demo run is: supervision, optimization and evaluation budgets.
+
+    ``context_budget`` is the answer-context budget of *both* designs compared (Base-BM25 starts
+    with it and MemSteer-Opt keeps it fixed). ``accuracy_items`` hand-written items are answered
+    and judged (None: all of them); R@10 is always measured on every hand-written item.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    size: str = Field("small", description="The size's name (small, full, or custom).")
+    n_supervision: int = Field(ge=2, description="Accepted QA items wanted from generation.")
+    max_candidates: int = Field(ge=1, description="Candidates tried at most during generation.")
+    bundle_profile: Literal["auto", "small", "full"] = Field(
+        "auto", description="Bundle profile: 'small' for a local LM, 'full' for an API LM, or auto."
+    )
+    iterations: int = Field(ge=0, description="MemSteer-Opt proposals after Base-BM25.")
+    objective: Objective = "accuracy"
+    feedback_tokens: int = Field(
+        3000, ge=200, description="Token budget of the proposer's feedback."
+    )
+    per_stage: int = Field(10, ge=1, description="Feedback cases per failure stage (stratified).")
+    accuracy_items: int | None = Field(
+        None, ge=1, description="Hand-written items answered and judged (None: all)."
+    )
+    context_budget: int = Field(
+        DEFAULT_CONTEXT_BUDGET, ge=64, description="The fixed answer-context budget (tokens)."
+    )
+    seed: int = 0
+    threads: int = Field(1, ge=1, description="Items / candidates run concurrently (API LMs).")
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed run must share with the run it continues (``threads`` may change)."""
+        return self.model_dump(mode="json", exclude={"threads"})
+
+    def sized_down(self, reference: DemoSettings | None = None) -> list[str]:
+        """What this size changes relative to ``reference`` (default: the full size), in words."""
+        ref = reference or SIZES["full"]
+        out: list[str] = []
+        if self.n_supervision < ref.n_supervision:
+            out.append(
+                f"supervision: {self.n_supervision} accepted QA items wanted from at most "
+                f"{self.max_candidates} candidates (full: {ref.n_supervision} from {ref.max_candidates})"
+            )
+        if self.iterations < ref.iterations:
+            out.append(f"optimization: {self.iterations} iterations (full: {ref.iterations})")
+        if self.objective != ref.objective:
+            out.append(
+                f"optimization objective: {self.objective} (full: {ref.objective}; "
+                + (
+                    "candidates are scored by delivered recall, no answering during optimization)"
+                    if self.objective == "recall"
+                    else "candidates are screened by recall before they are answered)"
+                )
+            )
+        if self.feedback_tokens < ref.feedback_tokens or self.per_stage < ref.per_stage:
+            out.append(
+                f"proposer feedback: {self.per_stage} cases per failure stage within "
+                f"{self.feedback_tokens} tokens (full: {ref.per_stage} within {ref.feedback_tokens})"
+            )
+        if self.accuracy_items is not None and (
+            ref.accuracy_items is None or self.accuracy_items < ref.accuracy_items
+        ):
+            out.append(
+                f"accuracy and QS: {self.accuracy_items} hand-written items, stratified by question "
+                "type (full: all); R@10 on all of them"
+            )
+        if self.context_budget < ref.context_budget:
+            out.append(
+                f"answer context: {self.context_budget} tokens for both designs "
+                f"(full: {ref.context_budget})"
+            )
+        return out
+
+
+SIZES: dict[str, DemoSettings] = {
+    # Fits 15 minutes on a 2-core CPU with the embedded 1.5B model (see the README for timings).
+    "small": DemoSettings(
+        size="small",
+        n_supervision=4,
+        max_candidates=8,
+        bundle_profile="auto",
+        iterations=3,
+        objective="recall",
+        feedback_tokens=1500,
+        per_stage=3,
+        accuracy_items=8,
+        context_budget=1000,
+    ),  # fmt: skip
+    # The paper-sized run: meant for an API LM or a GPU (hours on the embedded model on a CPU).
+    "full": DemoSettings(
+        size="full",
+        n_supervision=100,
+        max_candidates=500,
+        bundle_profile="auto",
+        iterations=20,
+        objective="accuracy",
+        feedback_tokens=3000,
+        per_stage=10,
+        accuracy_items=None,
+        context_budget=DEFAULT_CONTEXT_BUDGET,
+    ),  # fmt: skip
+}
+"""The demo's sizes: ``small`` (default) and ``full``."""
+
+
+def demo_settings(size: str = "small", **overrides: Any) -> DemoSettings:
+    """The settings of a named size, with ``overrides`` applied (a changed size is named ``custom``)."""
+    if size not in SIZES:
+        raise ConfigError(f"unknown demo size {size!r}; choose one of {', '.join(SIZES)}")
+    base = SIZES[size]
+    if not overrides:
+        return base
+    values = {**base.model_dump(), **overrides}
+    if any(base.model_dump().get(k) != v for k, v in overrides.items() if k != "threads"):
+        values["size"] = overrides.get("size", f"{size}-custom")
+    return DemoSettings(**values)
+
+
+def accuracy_subset(items: list[QAItem], n: int | None) -> list[QAItem]:
+    """``n`` items taken round-robin across question types (each type in file order), returned in
+    file order; all items when ``n`` is None or not smaller than the set."""
+    if n is None or n >= len(items):
+        return list(items)
+    by_type: dict[str, list[QAItem]] = {}
+    for q in items:
+        by_type.setdefault(q.question_type or "unknown", []).append(q)
+    chosen: set[str] = set()
+    queues = [list(v) for v in by_type.values()]
+    while len(chosen) < n:
+        for queue in queues:
+            if queue and len(chosen) < n:
+                chosen.add(queue.pop(0).id)
+    return [q for q in items if q.id in chosen]
+
+
+# --------------------------------------------------------------------------------------------
+# results
+# --------------------------------------------------------------------------------------------
+
+
+class StageReport(BaseModel):
+    """One stage of the demo: what it did this time and how long it took."""
+
+    name: str
+    status: Literal["ran", "resumed", "reused", "skipped"]
+    seconds: float = 0.0
+    detail: str = ""
+
+
+class DesignRow(BaseModel):
+    """One design scored on the hand-written QA set (a row of the demo's table)."""
+
+    label: str
+    design_name: str
+    design_key: str
+    accuracy: float | None = None
+    qs: float | None = None
+    n_answered: int = 0
+    recall_at_10: float | None = None
+    delivered_recall: float | None = None
+    n_recall: int = 0
+    lm_calls: int = 0
+    cache_hits: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    errors: int = 0
+    same_as: str | None = Field(
+        None, description="The row this one repeats (the best design is the initial one)."
+    )
+
+
+class DemoResult(BaseModel):
+    """What ``memsteer demo`` did: settings, each stage, the side-by-side table and where it all is."""
+
+    out_dir: str
+    settings: DemoSettings
+    sized_down: list[str] = Field(default_factory=list)
+    user: str
+    records: int
+    lm: dict[str, str] = Field(default_factory=dict)
+    stages: list[StageReport] = Field(default_factory=list)
+    supervision: dict[str, Any] = Field(default_factory=dict)
+    optimization: dict[str, Any] = Field(default_factory=dict)
+    rows: list[DesignRow] = Field(default_factory=list)
+    tracking_uri: str | None = None
+    mlflow_ui: str | None = None
+    tracking_failure: str | None = None
+    notes: list[str] = Field(default_factory=list)
+    seconds: float = 0.0
+    lm_usage: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    def table(self) -> str:
+        """The side-by-side table (accuracy, QS, R@10, delivered recall, LM calls, tokens, time)."""
+        answered = self.rows[0].n_answered if self.rows else 0
+        recalled = self.rows[0].n_recall if self.rows else 0
+        head = (
+            f"| design | accuracy ({answered} QA) | QS | R@10 ({recalled} QA) | delivered recall "
+            "| LM calls | tokens | wall time |"
+        )
+        lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in self.rows:
+            label = r.label + (f" (= {r.same_as})" if r.same_as else "")
+            calls = f"{r.lm_calls}" + (f" (+{r.cache_hits} cached)" if r.cache_hits else "")
+            lines.append(
+                f"| {label} | {_pct(r.accuracy)} | {_pct(r.qs)} | {_pct(r.recall_at_10)} | "
+                f"{_pct(r.delivered_recall)} | {calls} | {r.tokens:,} | {_secs(r.seconds)} |"
+            )
+        return "\n".join(lines)
+
+    def render(self) -> str:
+        """The report printed at the end: table, what was sized down, where the outputs are."""
+        s = self.settings
+        lines = [
+            f"MemSteer demo ({s.size}) on {self.user}'s history ({self.records} records), "
+            f"LM {_lm_summary(self.lm)}",
+            "",
+            self.table(),
+            "",
+            f"Both designs answer from the same {s.context_budget:,}-token context budget. "
+            "LM calls, tokens and wall time are those of evaluating each design on the hand-written set.",
+        ]
+        sup = self.supervision
+        if sup:
+            lines.append(
+                f"Supervision: {sup.get('accepted', 0)} QA items accepted of {sup.get('candidates', 0)} "
+                f"candidates ({sup.get('train', 0)} train / {sup.get('val', 0)} validation)."
+            )
+        opt = self.optimization
+        if opt.get("ran"):
+            path = ", ".join(str(i) for i in opt.get("accepted_path", []))
+            lines.append(
+                f"Optimization: {opt['iterations']} iterations, objective {opt['objective']}; "
+                f"validation {opt['baseline']} -> {opt['best']} (accepted path: {path})."
+            )
+            for change in opt.get("changes", []):
+                lines.append(f"  best design: {change}")
+        if self.sized_down:
+            lines += [
+                "",
+                f"Sized down for the {s.size} run (`memsteer demo --size full` runs the full size):",
+            ]
+            lines += [f"  - {x}" for x in self.sized_down]
+        if self.notes:
+            lines += [""] + [f"Note: {n}" for n in self.notes]
+        lines += ["", "Stages:"]
+        for st in self.stages:
+            lines.append(f"  {st.name:<18} {st.status:<8} {_secs(st.seconds):>7}  {st.detail}")
+        lines.append(f"  {'total':<18} {'':<8} {_secs(self.seconds):>7}")
+        out = Path(self.out_dir)
+        lines += [
+            "",
+            f"Outputs in {out}: {RESULTS_FILE}, {SETTINGS_FILE}, supervision/, optimize/, eval/",
+        ]
+        if self.mlflow_ui:
+            lines.append(f"MLflow runs: {self.tracking_uri}")
+            lines.append(f"Open them with: {self.mlflow_ui}")
+        elif self.tracking_failure:
+            lines.append(
+                f"MLflow tracking failed ({self.tracking_failure}); the local files are complete."
+            )
+        return "\n".join(lines)
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.1f}"
+
+
+def _secs(v: float) -> str:
+    return f"{v:.0f}s" if v < 120 else f"{int(v // 60)}m{int(v % 60):02d}s"
+
+
+def _lm_summary(lm: Mapping[str, str]) -> str:
+    models = sorted(set(lm.values()))
+    if len(models) == 1:
+        return models[0]
+    return ", ".join(f"{role}={model}" for role, model in lm.items())
+
+
+# --------------------------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------------------------
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _usage(lm_config: Any) -> dict[str, int]:
+    total = dict.fromkeys(USAGE_KEYS, 0)
+    for u in lm_config.usage_by_role().values():
+        for k in USAGE_KEYS:
+            total[k] += int(u.get(k, 0) or 0)
+    return total
+
+
+class _CostBook:
+    """The LM calls, tokens and seconds spent evaluating one design, kept in ``cost.json`` and
+    added to after every finished item, so a resumed evaluation reports the whole cost."""
+
+    def __init__(self, path: Path, lm_config: Any):
+        self.path = path
+        self.lm_config = lm_config
+        self.totals: dict[str, float] = {k: 0 for k in (*USAGE_KEYS, "seconds")}
+        if path.exists():
+            try:
+                saved = json.loads(path.read_text(encoding="utf-8"))
+                self.totals.update({k: saved.get(k, 0) for k in self.totals})
+            except (json.JSONDecodeError, AttributeError):
+                pass  # a torn file from an interrupted write: start the book afresh
+        self.items = 0
+        self._mark()
+
+    def _mark(self) -> None:
+        self._usage = _usage(self.lm_config)
+        self._t = time.perf_counter()
+
+    def book(self, *, item: bool = True) -> None:
+        """Add what was spent since the last booking: after a finished item (``item``), or at
+        the end, when only LM usage is added (a fully resumed evaluation adds no time)."""
+        now = _usage(self.lm_config)
+        for k in USAGE_KEYS:
+            self.totals[k] += now[k] - self._usage[k]
+        self.items += item
+        if self.items:
+            self.totals["seconds"] = round(
+                self.totals["seconds"] + time.perf_counter() - self._t, 3
+            )
+        self._mark()
+        _write_atomic(self.path, json.dumps(self.totals, indent=2) + "\n")
+
+
+class _Progress:
+    """Stage lines and progress bars: to stderr (True), to a function (lines only), or nowhere."""
+
+    def __init__(self, progress: bool | Callable[[str], None]):
+        self.fn = progress if callable(progress) else None
+        self.bars = progress is True
+
+    def __call__(self, line: str) -> None:
+        if self.fn is not None:
+            self.fn(line)
+        elif self.bars:
+            print(line, file=sys.stderr, flush=True)
+
+    def bar(self, total: int, desc: str, initial: int = 0):
+        if not self.bars:
+            return None
+        from tqdm import tqdm
+
+        return tqdm(
+            total=total, initial=initial, desc=desc, unit="QA", dynamic_ncols=True, file=sys.stderr
+        )
+
+
+def _check_folder(out: Path, identity: dict[str, Any]) -> None:
+    path = out / SETTINGS_FILE
+    if not path.exists():
+        return
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8")).get("identity", {})
+    except (json.JSONDecodeError, AttributeError):
+        return
+    diff = sorted(k for k in identity if saved.get(k) != identity[k])
+    if diff:
+        detail = "; ".join(f"{k}: {saved.get(k)!r} there, {identity[k]!r} now" for k in diff)
+        raise ConfigError(
+            f"{out} holds a demo run with other settings ({detail}); rerun with the same --size and "
+            "--lm options to resume it, or pass a new --out folder"
+        )
+
+
+def run_demo(
+    out_dir: str | Path,
+    lm_config: Any,
+    *,
+    size: str = "small",
+    settings: DemoSettings | None = None,
+    cache_dir: str | Path | None = None,
+    tracking_uri: str | None = None,
+    tracking: bool = True,
+    progress: bool | Callable[[str], None] = True,
+) -> DemoResult:
+    """Run (or resume) the demo into ``out_dir`` and return its result (also in ``demo.json``).
+
+    Args:
+        out_dir: the demo's folder; a rerun with the same settings and LMs resumes it.
+        lm_config: an :class:`~memsteer_dspy.lm.LMConfig` (role → LM; the embedded model by default).
+        size: ``"small"`` (fits 15 minutes on a 2-core CPU with the embedded model) or ``"full"``.
+        settings: explicit :class:`DemoSettings` instead of a named size (tests, custom runs).
+        cache_dir: where stores and indexes are kept (default ``out_dir/indexes``).
+        tracking_uri: MLflow tracking URI (default ``$MLFLOW_TRACKING_URI``, else
+            ``sqlite:///<out_dir>/mlflow.db``).
+        tracking: False writes only the local files.
+        progress: True prints stage lines and progress bars to stderr; a function receives the
+            stage lines instead; False is silent.
+    """
+    from memsteer_dspy.demo_data import load_demo
+    from memsteer_dspy.tracking import Tracker
+
+    t_start = time.perf_counter()
+    settings = settings or demo_settings(size)
+    out = Path(out_dir).expanduser()
+    say = _Progress(progress)
+    loaded = load_demo()
+    history = loaded.history
+    described = lm_config.describe()
+    identity = {**settings.identity(), "lm": described, "history_fingerprint": history.fingerprint}
+    _check_folder(out, identity)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = Path(cache_dir).expanduser() if cache_dir is not None else out / "indexes"
+    if tracking:
+        tracker = Tracker.for_history(out, history.user_id, history.fingerprint, uri=tracking_uri)
+    else:
+        tracker = Tracker.disabled()
+    result = DemoResult(
+        out_dir=str(out.resolve()), settings=settings, sized_down=settings.sized_down(), user=history.user_id,
+        records=len(history), lm=described,
+    )  # fmt: skip
+    _save(out, identity, result)
+    d0 = MemoryDesign.base_bm25()
+    d0 = d0.model_copy(
+        update={"context": d0.context.model_copy(update={"budget_tokens": settings.context_budget})}
+    )
+    say(
+        f"MemSteer demo ({settings.size}) on {history.user_id}: {len(history)} records, "
+        f"{len(loaded.qa_items)} hand-written QA items; LM {_lm_summary(described)}; output {out}"
+    )
+    for line in result.sized_down:
+        say(f"  sized down: {line}")
+
+    # 1. supervision ----------------------------------------------------------------------------
+    train, val = _supervision(history, lm_config, out / "supervision", settings, say, result)
+    _save(out, identity, result)
+
+    # 2. optimization ---------------------------------------------------------------------------
+    best = _optimize(
+        history, train, val, d0, lm_config, out / "optimize", settings, tracker, cache, say, result
+    )
+    _save(out, identity, result)
+
+    # 3. evaluation on the hand-written set -----------------------------------------------------
+    items = list(loaded.qa_items)
+    answered = accuracy_subset(items, settings.accuracy_items)
+    designs = [("Base-BM25", d0), ("MemSteer-Opt", best)]
+    for i, (label, design) in enumerate(designs):
+        if i and design.key() == d0.key():
+            row = result.rows[0].model_copy(update={"label": label, "same_as": "Base-BM25", "lm_calls": 0,
+                                                    "cache_hits": 0, "tokens": 0, "seconds": 0.0})  # fmt: skip
+            result.rows.append(row)
+            result.stages.append(StageReport(name=f"eval {label}", status="skipped",
+                                             detail="no revision was accepted: the best design is Base-BM25"))  # fmt: skip
+            continue
+        _evaluate(label, design, history, items, answered, lm_config, out / "eval" / _slug(label),
+                  settings, tracker, cache, say, result, step=3 + i)  # fmt: skip
+        _save(out, identity, result)
+
+    result.tracking_uri = tracker.uri if tracker.active else None
+    result.mlflow_ui = tracker.ui_command() if tracker.active else None
+    result.tracking_failure = tracker.failure
+    result.lm_usage = lm_config.usage_by_role()
+    result.seconds = round(time.perf_counter() - t_start, 1)
+    _save(out, identity, result)
+    _write_atomic(out / RESULTS_FILE, _results_md(result))
+    return result
+
+
+def _slug(label: str) -> str:
+    return label.lower().replace(" ", "-")
+
+
+def _save(out: Path, identity: dict[str, Any], result: DemoResult) -> None:
+    payload = {"identity": identity, "result": result.model_dump(mode="json")}
+    _write_atomic(out / SETTINGS_FILE, json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+
+
+def _results_md(result: DemoResult) -> str:
+    return f"# MemSteer demo ({result.settings.size})\n\n{result.render()}\n"
+
+
+def _supervision(history, lm_config, folder: Path, settings: DemoSettings, say, result: DemoResult):
+    """Stage 1: generate (or resume) QA–evidence supervision; returns (train, val)."""
+    from memsteer_dspy.bundles import BundleConfig, small_lm_bundle_config
+    from memsteer_dspy.supervision.program import GENERATION_ROLES
+    from memsteer_dspy.supervision.run import (
+        GenerationConfig,
+        SupervisionSet,
+        generate_supervision,
+        read_log,
+    )
+
+    t0 = time.perf_counter()
+    profile = settings.bundle_profile
+    if profile == "auto":
+        backend = getattr(lm_config.spec("planner"), "backend", "litellm")
+        profile = "small" if backend in ("local", "llamacpp") else "full"
+    # length limits in the output schemas, for LMs that decode under them (in-process llama.cpp)
+    bounded = all(
+        getattr(lm_config.spec(r), "backend", "litellm") in ("local", "llamacpp")
+        for r in GENERATION_ROLES
+    )
+    config = GenerationConfig(
+        bounded=bounded, n=settings.n_supervision, max_candidates=settings.max_candidates, seed=settings.seed,
+        threads=settings.threads, batch_size=min(4, settings.max_candidates),
+        bundle=small_lm_bundle_config() if profile == "small" else BundleConfig(),
+    )  # fmt: skip
+    done = read_log(folder)
+    accepted_before = sum(r.status == "accepted" for r in done)
+    finished = accepted_before >= config.n or len(done) >= config.candidate_limit
+    say(
+        f"[1/4] supervision: MemSteer generates up to {config.n} verified QA items from at most "
+        f"{config.candidate_limit} candidates ({profile} bundles) -> {folder}"
+        + (f"  [{len(done)} candidates already done]" if done else "")
+    )
+    lms = {role: lm_config.lm(role) for role in GENERATION_ROLES}
+
+    def hook(rec, counts) -> None:
+        if say.fn is not None:
+            say.fn(
+                f"  candidate {rec.index}: {rec.status}"
+                + (f" ({rec.reason})" if rec.reason else "")
+            )
+
+    summary = generate_supervision(
+        history, lms, folder, config, lm_description=lm_config.describe(),
+        progress=True if say.bars else (hook if say.fn is not None else False),
+    )  # fmt: skip
+    sup = SupervisionSet.load(folder)
+    result.supervision = {
+        "folder": str(folder), "accepted": summary.get("accepted", 0), "candidates": summary.get("candidates", 0),
+        "skipped_bundles": summary.get("skipped_bundles", 0), "train": len(sup.train), "val": len(sup.val),
+        "kept_fraction": summary.get("kept_fraction"), "rejected_by_stage": summary.get("rejected_by_stage", {}),
+        "lm_calls": sum(summary.get("lm_calls", {}).values()), "wall_seconds": summary.get("wall_seconds"),
+    }  # fmt: skip
+    status = "reused" if finished else ("resumed" if done else "ran")
+    result.stages.append(StageReport(
+        name="supervision", status=status, seconds=round(time.perf_counter() - t0, 1),
+        detail=f"{len(sup)} accepted of {summary.get('candidates', 0)} candidates "
+               f"({len(sup.train)} train / {len(sup.val)} val)",
+    ))  # fmt: skip
+    say(f"  supervision: {result.stages[-1].detail}")
+    return sup.train, sup.val
+
+
+def _optimize(
+    history, train, val, d0: MemoryDesign, lm_config, folder: Path, settings: DemoSettings, tracker, cache: Path,
+    say, result: DemoResult,
+) -> MemoryDesign:  # fmt: skip
+    """Stage 2: MemSteer-Opt from Base-BM25 (resumable); returns the best design."""
+    from memsteer_dspy.optimize.loop import MemSteerOpt, OptimizeConfig
+
+    t0 = time.perf_counter()
+    if not train or not val:
+        reason = (
+            f"generation accepted {len(train) + len(val)} QA item(s) ({len(train)} train / {len(val)} val), "
+            "and MemSteer-Opt needs at least one of each"
+        )
+        say(f"[2/4] optimization: skipped: {reason}")
+        result.notes.append(
+            f"optimization skipped: {reason}; the best design is Base-BM25. Rerun with a larger "
+            "--size, or a stronger --lm for generation."
+        )
+        result.optimization = {"ran": False, "reason": reason}
+        result.stages.append(StageReport(name="optimization", status="skipped", detail=reason))
+        return d0
+    config = OptimizeConfig(
+        iterations=settings.iterations, objective=settings.objective, feedback="stratified", seed=settings.seed,
+        per_stage=settings.per_stage, feedback_tokens=settings.feedback_tokens, protocol="full",
+        threads=settings.threads,
+    )  # fmt: skip
+
+    def on_event(event: dict[str, Any]) -> None:
+        primary = "delivered_recall" if event["objective"] == "recall" else "accuracy"
+        cand, best = event["candidate"], event["best"]
+        c = getattr(cand, primary, None) if cand is not None else None
+        b = getattr(best, primary, None) if best is not None else None
+        name = "delivered recall" if primary == "delivered_recall" else "accuracy"
+        line = (f"  iteration {event['iteration']}/{event['total']}: {event['status']}, candidate {name} "
+                f"{_pct(c)}, best {_pct(b)} ({event['cost_total'].short()})")  # fmt: skip
+        if event.get("changes"):
+            line += "  [" + "; ".join(event["changes"])[:160] + "]"
+        elif event.get("reason") and event["status"] not in ("baseline", "accepted"):
+            line += f"  ({str(event['reason'])[:160]})"
+        say(line)
+
+    opt = MemSteerOpt(
+        history, train, val, folder, config=config, lms=lm_config.lm, init_design=d0, tracker=tracker,
+        cache_dir=cache, usage=lm_config.usage_by_role, on_event=on_event,
+        run_params={"supervision": str(Path(folder).parent / "supervision"), "lm": lm_config.describe(),
+                    "demo_size": settings.size, "context_budget": settings.context_budget},
+    )  # fmt: skip
+    done = len(opt.read_trajectory()) if (folder / "trajectory.jsonl").exists() else 0
+    say(
+        f"[2/4] optimization: MemSteer-Opt from Base-BM25, {config.iterations} iterations, objective "
+        f"{config.objective}, on {len(train)} train / {len(val)} val items -> {folder}"
+        + (f"  [{done - 1} iterations already done]" if done else "")
+    )
+    res = opt.run()
+    best = res.best_design
+    best_entry = next(e for e in reversed(res.entries) if e.accepted)
+    changes = [c for e in res.entries if e.accepted for c in e.changes]
+    result.optimization = {
+        "ran": True, "folder": str(folder), "objective": config.objective, "iterations": len(res.entries) - 1,
+        "accepted_path": res.accepted_path, "baseline": res.baseline_score.short(), "best": res.best_score.short(),
+        "best_design_key": best.key(), "best_iteration": best_entry.iteration, "changes": changes,
+        "statuses": [e.status for e in res.entries], "cost": res.entries[-1].cost_total.model_dump(),
+        "parent_run_id": res.parent_run_id,
+    }  # fmt: skip
+    status = "reused" if done and done > config.iterations else ("resumed" if done else "ran")
+    result.stages.append(StageReport(
+        name="optimization", status=status, seconds=round(time.perf_counter() - t0, 1),
+        detail=f"{len(res.entries) - 1} iterations, accepted path {res.accepted_path}; "
+               f"validation {res.baseline_score.short()} -> {res.best_score.short()}",
+    ))  # fmt: skip
+    return best.model_copy(update={"name": best.name or "best"})
+
+
+def _evaluate(
+    label: str, design: MemoryDesign, history, items: list[QAItem], answered: list[QAItem], lm_config,
+    folder: Path, settings: DemoSettings, tracker, cache: Path, say, result: DemoResult, *, step: int,
+) -> None:  # fmt: skip
+    """Stage 3/4: score one design on the hand-written set: R@k on every item, accuracy and QS
+    on ``answered``; books its LM cost and logs an MLflow run."""
+    from memsteer_dspy.evaluation import evaluate_design
+    from memsteer_dspy.memory.system import MemorySystem
+
+    t0 = time.perf_counter()
+    book = _CostBook(folder / "cost.json", lm_config)
+    before = _items_done(folder / "answer" / "items.jsonl") + _items_done(
+        folder / "recall" / "items.jsonl"
+    )
+    say(
+        f"[{step}/4] evaluation of {label} (design {design.key()}): R@10 on {len(items)} hand-written "
+        f"items, accuracy and QS on {len(answered)} -> {folder}"
+        + (f"  [{before} item results already on disk]" if before else "")
+    )
+    lms = {"answerer": lm_config.lm("answerer")}
+    system = MemorySystem.from_design(
+        design, history, cache_dir=cache, lms=lms, threads=settings.threads
+    )
+    bar = say.bar(len(items) + len(answered), f"evaluate {label}", initial=0)
+
+    def on_item(r) -> None:
+        book.book()
+        if bar is not None:
+            bar.update(1)
+        elif say.fn is not None and r.metrics == "all":  # answered items only: recall is instant
+            verdict = "failed: " + r.error if r.error else ("correct" if r.correct else "incorrect")
+            say.fn(f"  {r.qa_id} ({r.question_type}): {verdict}")
+
+    try:
+        recall = evaluate_design(system, items, metrics="recall", protocol="full", threads=settings.threads,
+                                 out_dir=folder / "recall", on_item=on_item)  # fmt: skip
+        if bar is not None:
+            bar.update(len(items) - bar.n)  # items resumed from disk
+        answer = evaluate_design(
+            system, answered, metrics="all", judge_lm=lm_config.lm("judge"), protocol="full",
+            threads=settings.threads, out_dir=folder / "answer", on_item=on_item,
+        )  # fmt: skip
+        if bar is not None:
+            bar.update(bar.total - bar.n)
+    finally:
+        if bar is not None:
+            bar.close()
+    book.book(item=False)
+    rs, a = recall.summary, answer.summary
+    cost = book.totals
+    row = DesignRow(
+        label=label, design_name=design.name, design_key=design.key(), accuracy=a.accuracy, qs=a.qs,
+        n_answered=a.n, recall_at_10=rs.recall_at_10, delivered_recall=rs.delivered_recall, n_recall=rs.n,
+        lm_calls=int(cost["calls"]), cache_hits=int(cost["cache_hits"]), tokens=int(cost["total_tokens"]),
+        seconds=round(float(cost["seconds"]), 1), errors=rs.errors + a.errors,
+    )  # fmt: skip
+    result.rows.append(row)
+    if row.errors:
+        result.notes.append(
+            f"{row.errors} evaluation item(s) of {label} failed and scored 0 (see 'error' in {folder}/*/items.jsonl)"
+        )
+    n_new = len(items) + len(answered) - before
+    status = "reused" if n_new <= 0 else ("resumed" if before else "ran")
+    result.stages.append(StageReport(
+        name=f"eval {label}", status=status, seconds=round(time.perf_counter() - t0, 1),
+        detail=f"accuracy {_pct(row.accuracy)}, QS {_pct(row.qs)} on {row.n_answered}; R@10 {_pct(row.recall_at_10)} "
+               f"on {row.n_recall}",
+    ))  # fmt: skip
+    say(f"  {label}: {result.stages[-1].detail}")
+    _track_evaluation(tracker, folder, label, design, row, settings)
+
+
+def _items_done(path: Path) -> int:
+    if not path.exists():
+        return 0
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def _track_evaluation(tracker, folder: Path, label: str, design: MemoryDesign, row: DesignRow,
+                      settings: DemoSettings) -> None:  # fmt: skip
+    """One MLflow run per evaluated design (resumed by the run id kept in the folder)."""
+    from memsteer_dspy.tracking import flatten
+
+    if not tracker.active:
+        return
+    marker = folder / "mlflow_run_id"
+    previous = marker.read_text().strip() if marker.exists() else None
+    rid = tracker.start_run(f"demo-eval-{_slug(label)}", resume_run_id=previous,
+                            tags={"memsteer.kind": "demo-evaluation", "memsteer.design": label})  # fmt: skip
+    if not rid:
+        return
+    _write_atomic(marker, rid + "\n")
+    params = {"label": label, "design_key": row.design_key, "demo_size": settings.size,
+              "context_budget": settings.context_budget, "n_answered": row.n_answered, "n_recall": row.n_recall}  # fmt: skip
+    params.update(
+        {
+            f"design.{k}": v
+            for k, v in flatten(design.model_dump(mode="json", exclude={"name"})).items()
+        }
+    )
+    tracker.log_params(rid, params)
+    tracker.log_metrics(rid, {
+        "accuracy": row.accuracy, "qs": row.qs, "recall_at_10": row.recall_at_10,
+        "delivered_recall": row.delivered_recall, "lm_calls": row.lm_calls, "lm_tokens": row.tokens,
+        "wall_seconds": row.seconds,
+    })  # fmt: skip
+    for sub in ("answer", "recall"):
+        summary = folder / sub / "summary.json"
+        if summary.exists():
+            tracker.log_artifact(rid, summary, sub)
+    tracker.end_run(rid)

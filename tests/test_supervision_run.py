@@ -1,0 +1,330 @@
+"""`generate_supervision` end to end with scripted LMs: outputs, split, near-duplicates, resumption
+after an interruption, and the `memsteer generate` command."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+
+import pytest
+from supervision_helpers import audit_reply, endless, plan_reply
+
+from memsteer_dspy.bundles import BundleConfig
+from memsteer_dspy.errors import InputError
+from memsteer_dspy.records import History, QAItem, Record
+from memsteer_dspy.supervision.run import (
+    GenerationConfig,
+    SupervisionSet,
+    format_summary,
+    generate_supervision,
+    load_qa_jsonl,
+    read_log,
+    split_by_bundle,
+)
+
+PLACES = [
+    "Lisbon",
+    "Porto",
+    "Madrid",
+    "Seville",
+    "Valencia",
+    "Bilbao",
+    "Granada",
+    "Malaga",
+    "Cadiz",
+    "Toledo",
+]
+TOPICS = [
+    "budget",
+    "garden",
+    "library",
+    "printer",
+    "workshop",
+    "picnic",
+    "concert",
+    "recital",
+    "museum",
+    "harbor",
+]
+
+
+def laptop_history(n_threads: int = 6) -> History:
+    """Threads of three turns; every turn's first sentence names the MacBook Air."""
+    records = []
+    t0 = datetime(2024, 1, 1)
+    for t in range(n_threads):
+        for p in range(3):
+            i = t * 3 + p
+            records.append(
+                Record(
+                    id=f"s{t}:{p}",
+                    kind="conversation_turn",
+                    thread_id=f"s{t}",
+                    position=p,
+                    timestamp=t0 + timedelta(days=t, minutes=p),
+                    text=(
+                        f"User: I packed my MacBook Air for the {PLACES[i % 10]} trip with Ana on day {i}. "
+                        f"We talked about the {TOPICS[i % 10]} plan and {TOPICS[(i + 3) % 10]} ideas."
+                    ),
+                )
+            )
+    return History("laptop-user", records)
+
+
+def accepting_lms(repeat_question: bool = False, offset: int = 0):
+    """Scripted LMs that accept every candidate (distinct questions unless ``repeat_question``;
+    ``offset`` continues the questions of an earlier run)."""
+
+    def question(i):
+        i += offset
+        if repeat_question:
+            return {"question": "Which laptop did I pack for the trip with Ana?"}
+        return {
+            "question": f"Which laptop did I bring to the {PLACES[i % 10]} meeting about {TOPICS[(i * 7) % 10]}?"
+        }
+
+    return {
+        "planner": endless(lambda i: plan_reply(answer="MacBook Air")),
+        "question_writer": endless(question),
+        "auditor": endless(lambda i: audit_reply()),
+        "blind_reader": endless(
+            lambda i: {
+                "cited_ids": ["R1.1", "R2.1", "R3.1"],
+                "answer": "MacBook Air",
+                "answerable": True,
+            }
+        ),
+    }
+
+
+def config(**kw) -> GenerationConfig:
+    values = {"n": 100, "max_candidates": 6, "batch_size": 3,
+              "bundle": BundleConfig(evidence_weights={1: 1.0}, min_records=3, max_records=3)}  # fmt: skip
+    values.update(kw)
+    return GenerationConfig(**values)
+
+
+def test_outputs_split_and_summary(tmp_path):
+    history = laptop_history()
+    summary = generate_supervision(history, accepting_lms(), tmp_path, config(), progress=False)
+    assert (
+        summary["candidates"] == 6 and summary["accepted"] == 6 and summary["kept_fraction"] == 1.0
+    )
+    for key in ("rejected_by_stage", "lm_calls", "tokens_per_accepted", "wall_seconds"):
+        assert key in summary
+    assert summary["lm_calls"] == {
+        "planner": 6,
+        "question_writer": 6,
+        "auditor": 6,
+        "blind_reader": 6,
+    }
+    assert json.loads((tmp_path / "summary.json").read_text())["accepted"] == 6
+
+    lines = [json.loads(x) for x in (tmp_path / "train.jsonl").read_text().splitlines()]
+    lines += [json.loads(x) for x in (tmp_path / "val.jsonl").read_text().splitlines()]
+    assert len(lines) == 6
+    for obj in lines:
+        for key in ("id", "question", "answer", "answer_type", "evidence_ids", "facts"):
+            assert key in obj
+        assert obj["facts"][0]["span_id"].endswith("#1")
+        assert obj["source"] == "generated"
+        prov = obj["metadata"]["provenance"]
+        assert {"seed", "bundle_record_ids", "lm", "usage", "bundle_id"} <= set(prov)
+        assert obj["metadata"]["audit"]["answer_support"] == "supported"
+        assert obj["metadata"]["blind"]["answer"] == "MacBook Air"
+        # asked the day after its latest evidence record
+        ev_day = max(history[r].timestamp for r in obj["evidence_ids"]).date()
+        assert obj["question_date"] == (ev_day + timedelta(days=1)).isoformat()
+
+    sup = SupervisionSet.load(tmp_path)
+    assert len(sup) == 6 and all(isinstance(i, QAItem) for i in sup.train + sup.val)
+    # the split is by bundle: no bundle on both sides, about 60/40
+    train_b = {i.metadata["provenance"]["bundle_id"] for i in sup.train}
+    val_b = {i.metadata["provenance"]["bundle_id"] for i in sup.val}
+    assert not train_b & val_b
+    assert len(sup.train) == 4 and len(sup.val) == 2
+
+    from datasets import load_from_disk
+
+    ds = load_from_disk(str(tmp_path / "dataset"))
+    assert ds["train"].num_rows == 4 and ds["validation"].num_rows == 2
+    assert ds["train"][0]["facts"][0]["span_id"]
+    assert "accepted 6 of 6 candidates" in format_summary(summary)
+
+
+def test_rejected_lines_have_stage_and_reason(tmp_path):
+    lms = accepting_lms()
+    lms["blind_reader"] = endless(
+        lambda i: {"cited_ids": [], "answer": "iPad", "answerable": i % 2 == 0}
+    )
+    summary = generate_supervision(
+        laptop_history(), lms, tmp_path, config(max_candidates=4), progress=False
+    )
+    assert summary["accepted"] == 0
+    rejected = [json.loads(x) for x in (tmp_path / "rejected.jsonl").read_text().splitlines()]
+    assert len(rejected) == 4
+    assert {r["stage"] for r in rejected} == {"blind"}
+    assert {r["reason"] for r in rejected} == {"blind:mismatch", "blind:unanswerable"}
+    assert summary["rejected_by_stage"] == {"blind": 4}
+
+
+def test_near_duplicate_questions_are_removed(tmp_path):
+    summary = generate_supervision(laptop_history(), accepting_lms(repeat_question=True), tmp_path,
+                                   config(max_candidates=4), progress=False)  # fmt: skip
+    assert summary["accepted"] == 1
+    assert summary["rejected_by_reason"] == {"dedup:near_duplicate": 3}
+
+
+def test_stops_when_n_items_are_accepted(tmp_path):
+    summary = generate_supervision(laptop_history(), accepting_lms(), tmp_path,
+                                   config(n=2, max_candidates=10, batch_size=8), progress=False)  # fmt: skip
+    # batches are sized to what is still needed (2 x missing), so the run stops early
+    assert summary["accepted"] >= 2 and summary["candidates"] <= 4
+
+
+def test_resume_after_interrupt_never_duplicates_or_loses(tmp_path):
+    history = laptop_history()
+    seen = []
+
+    def stop_after_three(record, counts):
+        seen.append(record.index)
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        generate_supervision(
+            history, accepting_lms(), tmp_path, config(batch_size=2), progress=stop_after_three
+        )
+    # the folder is consistent: 3 finished candidates, derived files written
+    log = read_log(tmp_path)
+    assert [r.index for r in log] == [0, 1, 2]
+    first_ids = {r.item["id"] for r in log if r.status == "accepted"}
+    assert (
+        len(load_qa_jsonl(tmp_path / "train.jsonl")) + len(load_qa_jsonl(tmp_path / "val.jsonl"))
+        == 3
+    )
+    assert json.loads((tmp_path / "summary.json").read_text())["candidates"] == 3
+
+    # a torn line from a kill mid-write is cut off on resume
+    with (tmp_path / "candidates.jsonl").open("a") as fh:
+        fh.write('{"index": 3, "status": "acc')
+    summary = generate_supervision(
+        history, accepting_lms(offset=3), tmp_path, config(batch_size=2), progress=False
+    )
+    log = read_log(tmp_path)
+    assert [r.index for r in log] == [0, 1, 2, 3, 4, 5]
+    items = load_qa_jsonl(tmp_path / "train.jsonl") + load_qa_jsonl(tmp_path / "val.jsonl")
+    ids = [i.id for i in items]
+    assert len(ids) == len(set(ids)) == 6
+    assert first_ids <= set(ids)
+    assert summary["candidates"] == 6
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert len(run["sessions"]) == 2
+
+    # a third run has nothing left to do
+    again = generate_supervision(
+        history, accepting_lms(), tmp_path, config(batch_size=2), progress=False
+    )
+    assert again["candidates"] == 6 and len(read_log(tmp_path)) == 6
+
+
+def test_resume_refuses_other_settings(tmp_path):
+    history = laptop_history()
+    generate_supervision(
+        history, accepting_lms(), tmp_path, config(max_candidates=1), progress=False
+    )
+    with pytest.raises(InputError, match="different settings"):
+        generate_supervision(
+            history, accepting_lms(), tmp_path, config(max_candidates=1, seed=9), progress=False
+        )
+    other = History("laptop-user", list(history.records)[:-1])
+    with pytest.raises(InputError, match="another history"):
+        generate_supervision(
+            other, accepting_lms(), tmp_path, config(max_candidates=1), progress=False
+        )
+
+
+def test_threads(tmp_path):
+    summary = generate_supervision(
+        laptop_history(), accepting_lms(), tmp_path, config(threads=2), progress=False
+    )
+    assert summary["candidates"] == 6 and summary["accepted"] == 6
+    assert sorted(r.index for r in read_log(tmp_path)) == list(range(6))
+
+
+def test_naive_and_no_checks_methods(tmp_path):
+    lms = accepting_lms()
+    lms["planner"] = endless(
+        lambda i: {"question": f"Which laptop did I bring to the {PLACES[i % 10]} meeting about {TOPICS[(i * 7) % 10]}?",
+                   "answer": "MacBook Air", "answer_type": "entity", "evidence_record_ids": ["R1"]}
+    )  # fmt: skip
+    summary = generate_supervision(laptop_history(), lms, tmp_path / "naive", config(method="naive", checks=False),
+                                   progress=False)  # fmt: skip
+    assert summary["accepted"] == 6 and summary["lm_calls"] == {"planner": 6}
+    item = load_qa_jsonl(tmp_path / "naive" / "train.jsonl")[0]
+    assert item.metadata["provenance"]["method"] == "naive"
+
+
+def test_split_by_bundle_keeps_bundles_whole():
+    items = [QAItem(id=f"q{i}", question="q?", answer="a", metadata={"provenance": {"bundle_id": f"b{i // 2}"}})
+             for i in range(10)]  # fmt: skip
+    train, val = split_by_bundle(items, 0.6, seed=1)
+    assert len(train) == 6 and len(val) == 4
+    tb = {i.metadata["provenance"]["bundle_id"] for i in train}
+    assert not tb & {i.metadata["provenance"]["bundle_id"] for i in val}
+
+
+def test_load_qa_jsonl_names_the_bad_line(tmp_path):
+    path = tmp_path / "qa.jsonl"
+    good = {"id": "x", "question": "Where?", "answer": "Lisbon", "facts": [{"span_id": "r#1"}]}
+    path.write_text(
+        json.dumps(good) + "\n" + json.dumps({"id": "y", "question": "", "answer": "a"}) + "\n"
+    )
+    with pytest.raises(InputError) as err:
+        load_qa_jsonl(path)
+    assert err.value.line == 2 and err.value.field == "question"
+    path.write_text(json.dumps(good) + "\n")
+    (item,) = load_qa_jsonl(path)
+    assert item.metadata["facts"] == [{"span_id": "r#1"}]
+
+
+def test_generate_command(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from memsteer_dspy.cli import app
+
+    hist = tmp_path / "history.jsonl"
+    hist.write_text(
+        "".join(json.dumps(r.model_dump(mode="json")) + "\n" for r in laptop_history().records)
+    )
+    lms = accepting_lms()
+
+    class FakeConfig:
+        def lm(self, role):
+            return lms[role]
+
+        def describe(self):
+            return dict.fromkeys(lms, "scripted")
+
+        def usage_by_role(self):
+            return {}
+
+        def spec(self, role):
+            class S:
+                backend = "litellm"
+
+            return S()
+
+    import memsteer_dspy.lm
+
+    monkeypatch.setattr(memsteer_dspy.lm, "load_lm_config", lambda *a, **k: FakeConfig())
+    out = tmp_path / "out"
+    args = ["generate", "--format", "jsonl", "--path", str(hist), "--out", str(out), "--n", "3",
+            "--max-candidates", "4", "--profile", "full", "--json"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout[result.stdout.index("{") :])
+    assert summary["accepted"] >= 3
+    assert (out / "train.jsonl").exists() and (out / "dataset").is_dir()
+    bad = CliRunner().invoke(app, [*args[:-1], "--method", "magic"])
+    assert bad.exit_code != 0 and "magic" not in (out / "run.json").read_text()
