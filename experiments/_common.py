@@ -7,6 +7,7 @@ a function of (config, preset, seed) that writes only into its ``--out`` folder:
 
 =======================  ==========================================================================
 ``results.md``           the study's table(s), shaped like the paper's, with the settings and costs
+                         (rewritten after every stage while the study runs, marked partial)
 ``results.json``         every number in the tables, machine-readable
 ``items.jsonl``          one line per (condition, persona, official test item): correct, QS, R@10,
                          prediction, reference, error
@@ -142,6 +143,11 @@ class Budgets(_Table):
     feedback_tokens: int = Field(
         3000, ge=200, description="Token budget of the proposer's feedback."
     )
+    max_resamples: int = Field(
+        3,
+        ge=0,
+        description="Re-samples of a duplicate design proposal (each is one proposer call).",
+    )
     quality_items: int = Field(
         50, ge=1, description="Items the QA-quality judge scores per folder."
     )
@@ -236,7 +242,7 @@ PRESET_VALUES: dict[str, dict[str, dict[str, Any]]] = {
         "dataset": {"personas": ["Elena_Morales"], "eval_items": 8},
         "budgets": {"supervision": 4, "max_candidates": 8, "train_fraction": 0.6, "official_train": 2,
                     "official_val": 2, "iterations": 1, "context_tokens": 1000, "quality_items": 4,
-                    "bundle_profile": "small", "batch_size": 4},
+                    "bundle_profile": "small", "batch_size": 4, "feedback_tokens": 1500, "max_resamples": 1},
         "transfer": {"source_train": ["Elena_Morales"], "source_val": ["Elena_Morales"], "held_out": [],
                      "targets": ["Jonas_Richter"], "target_supervision": 4},
         "budget": {"sizes": [2, 3]},
@@ -664,6 +670,8 @@ class Study:
         self._loaded: dict[tuple[str, bool], Loaded] = {}
         self.started = time.perf_counter()
         self.run_id: str | None = None
+        #: Called after every stage (scripts rewrite results.md with what is finished so far).
+        self.on_stage: Callable[[], None] | None = None
         self._open_run()
 
     # -- run bookkeeping -------------------------------------------------------------------------
@@ -729,6 +737,13 @@ class Study:
             st.calls, st.tokens = c1 - c0, t1 - t0
             st.seconds = round(time.perf_counter() - start, 1)
             self.stages.append(st)
+            if self.on_stage is not None:
+                try:
+                    self.on_stage()
+                except (
+                    Exception
+                ) as exc:  # a partial table that cannot be drawn yet waits for the next stage
+                    self.log(f"(results.md not updated yet: {type(exc).__name__}: {exc})")
             if st.error is None:
                 self.log(
                     f"{name} done ({st.calls} LM calls, {st.tokens:,} tokens, {st.seconds:.0f}s)"
@@ -831,7 +846,8 @@ class Study:
         The optimization's MLflow run is nested under the study's."""
         b = self.cfg.budgets
         config = OptimizeConfig(iterations=b.iterations, feedback=feedback, seed=self.cfg.dataset.seed,
-                                protocol="as_of", threads=b.threads, feedback_tokens=b.feedback_tokens)  # fmt: skip
+                                protocol="as_of", threads=b.threads, feedback_tokens=b.feedback_tokens,
+                                max_resamples=b.max_resamples)  # fmt: skip
         kwargs = dict(config=config, lms=self.lm.lm, init_design=init_design or self.base_design(), tracker=self.tracker,
                       cache_dir=self.cache_dir, usage=self.lm.usage_by_role,
                       run_params={"study": self.name, "condition": label, "lm": self.lm.describe()})  # fmt: skip
@@ -863,6 +879,18 @@ class Study:
             f"({round(100 * b.train_fraction)}% train)",
             *extra, "",
         ]  # fmt: skip
+
+    def checkpoint(self, markdown: str, results: Mapping[str, Any]) -> None:
+        """Rewrite ``results.md`` and ``results.json`` with the stages finished so far (marked
+        partial), so a long study can be read while it runs."""
+        note = "> Partial: the study is still running; these tables hold the stages finished so far.\n\n"
+        write_atomic(self.out / "results.md", note + markdown.rstrip() + "\n")
+        payload = {"study": self.name, "preset": self.cfg.preset, "partial": True, **results,
+                   "stages": [s.__dict__ for s in self.stages]}  # fmt: skip
+        write_atomic(
+            self.out / "results.json",
+            json.dumps(payload, indent=2, ensure_ascii=False, default=str) + "\n",
+        )
 
     def finish(
         self, markdown: str, results: Mapping[str, Any], metrics: Mapping[str, float | None]

@@ -61,6 +61,7 @@ def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracki
     per_persona = ceil_div(ceil_div(max(sizes), tf), len(personas))
     results: dict[str, Any] = {"personas": personas, "sizes": sizes, "pool_per_persona": per_persona,
                                "budgets": {}, "optimizations": {}}  # fmt: skip
+    study.on_stage = lambda: study.checkpoint(render(study, results), results)
     with study.stage("Base-BM25 on the test items (budget 0)"):
         results["base"] = report_dict(study.test(study.base_design(), personas, condition="base"))
     generated = []

@@ -92,6 +92,7 @@ def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracki
     opts = cfg.existing_optimizers
     design = study.base_design()
     results: dict[str, Any] = {"personas": personas, "runs": {}, "skipped": {}}
+    study.on_stage = lambda: study.checkpoint(render(study, results), results)
     with study.stage("Base-BM25 (untuned) on the test items"):
         results["base"] = report_dict(study.test(design, personas, condition="base"))
     supervision: dict[tuple[str, str], tuple[list, list]] = {}

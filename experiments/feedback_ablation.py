@@ -65,6 +65,7 @@ def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracki
     personas = cfg.personas()
     histories = {p: study.load(p).history for p in personas}
     results: dict[str, Any] = {"personas": personas, "modes": {}, "optimizations": {}}
+    study.on_stage = lambda: study.checkpoint(render(study, results), results)
     with study.stage("Base-BM25 on the test items"):
         results["base"] = report_dict(study.test(study.base_design(), personas, condition="base"))
     generated = []

@@ -71,6 +71,7 @@ def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracki
         "optimizations": {},
         "supervision": {},
     }
+    study.on_stage = lambda: study.checkpoint(render(study, results), results)
     for setting in cfg.dataset.settings:
         external = setting == "with"
         conditions: dict[str, Any] = {}

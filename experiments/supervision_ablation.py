@@ -90,6 +90,7 @@ def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracki
     opts = cfg.supervision_ablation
     histories = {p: study.load(p).history for p in personas}
     results: dict[str, Any] = {"personas": personas, "conditions": {}, "optimizations": {}}
+    study.on_stage = lambda: study.checkpoint(render(study, results), results)
     judged: list[dict[str, Any]] = []
     if opts.downstream:
         with study.stage("Base-BM25 on the test items"):

@@ -66,6 +66,7 @@ def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracki
     results: dict[str, Any] = {"sources": sources, "source_train": t.source_train, "source_val": t.source_val,
                                "held_out": t.held_out, "targets": t.targets, "base": {}, "shared": {},
                                "continued": {}, "optimizations": {}}  # fmt: skip
+    study.on_stage = lambda: study.checkpoint(render(study, results), results)
     everyone = [*sources, *outside]
     with study.stage("Base-BM25 on every persona's test items"):
         results["base"] = {p: report_dict({p: rep}) for p, rep in
@@ -109,17 +110,26 @@ def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracki
                 results["continued"][p] = report_dict(
                     study.test(res.best_design, [p], condition=f"continue/{p}")
                 )
-    results["groups"] = {
-        "source": {k: _pooled(results[k], sources) for k in ("base", "shared")},
-        "held_out": {k: _pooled(results[k], outside) for k in ("base", "shared")},
-        "overall": {k: _pooled(results[k], everyone) for k in ("base", "shared")},
-    }
+    results["groups"] = groups(results)
     metrics: dict[str, float | None] = {}
     for group, vals in results["groups"].items():
         metrics.update({f"{group}.{k}.accuracy": v.get("accuracy") for k, v in vals.items()})
     for p, r in results["continued"].items():
         metrics[f"continued.{p}.accuracy"] = r.get("accuracy")
     return study.finish(render(study, results), results, metrics)
+
+
+def groups(results: dict[str, Any]) -> dict[str, Any]:
+    """Pooled accuracy of the source personas, the personas outside the pool, and everyone."""
+    sources = results["sources"]
+    outside = [
+        p for p in dict.fromkeys([*results["held_out"], *results["targets"]]) if p not in sources
+    ]
+    return {
+        "source": {k: _pooled(results[k], sources) for k in ("base", "shared")},
+        "held_out": {k: _pooled(results[k], outside) for k in ("base", "shared")},
+        "overall": {k: _pooled(results[k], [*sources, *outside]) for k in ("base", "shared")},
+    }
 
 
 def _pooled(per_persona: dict[str, Any], personas: list[str]) -> dict[str, Any]:
@@ -133,7 +143,7 @@ def _pooled(per_persona: dict[str, Any], personas: list[str]) -> dict[str, Any]:
 
 def render(study: Study, results: dict[str, Any]) -> str:
     k = len(results["sources"])
-    g = results["groups"]
+    g = results.get("groups") or groups(results)
     lines = study.header("Table 3 — cross-user transfer and personal continuation (accuracy, %, with external data)",
                          [f"- source personas: training {', '.join(results['source_train'])}; validation "
                           f"{', '.join(results['source_val'])}",

@@ -55,7 +55,8 @@ __all__ = [
 
 QUESTION_TYPES: dict[str, str] = {
     "fact": "a single fact stated in one record (who, what, where, which)",
-    "temporal": "when something happened, or the order or time between events",
+    "temporal": "when something happened (the answer is a date: a record's date or a date it mentions), "
+    "or the order or time between events",
     "aggregation": "a count, total or list gathered across the evidence records",
     "multi-hop": "a fact found by linking one record's fact to another's",
     "comparison": "which of two things is larger, earlier, more, or different",
@@ -98,7 +99,7 @@ def small_lm_bundle_config(**overrides) -> BundleConfig:
     """Bundles a small embedded LM handles: three records of at most ~150 tokens each, and
     mostly one- or two-record tasks (measured on RHELM with the 1.5B model)."""
     values = {"record_token_cap": 150, "min_records": 3, "max_records": 3,
-              "evidence_weights": {1: 0.7, 2: 0.3}}  # fmt: skip
+              "evidence_weights": {1: 0.8, 2: 0.2}}  # fmt: skip
     values.update(overrides)
     return BundleConfig(**values)
 

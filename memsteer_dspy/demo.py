@@ -94,6 +94,10 @@ class DemoSettings(BaseModel):
     context_budget: int = Field(
         DEFAULT_CONTEXT_BUDGET, ge=64, description="The fixed answer-context budget (tokens)."
     )
+    answer_max_tokens: int | None = Field(
+        None, ge=16, description="Cap on each answer's length in evaluation (None: the LM's own)."
+    )
+    max_resamples: int = Field(3, ge=0, description="Re-samples of a duplicate proposal.")
     seed: int = 0
     threads: int = Field(1, ge=1, description="Items / candidates run concurrently (API LMs).")
 
@@ -121,6 +125,11 @@ class DemoSettings(BaseModel):
                     else "candidates are screened by recall before they are answered)"
                 )
             )
+        if self.max_resamples < ref.max_resamples:
+            out.append(
+                f"a proposal repeating an earlier design is re-sampled {self.max_resamples} time(s) "
+                f"(full: {ref.max_resamples})"
+            )
         if self.feedback_tokens < ref.feedback_tokens or self.per_stage < ref.per_stage:
             out.append(
                 f"proposer feedback: {self.per_stage} cases per failure stage within "
@@ -132,6 +141,13 @@ class DemoSettings(BaseModel):
             out.append(
                 f"accuracy and QS: {self.accuracy_items} hand-written items, stratified by question "
                 "type (full: all); R@10 on all of them"
+            )
+        if self.answer_max_tokens is not None and (
+            ref.answer_max_tokens is None or self.answer_max_tokens < ref.answer_max_tokens
+        ):
+            out.append(
+                f"answers: at most {self.answer_max_tokens} tokens each, for both designs "
+                "(full: the LM's own limit)"
             )
         if self.context_budget < ref.context_budget:
             out.append(
@@ -152,9 +168,11 @@ SIZES: dict[str, DemoSettings] = {
         objective="recall",
         feedback_tokens=1500,
         per_stage=3,
-        accuracy_items=8,
+        accuracy_items=6,
         context_budget=1000,
-    ),  # fmt: skip
+        answer_max_tokens=128,
+        max_resamples=1,
+    ),
     # The paper-sized run: meant for an API LM or a GPU (hours on the embedded model on a CPU).
     "full": DemoSettings(
         size="full",
@@ -167,7 +185,7 @@ SIZES: dict[str, DemoSettings] = {
         per_stage=10,
         accuracy_items=None,
         context_budget=DEFAULT_CONTEXT_BUDGET,
-    ),  # fmt: skip
+    ),
 }
 """The demo's sizes: ``small`` (default) and ``full``."""
 
@@ -637,7 +655,7 @@ def _optimize(
     config = OptimizeConfig(
         iterations=settings.iterations, objective=settings.objective, feedback="stratified", seed=settings.seed,
         per_stage=settings.per_stage, feedback_tokens=settings.feedback_tokens, protocol="full",
-        threads=settings.threads,
+        threads=settings.threads, max_resamples=settings.max_resamples,
     )  # fmt: skip
 
     def on_event(event: dict[str, Any]) -> None:
@@ -705,7 +723,10 @@ def _evaluate(
         f"items, accuracy and QS on {len(answered)} -> {folder}"
         + (f"  [{before} item results already on disk]" if before else "")
     )
-    lms = {"answerer": lm_config.lm("answerer")}
+    answerer = lm_config.lm("answerer")
+    if settings.answer_max_tokens is not None:  # the same cap for every design compared
+        answerer = answerer.copy(max_tokens=settings.answer_max_tokens)
+    lms = {"answerer": answerer}
     system = MemorySystem.from_design(
         design, history, cache_dir=cache, lms=lms, threads=settings.threads
     )

@@ -33,6 +33,7 @@ from memsteer_dspy.normalize import normalize_text
 TINY = DemoSettings(
     size="tiny", n_supervision=4, max_candidates=8, bundle_profile="small", iterations=2,
     objective="recall", feedback_tokens=400, per_stage=2, accuracy_items=5, context_budget=300,
+    answer_max_tokens=64, max_resamples=1,
 )  # fmt: skip
 
 LABEL = re.compile(r"^\[(R\d+\.\d+)\] (.*)$", re.M)
@@ -73,6 +74,7 @@ class DemoEngine:
         self.planned: dict[str, tuple[str, list[str]]] = {}
         self.hints: dict[str, str] = {}
         self.log: list[tuple[str, int, int]] = []
+        self.max_tokens: list[tuple[str, int | None]] = []
         self._lock = threading.Lock()
 
     def complete(self, request):
@@ -94,6 +96,7 @@ class DemoEngine:
         prompt, completion = len(system + user) // 4, len(text) // 4
         with self._lock:
             self.log.append((role, prompt, completion))
+            self.max_tokens.append((role, request.config.max_tokens))
         return Response(id=None, model="scripted", message=Message.assistant(text), finish_reason="stop",
                         usage=Usage(input_tokens=prompt, output_tokens=completion, total_tokens=prompt + completion))  # fmt: skip
 
@@ -283,6 +286,8 @@ def test_table_comes_from_real_computation(demo_run):
         # LM calls: one answer per item, plus one judge call per item not matched exactly
         assert row.lm_calls == len(answered) + (len(hits) - sum(hits))
         assert row.tokens > 0 and row.seconds >= 0
+    # every answer of both designs was asked with the same length cap
+    assert {m for role, m in engine.max_tokens if role == "answerer"} == {TINY.answer_max_tokens}
     # the evaluation calls are exactly the answerer and judge calls the engine served
     served = [(p, c) for role, p, c in engine.log if role in ("answerer", "judge")]
     assert sum(r.lm_calls for r in result.rows) == len(served)

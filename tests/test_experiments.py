@@ -310,6 +310,7 @@ def tiny(rhelm_root: Path, **overrides: Any) -> _common.ExperimentConfig:
 
 def results_of(out: Path) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
     md = (out / "results.md").read_text()
+    assert "Partial" not in md and "not updated yet" not in (out / "log.txt").read_text()
     data = json.loads((out / "results.json").read_text())
     rows = [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
     return md, data, rows

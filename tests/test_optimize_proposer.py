@@ -153,3 +153,10 @@ def test_changes_output_invalid_value_is_sent_back_and_no_change_is_a_duplicate(
     assert "retrieve.pool" in out.attempts[0].error
     assert out.design.retrieve.rerank == "llm"
     assert "not a valid design" in field_value(lm.calls[1]["user"], "revision_history")
+
+
+def test_changes_survive_a_reply_cut_off_in_the_rationale():
+    cut = '{"changes": [{"field": "retrieve.top_k", "value": "30"}], "rationale": "the evidence ranks between 2'
+    out = DesignProposer(ProposerLM([cut]), output="changes")(BASE, HISTORY, "fb", seen=SEEN, iteration=1)
+    assert out.status == "ok" and out.design.retrieve.top_k == 30
+    assert out.rationale.startswith("the evidence ranks")

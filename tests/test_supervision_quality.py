@@ -135,6 +135,12 @@ def test_assess_command(tmp_path, monkeypatch):
         def usage_by_role(self):
             return {}
 
+        def spec(self, role):
+            class Spec:
+                backend = "litellm"
+
+            return Spec()
+
     monkeypatch.setattr(memsteer_dspy.lm, "load_lm_config", lambda *a, **k: FakeConfig())
     report_path = tmp_path / "report.json"
     args = [

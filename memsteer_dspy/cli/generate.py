@@ -200,11 +200,12 @@ def assess(
                          hint="pass --supervision <generate output folder> (repeatable) and/or --fidelity")  # fmt: skip
     loaded = history.load()
     report: dict = {"user": loaded.history.user_id, "lm": lm_config.describe()}
+    local = ("local", "llamacpp")
     lines: list[str] = []
     if supervision:
-        quality = assess_quality(
-            loaded.history, supervision, lm_config.lm("quality_judge"), limit=limit, seed=seed
-        )
+        bounded = getattr(lm_config.spec("quality_judge"), "backend", "litellm") in local
+        quality = assess_quality(loaded.history, supervision, lm_config.lm("quality_judge"), limit=limit, seed=seed,
+                                 bounded=bounded)  # fmt: skip
         report["quality"] = quality
         lines.append(format_quality(quality))
     if fidelity:
@@ -212,7 +213,10 @@ def assess(
             raise InputError(f"the {history.format} history has no official QA items to check against",
                              field="--fidelity", hint="use a format with QA (rhelm, locomo) or drop --fidelity")  # fmt: skip
         lms = {r: lm_config.lm(r) for r in ("auditor", "blind_reader")}
-        fid = assess_fidelity(loaded.history, loaded.qa_items, lms, limit=limit, seed=seed)
+        bounded = all(getattr(lm_config.spec(r), "backend", "litellm") in local for r in lms)
+        fid = assess_fidelity(
+            loaded.history, loaded.qa_items, lms, limit=limit, seed=seed, bounded=bounded
+        )
         report["fidelity"] = fid
         lines.append(format_fidelity(fid))
     report["lm_usage_by_role"] = lm_config.usage_by_role()

@@ -30,6 +30,7 @@ from memsteer_dspy.normalize import normalize_text
 from memsteer_dspy.records import History, QAItem
 from memsteer_dspy.signatures.plan import AnswerPlan, EvidenceUse, Fact
 from memsteer_dspy.signatures.quality import JudgeQAQuality
+from memsteer_dspy.supervision.limits import bounded_signature
 from memsteer_dspy.supervision.program import Outcome, Pipeline, RoleCost, _Generator
 
 __all__ = [
@@ -54,9 +55,10 @@ class QualityJudge(dspy.Module):
         *,
         max_retries: int = 2,
         adapter: dspy.Adapter | None = None,
+        bounded: bool = False,
     ):
         super().__init__()
-        self.judge = dspy.Predict(JudgeQAQuality)
+        self.judge = dspy.Predict(bounded_signature(JudgeQAQuality) if bounded else JudgeQAQuality)
         if lm is not None:
             self.judge.lm = lm
         self.max_retries = max_retries
@@ -109,10 +111,12 @@ def assess_quality(
     *,
     limit: int = 50,
     seed: int = 0,
+    bounded: bool = False,
 ) -> dict[str, Any]:
     """Judge up to ``limit`` items of each ``generate`` output folder; the percentage of items
-    scoring 1, and of each criterion, per method."""
-    judge = QualityJudge(lm)
+    scoring 1, and of each criterion, per method. ``bounded``: length limits in the output schema
+    (for in-process LMs, see :mod:`memsteer_dspy.supervision.limits`)."""
+    judge = QualityJudge(lm, bounded=bounded)
     by_method: dict[str, Any] = {}
     for folder in folders:
         folder = Path(folder)
@@ -183,7 +187,6 @@ class FidelityChecker(_Generator):
         self, bundle: Bundle, task: Task, shuffle_seed: int
     ) -> Pipeline:  # pragma: no cover
         raise TypeError("FidelityChecker checks given plans; use check()")
-        yield  # noqa: B901
 
 
 def _best_span(bundle: Bundle, record_id: str, text: str) -> str | None:
@@ -237,6 +240,7 @@ def assess_fidelity(
     seed: int = 0,
     graph: RecordGraph | None = None,
     config: BundleConfig | None = None,
+    bounded: bool = False,
 ) -> dict[str, Any]:
     """Audit + blind read over up to ``limit`` official items (with 1–4 evidence records in the
     history) and their two corruptions; the fraction of true items accepted and of corrupted
@@ -247,7 +251,7 @@ def assess_fidelity(
     usable = [q for q in qa_items if q.evidence_ids and len(q.evidence_ids) <= 4
               and all(rid in history for rid in q.evidence_ids) and q.answer.strip()]  # fmt: skip
     sample = rng.sample(usable, min(limit, len(usable)))
-    checker = FidelityChecker(lms, max_demos=0)
+    checker = FidelityChecker(lms, max_demos=0, bounded=bounded)
     cases: list[tuple[str, QAItem, Bundle, AnswerPlan]] = []
     all_ids = [r.id for r in history.records]
     for item in sample:
