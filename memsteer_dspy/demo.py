@@ -539,6 +539,7 @@ def run_demo(
             result.rows.append(row)
             result.stages.append(StageReport(name=f"eval {label}", status="skipped",
                                              detail="no revision was accepted: the best design is Base-BM25"))  # fmt: skip
+            say(f"[{3 + i}/4] evaluation of {label}: skipped, {result.stages[-1].detail}")
             continue
         _evaluate(label, design, history, items, answered, lm_config, out / "eval" / _slug(label),
                   settings, tracker, cache, say, result, step=3 + i)  # fmt: skip

@@ -349,6 +349,10 @@ def test_demo_command_prints_the_table_and_mlflow_command(demo_run, monkeypatch)
     assert result.table() in res.output
     assert "mlflow ui --backend-store-uri sqlite:///" in res.output
     assert "Sized down" in res.output and "reused" in res.output
+    res = CliRunner().invoke(app, ["demo", "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout[res.stdout.index("{") :])
+    assert report["rows"] == [r.model_dump(mode="json") for r in result.rows]
     res = CliRunner().invoke(app, ["demo", "--out", str(out), "--size", "huge"])
     assert res.exit_code != 0 and "--size" in res.output
 

@@ -157,6 +157,25 @@ def test_changes_output_invalid_value_is_sent_back_and_no_change_is_a_duplicate(
 
 def test_changes_survive_a_reply_cut_off_in_the_rationale():
     cut = '{"changes": [{"field": "retrieve.top_k", "value": "30"}], "rationale": "the evidence ranks between 2'
-    out = DesignProposer(ProposerLM([cut]), output="changes")(BASE, HISTORY, "fb", seen=SEEN, iteration=1)
+    out = DesignProposer(ProposerLM([cut]), output="changes")(
+        BASE, HISTORY, "fb", seen=SEEN, iteration=1
+    )
     assert out.status == "ok" and out.design.retrieve.top_k == 30
     assert out.rationale.startswith("the evidence ranks")
+
+
+def test_an_invalid_change_names_the_value_given_and_keeps_the_reply():
+    lm = ProposerLM(
+        [changes(("store.window_size", "three records")), changes(("store.window_size", "3"))]
+    )
+    out = DesignProposer(lm, output="changes")(BASE, HISTORY, "fb", seen=SEEN, iteration=1)
+    assert [a.kind for a in out.attempts] == ["invalid", "ok"]
+    first = out.attempts[0]
+    assert (
+        "store.window_size" in first.error
+        and "you proposed store.window_size = three records" in first.error
+    )
+    assert json.loads(first.raw) == [{"field": "store.window_size", "value": "three records"}]
+    assert "you proposed store.window_size = three records" in field_value(
+        lm.calls[1]["user"], "revision_history"
+    )

@@ -207,7 +207,7 @@ def apply_changes(current: MemoryDesign, changes: list[DesignChange]) -> MemoryD
 def _validation_error(exc: Exception) -> tuple[str, str | None]:
     """A readable validation error for an unparseable reply, and the raw reply."""
     if isinstance(exc, InputError):
-        return str(exc), None
+        return exc.render(), getattr(exc, "raw", None)
     raw = getattr(exc, "lm_response", None)
     if raw is None:
         return f"{type(exc).__name__}: {exc}", None
@@ -302,10 +302,16 @@ class DesignProposer(dspy.Module):
                 pred = self._call(current, text, feedback, config)
                 error, raw = None, None
                 if self.output == "changes":
-                    design = apply_changes(current, list(pred.changes or []))
-                    notes.append(
-                        "changes: " + "; ".join(f"{c.field}={c.value}" for c in pred.changes or [])
-                    )
+                    proposed = list(pred.changes or [])
+                    notes.append("changes: " + "; ".join(f"{c.field}={c.value}" for c in proposed))
+                    try:
+                        design = apply_changes(current, proposed)
+                    except InputError as err:  # name the value the proposer gave the field at fault
+                        given = [f"{c.field} = {c.value}" for c in proposed if c.field == err.field]
+                        err.message += f" (you proposed {'; '.join(given)})" if given else ""
+                        err.args = (err.render(),)
+                        err.raw = json.dumps([c.model_dump() for c in proposed])
+                        raise
                 else:
                     design = pred.design
                     if not isinstance(design, MemoryDesign):
