@@ -166,7 +166,10 @@ def test_changes_survive_a_reply_cut_off_in_the_rationale():
 
 def test_an_invalid_change_names_the_value_given_and_keeps_the_reply():
     lm = ProposerLM(
-        [changes(("store.window_size", "three records")), changes(("store.window_size", "3"))]
+        [
+            changes(("store.window_size", "three records")),
+            changes(("store.window_size", "4"), ("store.unit", "window")),
+        ]
     )
     out = DesignProposer(lm, output="changes")(BASE, HISTORY, "fb", seen=SEEN, iteration=1)
     assert [a.kind for a in out.attempts] == ["invalid", "ok"]

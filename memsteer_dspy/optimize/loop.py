@@ -790,7 +790,7 @@ def render_summary(
         )
         if e.reason and not e.accepted:
             changes += f" — {e.reason}"
-        changes = changes.replace("|", "\\|")
+        changes = " ".join(changes.split()).replace("|", "\\|")
         if len(changes) > 300:
             changes = changes[:297] + "..."
         lines.append(
