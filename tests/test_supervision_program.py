@@ -71,7 +71,8 @@ def test_accepted_candidate_carries_plan_question_verdicts_and_usage():
         ),
         (plan_reply(answer="iPad Pro"), "answer_not_in_spans"),
         (
-            plan_reply(fact_span_ids=["R2.1"], answer_span_id="R1.1"),
+            # the answer span itself lies outside the one evidence record: nothing to repair
+            plan_reply(answer="Friday", fact_span_ids=["R1.1"], answer_span_id="R2.1"),
             "fact_outside_evidence",
         ),
     ],
@@ -134,11 +135,47 @@ def test_no_repair_when_the_answer_occurs_in_two_spans():
     assert out.repairs == []
 
 
+def test_repair_within_the_evidence_records():
+    # "garden" occurs in c1:2 and in mail:1, once in the evidence record mail:1; the planner cited R1.1
+    plan = plan_reply(answer="GreenLeaf", fact_span_ids=["R1.1"], answer_span_id="R1.1",
+                      evidence=[{"record_id": "R3", "contribution": "names the supplier"}])  # fmt: skip
+    out, _ = run(role_lms([plan]))
+    assert out.plan.answer_span_id.startswith("mail:1#"), out.detail
+    assert out.repairs and out.repairs[0].reason.startswith("the answer occurs in exactly one span")
+
+
+def test_answer_in_one_span_of_the_evidence_records_is_preferred_over_the_bundle():
+    plan = plan_reply(answer="garden workshop", fact_span_ids=["R1.1"], answer_span_id="R1.1",
+                      evidence=[{"record_id": "R3", "contribution": "names the order"}])  # fmt: skip
+    out, _ = run(role_lms([plan]))
+    hits = [r for r in out.repairs if r.field == "answer_span_id"]
+    assert hits and hits[0].after.startswith("mail:1#"), out.detail
+    assert hits[0].reason == "the answer occurs in exactly one span of the evidence records"
+
+
+def test_facts_outside_the_evidence_records_are_dropped_and_recorded():
+    plan = plan_reply(fact_span_ids=["R1.1", "R2.1"])
+    lms = role_lms([plan], [question_reply()], [audit_reply()], [blind_reply()])
+    out, _ = run(lms)
+    assert out.status == "accepted", out.detail
+    assert [f.span_id for f in out.plan.facts] == ["c1:1#1"]
+    assert [(r.field, r.before) for r in out.repairs] == [("facts", "c1:2#1")]
+
+
+def test_stray_facts_are_kept_when_the_answer_span_is_outside_the_evidence():
+    plan = plan_reply(answer="Friday", fact_span_ids=["R1.1", "R2.1"], answer_span_id="R2.1")
+    out, _ = run(role_lms([plan]))
+    assert out.reason == "plan_check:fact_outside_evidence"
+    assert out.repairs == []
+
+
 @pytest.mark.parametrize(
     ("question", "reason"),
     [
         ("Which device, the MacBook Air, did I use for my note to Lila?", "question:leaks_answer"),
         ("According to the records, which device did I use?", "question:mentions_records"),
+        ("When did the conversation take place?", "question:mentions_records"),
+        ("What is the health profile of the user?", "question:mentions_records"),
         ("device", "question:empty"),
     ],
 )

@@ -154,7 +154,8 @@ def repair_answer_citation(
     """Point the plan's answer citation at the one span that contains the answer.
 
     The span is the only one of the cited answer span's record that contains the answer (the
-    planner cited a neighbouring sentence), or else the only one of the whole bundle. It must be in
+    planner cited a neighbouring sentence), or else the only one of the evidence records, or else
+    the only one of the whole bundle. It must be in
     an evidence record, or the task needs one record (which then becomes the evidence). Returns the
     plan unchanged and ``None`` when no such span exists.
     """
@@ -165,8 +166,11 @@ def repair_answer_citation(
         else None
     )
     in_record = [sid for sid in hits if _record_of(sid) == cited_record]
+    in_evidence = [sid for sid in hits if _record_of(sid) in plan.evidence_ids]
     if len(in_record) == 1:
         target, why = in_record[0], "the answer occurs in exactly one span of the cited record"
+    elif len(in_evidence) == 1:
+        target, why = in_evidence[0], "the answer occurs in exactly one span of the evidence records"
     elif len(hits) == 1:
         target, why = hits[0], "the answer occurs in exactly one span of the bundle"
     else:
@@ -203,6 +207,28 @@ def repair_answer_citation(
     )
     repair = Repair(stage="plan", field="answer_span_id", before=before, after=target, reason=why)
     return repaired, repair
+
+
+def drop_stray_facts(
+    plan: AnswerPlan, span_texts: dict[str, str]
+) -> tuple[AnswerPlan, Repair | None]:
+    """Drop the facts a planner cited outside its evidence records.
+
+    Applies only when the answer span is in an evidence record and every evidence record keeps at
+    least one fact, so the plan still covers its evidence; the dropped span ids are recorded.
+    Returns the plan unchanged and ``None`` otherwise.
+    """
+    evidence = set(plan.evidence_ids)
+    stray = [f.span_id for f in plan.facts if f.span_id in span_texts and _record_of(f.span_id) not in evidence]
+    answer = plan.answer_span_id
+    if not stray or not answer or answer not in span_texts or _record_of(answer) not in evidence:
+        return plan, None
+    kept = [f for f in plan.facts if f.span_id not in stray]
+    if {_record_of(f.span_id) for f in kept if f.span_id in span_texts} != evidence:
+        return plan, None
+    repair = Repair(stage="plan", field="facts", before=", ".join(stray), after="",
+                    reason="facts cited outside the evidence records were dropped")  # fmt: skip
+    return plan.model_copy(update={"facts": kept}), repair
 
 
 def _answer_support_issue(
@@ -276,6 +302,10 @@ def check_plan(
     if support is not None:
         issues.append(support)
 
+    if repair:
+        resolved, stray = drop_stray_facts(resolved, span_texts)
+        if stray is not None:
+            repairs.append(stray)
     if not resolved.facts:
         issues.append(PlanIssue(code=PlanCheckCode.NO_FACTS, detail="the plan cites no fact"))
     evidence_ids = resolved.evidence_ids
@@ -303,7 +333,9 @@ def check_plan(
 
 _META = re.compile(
     r"\b(?:the|these|those|this|given|provided|above)\s+(?:records?|texts?|documents?|passages?|sentences?|"
-    r"spans?|excerpts?|sources?|materials?|bundle)\b|\bR\d+(?:\.\d+)?\b|\bspan\s+\w*\d",
+    r"spans?|excerpts?|sources?|materials?|bundle)\b|\bR\d+(?:\.\d+)?\b|\bspan\s+\w*\d"
+    # the user asks their own assistant: never "the user", never "the conversation" without a topic
+    r"|\bthe\s+user'?s?\b|\b(?:the|this|that|our)\s+(?:conversation|chat|session)\s*(?:\?|$|take|happen|start)",
     re.I,
 )
 
