@@ -507,3 +507,24 @@ def test_run_batch_runs_stage_by_stage_with_the_same_outcomes():
     )
     assert calls == [("plan", 1, 2), ("plan", 2, 2), ("question", 1, 2), ("question", 2, 2),
                      ("audit", 1, 2), ("audit", 2, 2), ("blind", 1, 2), ("blind", 2, 2)]  # fmt: skip
+
+
+def test_date_answer_facts_carry_their_record_date_to_the_writer_and_auditor():
+    # "when" answered by the date of the record that tells the event: the sentence has no date,
+    # so the auditor and the question writer are told the record's date with each fact
+    plan = plan_reply(answer="2024-03-02", answer_type="date", ask="when Elena sent a note to Lila")
+    lms = role_lms([plan], [question_reply("When did I send a quick note to Lila from my laptop?")],
+                   [audit_reply()], [blind_reply(answer="March 2, 2024")])  # fmt: skip
+    out, _ = run(lms, task=Task(question_type="temporal", evidence_count=1))
+    assert out.status == "accepted", out.detail
+    audit_prompt = str(lms["auditor"].history[-1]["messages"])
+    assert "R1.1 (in a record dated 2024-03-02): User: This morning I sent" in audit_prompt
+    writer_prompt = str(lms["question_writer"].history[-1]["messages"])
+    assert "(in a record dated 2024-03-02): User: This morning" in writer_prompt
+
+
+def test_non_date_answer_facts_have_no_record_date():
+    lms = role_lms([plan_reply()], [question_reply()], [audit_reply()], [blind_reply()])
+    out, _ = run(lms)
+    assert out.status == "accepted", out.detail
+    assert "record dated" not in str(lms["auditor"].history[-1]["messages"])

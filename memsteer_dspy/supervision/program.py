@@ -422,7 +422,7 @@ class _Generator(dspy.Module):
         )
         if problem:
             return _rejected("question", f"question:{problem}", question, usage, **base)
-        facts = [f"{view.span_label(f.span_id)}: {f.statement}" for f in plan.facts]
+        facts = _fact_lines(view, bundle, plan)
         evidence = [f"{view.label_of(e.record_id) or e.record_id}: {e.contribution or 'part of the answer'}"
                     for e in plan.evidence]  # fmt: skip
         try:
@@ -461,6 +461,22 @@ class _Generator(dspy.Module):
         else:
             return Outcome(status="accepted", audit=audit, blind=blind, usage=usage, **base)
         return _rejected("blind", reason, detail, usage, audit=audit, blind=blind, **base)
+
+
+def _fact_lines(view: BundleView | None, bundle: Bundle, plan: AnswerPlan) -> list[str]:
+    """The plan's facts as ``'<span label>: <statement>'`` (just the statement without a ``view``).
+
+    For a date answer each fact also gives its record's date: a "when" answer is often the date of
+    the record that tells the event (shown in the record's header, not in the sentence), and an
+    auditor that is not told so judges the sentence alone and finds no date in it."""
+    lines = []
+    for f in plan.facts:
+        parts = [view.span_label(f.span_id)] if view is not None else []
+        record = bundle.record(f.span_id.rpartition("#")[0])
+        if str(plan.answer_type) == "date" and record is not None and record.date:
+            parts.append(f"(in a record dated {record.date})")
+        lines.append(f"{' '.join(parts)}: {f.statement}" if parts else f.statement)
+    return lines
 
 
 def _audit_result(out: dspy.Prediction, view: BundleView, plan: AnswerPlan) -> AuditResult:
@@ -604,7 +620,7 @@ class MemSteerGenerator(_Generator):
         evidence_view = bundle.subset(plan.evidence_ids).view() if plan.evidence_ids else view
         try:
             q = yield _Request("write_question", "question", {
-                "records": evidence_view.text, "ask": plan.ask, "facts": [f.statement for f in plan.facts],
+                "records": evidence_view.text, "ask": plan.ask, "facts": _fact_lines(None, bundle, plan),
                 "answer": plan.answer, "answer_type": str(plan.answer_type),
             }, usage)  # fmt: skip
         except _LMFailure as exc:
