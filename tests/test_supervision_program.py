@@ -528,3 +528,15 @@ def test_non_date_answer_facts_have_no_record_date():
     out, _ = run(lms)
     assert out.status == "accepted", out.detail
     assert "record dated" not in str(lms["auditor"].history[-1]["messages"])
+
+
+def test_a_count_written_as_a_json_number_is_an_answer_not_an_lm_error():
+    # measured: the embedded planner wrote "answer": 3 for a count, which a str field rejects
+    plan = plan_reply(answer=12, answer_type="number", fact_span_ids=["R2.2"], answer_span_id="R2.2",
+                      evidence=[{"record_id": "R2", "contribution": "the number of trays"}])  # fmt: skip
+    lms = role_lms([plan], [question_reply("How many seed trays will Lila bring to the garden workshop?")],
+                   [{**audit_reply(facts=("R2.2",)), "record_checks": [{"record_id": "R2", "rationale": "trays",
+                     "verdict": "supported"}]}], [blind_reply(answer=12, cited=["c1:2#2"])])  # fmt: skip
+    out, _ = run(lms)
+    assert out.status == "accepted", out.detail
+    assert out.plan.answer == "12" and out.blind.answer == "12"
