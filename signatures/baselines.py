@@ -31,7 +31,7 @@ class PlanAndWriteQuestion(dspy.Signature):
     fact_span_ids: list[str] = dspy.OutputField(desc="Labels of the fact sentences, e.g. R2.3.")
     answer_span_id: str = dspy.OutputField()
     answer_type: AnswerTypeName = dspy.OutputField()
-    answer: str | int | float = dspy.OutputField()
+    answer: str = dspy.OutputField()
     operations: list[str] = dspy.OutputField()
     question: str = dspy.OutputField()
 
@@ -49,7 +49,7 @@ class WriteQAPair(dspy.Signature):
     question_type: str = dspy.InputField()
     evidence_count: int = dspy.InputField()
     question: str = dspy.OutputField()
-    answer: str | int | float = dspy.OutputField()
+    answer: str = dspy.OutputField()
     answer_type: AnswerTypeName = dspy.OutputField()
     evidence_record_ids: list[str] = dspy.OutputField(
         desc="Labels of the records the answer needs, e.g. R1."

@@ -28,5 +28,5 @@ class BlindRead(dspy.Signature):
     cited_ids: list[str] = dspy.OutputField(
         desc="Labels of the sentences (R1.3) the answer comes from."
     )
-    answer: str | int | float = dspy.OutputField(desc="The shortest exact answer.")
+    answer: str = dspy.OutputField(desc="The shortest exact answer.")
     answerable: bool = dspy.OutputField()

@@ -83,8 +83,6 @@ class PlanAnswer(dspy.Signature):
     )
     answer_span_id: str = dspy.OutputField(desc="Label of the sentence with the answer.")
     answer_type: AnswerTypeName = dspy.OutputField()
-    answer: str | int | float = dspy.OutputField(
-        desc="At most six words, copied from the answer sentence."
-    )
+    answer: str = dspy.OutputField(desc="At most six words, copied from the answer sentence.")
     operations: list[str] = dspy.OutputField()
     ask: str = dspy.OutputField(desc="What the question should ask, in one sentence.")

@@ -530,13 +530,24 @@ def test_non_date_answer_facts_have_no_record_date():
     assert "record dated" not in str(lms["auditor"].history[-1]["messages"])
 
 
-def test_a_count_written_as_a_json_number_is_an_answer_not_an_lm_error():
-    # measured: the embedded planner wrote "answer": 3 for a count, which a str field rejects
-    plan = plan_reply(answer=12, answer_type="number", fact_span_ids=["R2.2"], answer_span_id="R2.2",
-                      evidence=[{"record_id": "R2", "contribution": "the number of trays"}])  # fmt: skip
-    lms = role_lms([plan], [question_reply("How many seed trays will Lila bring to the garden workshop?")],
-                   [{**audit_reply(facts=("R2.2",)), "record_checks": [{"record_id": "R2", "rationale": "trays",
-                     "verdict": "supported"}]}], [blind_reply(answer=12, cited=["c1:2#2"])])  # fmt: skip
-    out, _ = run(lms)
-    assert out.status == "accepted", out.detail
-    assert out.plan.answer == "12" and out.blind.answer == "12"
+@pytest.mark.parametrize("signature", ["plan", "blind"])
+def test_bounded_signature_parses_a_numeric_answer(signature):
+    # measured: the embedded planner wrote "answer": 3 for a count; that is the answer "3",
+    # not an lm_error after three attempts
+    from memsteer_dspy.signatures.blind_read import BlindRead
+    from memsteer_dspy.signatures.plan import PlanAnswer
+    from memsteer_dspy.supervision.limits import bounded_signature
+
+    if signature == "plan":
+        sig, raw = PlanAnswer, ('{"evidence": [{"record_id": "R1", "contribution": "count"}], "fact_span_ids": ["R1.1"], '
+                                '"answer_span_id": "R1.1", "answer_type": "number", "answer": 3, "operations": ["count"], '
+                                '"ask": "how many"}')  # fmt: skip
+    else:
+        sig, raw = BlindRead, '{"cited_ids": ["R1.1"], "answer": 3, "answerable": true}'
+    bounded = bounded_signature(sig)
+    parsed = dspy.JSONAdapter().parse(bounded, raw)
+    assert parsed["answer"] == "3"
+    schema = bounded.output_fields["answer"].annotation
+    from pydantic import TypeAdapter
+
+    assert TypeAdapter(schema).json_schema() == {"type": "string", "maxLength": 48}

@@ -13,10 +13,10 @@ LMs that decode under the schema (``local/...``, ``llamacpp/...``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import dspy
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from memsteer_dspy.signatures.audit import FactCheck, RecordCheck
 from memsteer_dspy.signatures.plan import EvidenceUse
@@ -64,6 +64,11 @@ def _text(n: int) -> type:
     return bounded_type(str, f"Text{n}", maxLength=n)
 
 
+# an answer may come back as a JSON number ("answer": 3 for a count, measured on the embedded
+# planner); it is the same answer as "3", so it validates as its text
+_Answer = Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, int | float) else v)]
+
+
 def _labels(n: int, at_least: int = 0) -> type:
     return bounded_type(
         list[bounded_type(str, "Label", maxLength=12)], f"Labels{n}", minItems=at_least, maxItems=n
@@ -74,7 +79,7 @@ def _labels(n: int, at_least: int = 0) -> type:
 LIMITS: dict[str, Any] = {
     "fact_span_ids": _labels(4, at_least=1),
     "answer_span_id": _text(12),
-    "answer": _text(48),
+    "answer": bounded_type(_Answer, "Answer48", maxLength=48),
     "evidence": bounded_type(list[BriefEvidenceUse], "EvidenceList", minItems=1, maxItems=4),
     "operations": bounded_type(
         list[bounded_type(str, "Operation", maxLength=30)], "Operations", maxItems=3
