@@ -177,13 +177,62 @@ def test_stray_facts_are_kept_when_the_answer_span_is_outside_the_evidence():
         ("When did the conversation take place?", "question:mentions_records"),
         ("What is the health profile of the user?", "question:mentions_records"),
         ("device", "question:empty"),
+        ("When was the report written?", "question:vague"),
+        ("Who is coming with me to the pottery class at Clayworks Studio?", "question:copies_demo"),
     ],
 )
 def test_question_checks(question, reason):
-    lms = role_lms([plan_reply()], [question_reply(question)])
+    # the writer is re-sampled once and writes the same unusable question again
+    lms = role_lms([plan_reply()], [question_reply(question), question_reply(question)])
     out, _ = run(lms)
     assert out.status == "rejected" and out.stage == "question" and out.reason == reason
     assert "auditor" not in out.usage
+    assert out.usage["question_writer"].calls == 2
+    assert [(r.stage, r.reason) for r in out.repairs] == [("question", f"re-sampled after {reason}")]
+
+
+@pytest.mark.parametrize(
+    ("question", "answer_type", "problem"),
+    [
+        ("When did I have lunch with Lila today?", "date", "vague"),  # which day is "today"?
+        ("When did I have lunch with Lila at Cafe Rosa?", "date", None),
+        ("Whom did I have lunch with today at Cafe Rosa?", "entity", None),
+        ("When did the walk happen?", "date", "vague"),
+        ("What did Lila bring to the garden workshop?", "entity", None),
+    ],
+)
+def test_check_question_vagueness(question, answer_type, problem):
+    from memsteer_dspy.supervision.checks import check_question
+
+    assert check_question(question, "x", answer_type) == problem
+
+
+def test_check_question_flags_a_copied_demo_question_only():
+    from memsteer_dspy.supervision.checks import check_question
+
+    demo = "Who is coming with me to the pottery class at Clayworks Studio?"
+    assert check_question("Who is coming with me to the pottery class?", "Lila", "entity", [demo]) == "copies_demo"
+    assert check_question("Who brought seed trays to the garden workshop?", "Lila", "entity", [demo]) is None
+
+
+def test_an_unusable_question_is_resampled_once_and_the_rewrite_recorded():
+    bad, good = "When was the note written?", "Which device did I use to send a quick note to Lila on March 2?"
+    lms = role_lms([plan_reply()], [question_reply(bad), question_reply(good)], [audit_reply()], [blind_reply()])
+    out, _ = run(lms)
+    assert out.status == "accepted", out.detail
+    assert out.question == good
+    rewrite = out.repairs[-1]
+    assert (rewrite.before, rewrite.after, rewrite.reason) == (bad, good, "re-sampled after question:vague")
+    # the re-sample is another rollout at a higher temperature, not the cached first answer
+    last = lms["question_writer"].history[-1]["kwargs"]
+    assert last.get("temperature") == 0.7 and last.get("rollout_id")
+
+
+def test_no_resample_without_rewrites():
+    lms = role_lms([plan_reply()], [question_reply("When was the note written?")])
+    gen = MemSteerGenerator(lms, max_retries=1, question_rewrites=0)
+    out = gen(bundle=small_bundle(), task=FACT, shuffle_seed=0).outcome
+    assert out.reason == "question:vague" and out.usage["question_writer"].calls == 1
 
 
 @pytest.mark.parametrize(

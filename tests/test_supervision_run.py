@@ -169,10 +169,18 @@ def test_rejected_lines_have_stage_and_reason(tmp_path):
 
 
 def test_near_duplicate_questions_are_removed(tmp_path):
+    # no demos: an accepted question as a demo would reject its copies earlier (question:copies_demo)
     summary = generate_supervision(laptop_history(), accepting_lms(repeat_question=True), tmp_path,
-                                   config(max_candidates=4), progress=False)  # fmt: skip
+                                   config(max_candidates=4, max_demos=0), progress=False)  # fmt: skip
     assert summary["accepted"] == 1
     assert summary["rejected_by_reason"] == {"dedup:near_duplicate": 3}
+
+
+def test_copies_of_an_accepted_demo_question_are_rejected_before_the_audit(tmp_path):
+    summary = generate_supervision(laptop_history(), accepting_lms(repeat_question=True), tmp_path,
+                                   config(max_candidates=6, batch_size=1), progress=False)  # fmt: skip
+    assert summary["accepted"] == 1
+    assert summary["rejected_by_reason"] == {"question:copies_demo": 5}
 
 
 def test_stops_when_n_items_are_accepted(tmp_path):

@@ -48,6 +48,7 @@ __all__ = [
     "Repair",
     "answer_spans",
     "check_plan",
+    "topic_words",
     "check_question",
     "resolve_plan",
 ]
@@ -340,11 +341,47 @@ _META = re.compile(
 )
 
 
-def check_question(question: str, answer: str, answer_type: str) -> str | None:
+# Words that name no topic. A standalone question names at least MIN_TOPIC_WORDS other words
+# ("When was the report written?" names two: it fits any report of the user's history).
+_FILLER = frozenset("""
+a an the and or but of to in on at for with from by about into over after before during
+i me my mine myself you your yours yourself we us our he him his she her it its they them their
+this that these those there here some any all each one ones thing things someone something
+who whom whose what when where which why how
+is are was were be been being am do does did done have has had having will would can could
+should shall may might must happen happened happens take took taken place occur occurred
+start started get got go went come came make made time day date
+""".split())
+MIN_TOPIC_WORDS = 3
+_RELATIVE_TIME = re.compile(
+    r"\b(?:today|tonight|yesterday|tomorrow|this (?:morning|afternoon|evening|week|month)|"
+    r"last (?:night|week|month))\b",
+    re.I,
+)
+
+
+def topic_words(question: str) -> list[str]:
+    """The words of a question that name what it is about (normalized; filler words removed)."""
+    return [w for w in normalize_text(question).split() if w not in _FILLER]
+
+
+def _overlap(a: list[str], b: list[str]) -> float:
+    sa, sb = set(a), set(b)
+    return len(sa & sb) / len(sa | sb) if sa and sb else 0.0
+
+
+def check_question(
+    question: str, answer: str, answer_type: str, demo_questions: Iterable[str] = ()
+) -> str | None:
     """Why a written question is unusable (a reason code), or None when it is fine.
 
     ``empty`` — no question; ``not_a_question`` — no question mark and no question word;
-    ``mentions_records`` — refers to "the records", "the document", span labels…;
+    ``mentions_records`` — refers to "the records", "the document", "the user", span labels…;
+    ``vague`` — names fewer than :data:`MIN_TOPIC_WORDS` topic words, or asks for a date by a
+    time relative to a day nobody is told ("When did I have lunch today?"): it is not standalone;
+    ``copies_demo`` — mostly the words of a few-shot demonstration's question (a small LM copies
+    its demonstrations: measured, "Who is coming with me to the pottery class at Clayworks
+    Studio?" came back word for word on a history without any pottery class);
     ``leaks_answer`` — contains the answer (text, entity, date and list answers).
     """
     q = (question or "").strip()
@@ -356,6 +393,11 @@ def check_question(question: str, answer: str, answer_type: str) -> str | None:
         return "not_a_question"
     if _META.search(q):
         return "mentions_records"
+    topic = topic_words(q)
+    if len(topic) < MIN_TOPIC_WORDS or (str(answer_type) == "date" and _RELATIVE_TIME.search(q)):
+        return "vague"
+    if any(_overlap(topic, topic_words(d)) >= 0.5 for d in demo_questions):
+        return "copies_demo"
     kind = str(answer_type)
     if (
         kind in ("text", "entity", "date")

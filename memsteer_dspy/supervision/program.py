@@ -163,6 +163,7 @@ class _Request:
     stage: str
     inputs: dict[str, Any]
     usage: dict[str, RoleCost]
+    resample: int = 0  # > 0: a deliberate re-sample (another rollout at temperature 0.7)
 
 
 Pipeline = Generator[_Request, dspy.Prediction, Outcome]
@@ -219,8 +220,10 @@ class _Generator(dspy.Module):
         max_answer_words: int = 10,
         bounded: bool = False,
         cold_start: bool = True,
+        question_rewrites: int = 1,
     ):
         super().__init__()
+        self.question_rewrites = question_rewrites
         self.bounded = bounded
         self.cold_start = cold_start
         self.checks = checks
@@ -265,8 +268,8 @@ class _Generator(dspy.Module):
         last: BaseException | None = None
         for attempt in range(self.max_retries + 1):
             config: dict[str, Any] = {"max_tokens": MAX_TOKENS.get(request.stage, 600)}
-            if attempt:
-                config.update(rollout_id=attempt, temperature=0.7)
+            if attempt or request.resample:
+                config.update(rollout_id=attempt + 10 * request.resample, temperature=0.7)
             before = len(getattr(lm, "history", None) or [])
             start = time.perf_counter()
             out = None
@@ -401,6 +404,11 @@ class _Generator(dspy.Module):
             issues = [i for i in issues if i.code.value not in skip]
         return resolved, issues, repairs
 
+    def _question_problem(self, question: str, plan: AnswerPlan) -> str | None:
+        """:func:`~memsteer_dspy.supervision.checks.check_question` against the current demos."""
+        demos = {str(d.question) for p in self.predictors() for d in p.demos if d.get("question")}
+        return check_question(question, plan.answer, str(plan.answer_type), demos)
+
     def _verify(
         self,
         bundle: Bundle,
@@ -417,9 +425,7 @@ class _Generator(dspy.Module):
         base = {"plan": plan, "question": question, "repairs": repairs}
         if not self.checks:
             return Outcome(status="accepted", usage=usage, **base)
-        problem = (
-            check_question(question, plan.answer, str(plan.answer_type)) if question_check else None
-        )
+        problem = self._question_problem(question, plan) if question_check else None
         if problem:
             return _rejected("question", f"question:{problem}", question, usage, **base)
         facts = _fact_lines(view, bundle, plan)
@@ -618,14 +624,21 @@ class MemSteerGenerator(_Generator):
         if issues and self.checks:
             return _plan_rejection(plan, issues, repairs, usage)
         evidence_view = bundle.subset(plan.evidence_ids).view() if plan.evidence_ids else view
-        try:
-            q = yield _Request("write_question", "question", {
-                "records": evidence_view.text, "ask": plan.ask, "facts": _fact_lines(None, bundle, plan),
-                "answer": plan.answer, "answer_type": str(plan.answer_type),
-            }, usage)  # fmt: skip
-        except _LMFailure as exc:
-            return _rejected(exc.stage, "lm_error", exc.detail, usage, plan=plan, repairs=repairs)
-        question = str(q.question or "").strip()
+        inputs = {"records": evidence_view.text, "ask": plan.ask, "facts": _fact_lines(None, bundle, plan),
+                  "answer": plan.answer, "answer_type": str(plan.answer_type)}  # fmt: skip
+        question = ""
+        for attempt in range(self.question_rewrites + 1):
+            try:
+                q = yield _Request("write_question", "question", inputs, usage, resample=attempt)
+            except _LMFailure as exc:
+                return _rejected(exc.stage, "lm_error", exc.detail, usage, plan=plan, repairs=repairs)
+            previous, question = question, str(q.question or "").strip()
+            if attempt:
+                repairs.append(Repair(stage="question", field="question", before=previous, after=question,
+                                      reason=f"re-sampled after question:{problem}"))  # fmt: skip
+            problem = self._question_problem(question, plan) if self.checks else None
+            if problem is None:
+                break
         return (yield from self._verify(bundle, view, plan, question, usage, shuffle_seed, repairs))
 
     def _demo_examples(
