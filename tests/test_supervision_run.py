@@ -336,3 +336,9 @@ def test_generate_command(tmp_path, monkeypatch):
     assert (out / "train.jsonl").exists() and (out / "dataset").is_dir()
     bad = CliRunner().invoke(app, [*args[:-1], "--method", "magic"])
     assert bad.exit_code != 0 and "magic" not in (out / "run.json").read_text()
+
+
+def test_bootstrapped_demos_default_off_for_bounded_in_process_lms():
+    assert config().demo_limit == 2
+    assert config(bounded=True).demo_limit == 0
+    assert config(bounded=True, max_demos=3).demo_limit == 3

@@ -105,11 +105,14 @@ def generate(
         ),
     ] = 8,
     max_demos: Annotated[
-        int,
+        int | None,
         typer.Option(
-            "--max-demos", min=0, help="Few-shot demonstrations bootstrapped from accepted items."
+            "--max-demos",
+            min=0,
+            help="Few-shot demonstrations bootstrapped from accepted items (default 2; 0 for the "
+            "embedded model, which copies a real demo's answer into other bundles).",
         ),
-    ] = 2,
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Generate verified QA-evidence supervision (train.jsonl, val.jsonl, rejected.jsonl,

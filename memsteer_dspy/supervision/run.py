@@ -79,7 +79,13 @@ class GenerationConfig(BaseModel):
         default=8, ge=1, description="Candidates run stage by stage together (one thread)."
     )
     train_fraction: float = Field(default=0.6, gt=0, lt=1)
-    max_demos: int = Field(default=2, ge=0)
+    max_demos: int | None = Field(
+        default=None,
+        ge=0,
+        description="Few-shot demonstrations bootstrapped from accepted items (None: 2, or 0 when "
+        "bounded: measured on the embedded 1.5B model, a planner shown a real accepted item copies "
+        "its answer into other bundles; the fictional cold-start demo stays).",
+    )
     max_retries: int = Field(default=2, ge=0)
     bounded: bool = Field(
         default=False,
@@ -91,6 +97,12 @@ class GenerationConfig(BaseModel):
     dedup_threshold: float = Field(default=0.8, gt=0, le=1)
     bundle: BundleConfig = Field(default_factory=BundleConfig)
     graph: dict[str, Any] = Field(default_factory=lambda: asdict(GraphParams()))
+
+    @property
+    def demo_limit(self) -> int:
+        if self.max_demos is not None:
+            return self.max_demos
+        return 0 if self.bounded else 2
 
     @property
     def candidate_limit(self) -> int:
@@ -589,7 +601,7 @@ def generate_supervision(
     sampler = BundleSampler(graph, config.bundle, seed=config.seed, max_candidates=config.candidate_limit,
                             method="random" if config.method == "naive" else "graph")  # fmt: skip
     generator = make_generator(
-        config.method, lms, checks=config.checks, max_retries=config.max_retries, max_demos=config.max_demos,
+        config.method, lms, checks=config.checks, max_retries=config.max_retries, max_demos=config.demo_limit,
         bounded=config.bounded, cold_start=config.cold_start,
     )  # fmt: skip
     log = read_log(out)
