@@ -182,3 +182,25 @@ def test_an_invalid_change_names_the_value_given_and_keeps_the_reply():
     assert "you proposed store.window_size = three records" in field_value(
         lm.calls[1]["user"], "revision_history"
     )
+
+
+def test_a_design_naming_a_model_folder_that_is_not_here_is_sent_back_once(tmp_path):
+    # measured on the embedded proposer: rerank cross_encoder with reranker_model
+    # "bge-reranker-v2-m3", a folder this machine does not have; the build failed a whole iteration
+    lm = ProposerLM([
+        changes(("retrieve.rerank", '"cross_encoder"'), ("retrieve.reranker_model", '"bge-reranker-v2-m3"')),
+        changes(("retrieve.rerank", '"llm"')),
+    ])  # fmt: skip
+    out = DesignProposer(lm, output="changes")(BASE, HISTORY, "fb", seen=SEEN, iteration=1)
+    assert [a.kind for a in out.attempts] == ["invalid", "ok"]
+    assert "retrieve.reranker_model" in out.attempts[0].error
+    assert "no local reranker model folder" in field_value(lm.calls[1]["user"], "revision_history")
+    assert out.design.retrieve.rerank == "llm"
+
+
+def test_a_local_model_folder_that_exists_passes_the_check(tmp_path):
+    folder = tmp_path / "my-reranker"
+    folder.mkdir()
+    lm = ProposerLM([changes(("retrieve.rerank", '"cross_encoder"'), ("retrieve.reranker_model", json.dumps(str(folder))))])
+    out = DesignProposer(lm, output="changes")(BASE, HISTORY, "fb", seen=SEEN, iteration=1)
+    assert out.status == "ok" and out.design.retrieve.reranker_model == str(folder)

@@ -21,7 +21,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -224,6 +224,17 @@ def load_embedder(
             if backend == "flagembedding" or not (path / "modules.json").exists():
                 raise
     return SentenceTransformerEmbedder(path, name=str(path), query_instruction=query_instruction)
+
+
+def check_local_models(design: Any) -> None:
+    """Raise :class:`InputError` naming the field when a design points at a local model folder
+    that is not there (a dense embedder path, a cross-encoder reranker path). Cheap: nothing is
+    loaded. The named embedders (``minilm``, ``wordllama``) ship as packages and always pass."""
+    retrieve = design.retrieve
+    if retrieve.index in ("dense", "hybrid") and retrieve.dense.embedder not in ("minilm", "wordllama"):
+        local_model_path(retrieve.dense.embedder, field="retrieve.dense.embedder", what="embedding model")
+    if retrieve.rerank == "cross_encoder" and retrieve.reranker_model:
+        local_model_path(retrieve.reranker_model, field="retrieve.reranker_model", what="reranker model")
 
 
 # --------------------------------------------------------------------------------------------

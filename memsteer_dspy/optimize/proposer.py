@@ -24,6 +24,7 @@ design under the full schema's grammar took tens of minutes per proposal.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Literal
 
 import dspy
@@ -32,6 +33,7 @@ from pydantic import BaseModel, Field
 
 from memsteer_dspy.errors import InputError
 from memsteer_dspy.memory.design import MemoryDesign, design_json_schema
+from memsteer_dspy.memory.embedders import check_local_models
 from memsteer_dspy.signatures.propose import DesignChange, ProposeDesign, ProposeDesignChanges
 from memsteer_dspy.tokens import count_tokens, truncate_to_tokens
 
@@ -240,14 +242,19 @@ class DesignProposer(dspy.Module):
         history_tokens: token budget of the rendered revision history.
         output: ``"design"`` (the whole revised design, the design schema as structured output) or
             ``"changes"`` (only the fields to change; for small local models).
+        check: raises :class:`InputError` for a valid design this machine cannot build (default:
+            :func:`~memsteer_dspy.memory.embedders.check_local_models`, a model folder that is not
+            there); such a proposal is sent back once with the error, like an invalid one.
     """
 
     def __init__(
         self, lm: Any = None, *, fixed_budget: int | None = None, max_resamples: int = 3,
         resample_temperature: float = 0.7, history_tokens: int = HISTORY_TOKENS,
         output: Literal["design", "changes"] = "design",
+        check: Callable[[MemoryDesign], None] | None = check_local_models,
     ):  # fmt: skip
         super().__init__()
+        self.check = check
         if output not in ("design", "changes"):
             raise ValueError(f"output must be 'design' or 'changes', not {output!r}")
         self.output = output
@@ -316,6 +323,8 @@ class DesignProposer(dspy.Module):
                     design = pred.design
                     if not isinstance(design, MemoryDesign):
                         design = MemoryDesign.from_dict(design)
+                if self.check is not None:
+                    self.check(design)  # e.g. a model folder that is not on this machine
             except Exception as exc:  # noqa: BLE001 - sorted below: parse/validation vs LM failure
                 design = None
                 if _is_parse_error(exc):
