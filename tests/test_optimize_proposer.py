@@ -204,3 +204,48 @@ def test_a_local_model_folder_that_exists_passes_the_check(tmp_path):
     lm = ProposerLM([changes(("retrieve.rerank", '"cross_encoder"'), ("retrieve.reranker_model", json.dumps(str(folder))))])
     out = DesignProposer(lm, output="changes")(BASE, HISTORY, "fb", seen=SEEN, iteration=1)
     assert out.status == "ok" and out.design.retrieve.reranker_model == str(folder)
+
+
+def test_exploration_offers_only_fields_not_tried_since_the_last_accept(monkeypatch):
+    import memsteer_dspy.optimize.proposer as proposer_module
+    from memsteer_dspy.optimize.proposer import RevisionEntry, tried_fields
+
+    offered: list[tuple[str, ...]] = []
+    real = proposer_module.changes_signature
+    monkeypatch.setattr(proposer_module, "changes_signature", lambda allowed: offered.append(allowed) or real(allowed))
+    history = [
+        RevisionEntry(iteration=0, status="baseline"),
+        RevisionEntry(iteration=1, status="rejected", changes=["retrieve.top_k: 20 -> 40"]),
+        RevisionEntry(iteration=2, status="accepted", changes=['store.unit: "record" -> "window"']),
+        RevisionEntry(iteration=3, status="rejected", changes=['retrieve.query: "raw" -> "hyde"']),
+        RevisionEntry(iteration=4, status="duplicate", changes=["retrieve.bm25.k1: 1.5 -> 1.2"]),
+    ]
+    assert tried_fields(history) == {"retrieve.query", "retrieve.bm25.k1"}
+    # the first reply is invalid (pool < top_k): the re-ask no longer offers retrieve.pool either
+    lm = ProposerLM([changes(("retrieve.pool", "5")), changes(("retrieve.top_k", "30"))])
+    out = DesignProposer(lm, output="changes", fixed_budget=BASE.context.budget_tokens)(
+        BASE, history, "fb", seen=SEEN, iteration=5
+    )
+    assert out.status == "ok" and out.design.retrieve.top_k == 30
+    first, second = offered
+    assert "retrieve.query" not in first and "retrieve.bm25.k1" not in first
+    assert "retrieve.top_k" in first and "store.unit" in first  # tried before the accept: offered again
+    assert "context.budget_tokens" not in first  # the fixed budget is never offered
+    assert "retrieve.pool" in first and "retrieve.pool" not in second
+    assert "not offered: retrieve.bm25.k1, retrieve.pool, retrieve.query" in out.attempts[-1].notes[0]
+    # the schema handed to the LM lists only the offered fields and asks for at least one change
+    schema = real(first).output_fields["changes"].annotation
+    from pydantic import TypeAdapter
+
+    js = TypeAdapter(schema).json_schema()
+    assert js["minItems"] == 1 and set(js["$defs"]["DesignChange"]["properties"]["field"]["enum"]) == set(first)
+
+
+def test_every_field_is_offered_again_when_few_are_left():
+    from memsteer_dspy.optimize.proposer import MIN_UNTRIED_FIELDS
+    from memsteer_dspy.signatures.propose import DESIGN_FIELDS
+
+    proposer = DesignProposer(ProposerLM([]), output="changes")
+    almost_all = set(DESIGN_FIELDS[: len(DESIGN_FIELDS) - MIN_UNTRIED_FIELDS + 1])
+    assert proposer._allowed_fields(almost_all) == tuple(DESIGN_FIELDS)
+    assert DesignProposer(ProposerLM([]), output="design")._allowed_fields(set()) is None
