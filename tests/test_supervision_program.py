@@ -223,9 +223,11 @@ def test_an_unusable_question_is_resampled_once_and_the_rewrite_recorded():
     assert out.question == good
     rewrite = out.repairs[-1]
     assert (rewrite.before, rewrite.after, rewrite.reason) == (bad, good, "re-sampled after question:vague")
-    # the re-sample is another rollout at a higher temperature, not the cached first answer
-    last = lms["question_writer"].history[-1]["kwargs"]
-    assert last.get("temperature") == 0.7 and last.get("rollout_id")
+    # the re-sample is another rollout at a higher temperature, told what was wrong
+    last = lms["question_writer"].history[-1]
+    assert last["kwargs"].get("temperature") == 0.7 and last["kwargs"].get("rollout_id")
+    assert "Not like 'When was the note written?' (vague): name the people, places" in " ".join(m["content"] for m in last["messages"])
+    assert "Not like" not in str(lms["question_writer"].history[0]["messages"])
 
 
 def test_no_resample_without_rewrites():

@@ -469,6 +469,23 @@ class _Generator(dspy.Module):
         return _rejected("blind", reason, detail, usage, audit=audit, blind=blind, **base)
 
 
+_REWRITE_HINTS = {
+    "vague": "name the people, places, things or events it is about, and no relative day such as 'today'",
+    "mentions_records": "ask about the user's own life, never about 'the user', 'the conversation' or the records",
+    "leaks_answer": "do not put the answer in the question",
+    "copies_demo": "ask about these records, not about the example",
+    "empty": "write one complete question ending with '?'",
+    "not_a_question": "write one complete question ending with '?'",
+}
+
+
+def rewrite_ask(ask: str, question: str, problem: str | None) -> str:
+    """The plan's ``ask`` for a re-sampled question: the rejected question and what to fix (the
+    measured embedded writer returned the same question at temperature 0.7 when told nothing)."""
+    hint = _REWRITE_HINTS.get(problem or "", "write a different question")
+    return f"{ask.rstrip('. ')}. Not like {question!r} ({problem}): {hint}."
+
+
 def _fact_lines(view: BundleView | None, bundle: Bundle, plan: AnswerPlan) -> list[str]:
     """The plan's facts as ``'<span label>: <statement>'`` (just the statement without a ``view``).
 
@@ -626,8 +643,10 @@ class MemSteerGenerator(_Generator):
         evidence_view = bundle.subset(plan.evidence_ids).view() if plan.evidence_ids else view
         inputs = {"records": evidence_view.text, "ask": plan.ask, "facts": _fact_lines(None, bundle, plan),
                   "answer": plan.answer, "answer_type": str(plan.answer_type)}  # fmt: skip
-        question = ""
+        question, problem = "", None
         for attempt in range(self.question_rewrites + 1):
+            if attempt:  # say what was wrong: at temperature 0.7 alone the same question came back
+                inputs = {**inputs, "ask": rewrite_ask(plan.ask, question, problem)}
             try:
                 q = yield _Request("write_question", "question", inputs, usage, resample=attempt)
             except _LMFailure as exc:
