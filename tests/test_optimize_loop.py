@@ -317,3 +317,27 @@ def test_changes_proposer_output_runs_the_same_loop(tmp_path):
         "[[ ## changes ## ]]" not in lm.calls[0]["user"]
         and "changes" in lm.history[0]["messages"][0]["content"]
     )
+
+
+def test_a_store_over_the_build_call_budget_is_sent_back_to_the_proposer(tmp_path):
+    # measured on the embedded proposer: store.unit "facts" over Elena_Morales' 1,341 records needs
+    # ~336 extraction calls (hours on a CPU) for one recall screening
+    from memsteer_dspy.memory.design import store_build_calls
+
+    facts = changed(NARROW, store__unit="facts")
+    assert store_build_calls(MemoryDesign.from_dict(facts), 10) == 3  # facts_batch 4
+    assert store_build_calls(NARROW, 10_000) == 0
+    lm = ProposerLM([proposal(facts), proposal(wide(2))])
+    opt = MemSteerOpt(
+        small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=NARROW,
+        config=OptimizeConfig(iterations=1, objective="recall", max_build_calls=0), lms={"proposer": lm},
+    )  # fmt: skip
+    res = opt.run()
+    assert [e.status for e in res.entries] == ["baseline", "accepted"]
+    attempts = res.entries[1].attempts
+    assert attempts[0].kind == "invalid" and "store.unit" in attempts[0].error
+    assert "needs about" in field_value(lm.calls[1]["user"], "revision_history")
+
+
+def test_no_build_call_limit_by_default():
+    assert OptimizeConfig().max_build_calls is None

@@ -128,6 +128,16 @@ def optimize(
             help="'design' (the whole revised design as structured output) or 'changes' (only the fields to change: a much shorter output, for small local proposers).",
         ),
     ] = "design",
+    max_build_calls: Annotated[
+        int | None,
+        typer.Option(
+            "--max-build-calls",
+            min=0,
+            help="Most LM calls a candidate design may take to build its store (fact extraction); a "
+            "design over it is sent back to the proposer. Default: 0 when the answerer is an "
+            "in-process model (fact extraction over a whole history takes hours on a CPU), else no limit.",
+        ),
+    ] = None,
     tracking_uri: Annotated[
         str | None,
         typer.Option(
@@ -190,7 +200,7 @@ def optimize(
     config = OptimizeConfig(
         iterations=iterations, objective=objective, feedback=feedback, seed=seed, feedback_tokens=feedback_tokens,
         protocol=protocol or ("as_of" if history.format == "rhelm" else "full"), threads=threads,
-        proposer_output=proposer_output,
+        proposer_output=proposer_output, max_build_calls=_build_call_limit(max_build_calls, lm_config),
     )  # fmt: skip
     tracker = _tracker(out, loaded, tracking_uri, no_tracking)
     if dspy_autolog:
@@ -324,3 +334,9 @@ def tune_prompts(
     typer.echo(f"wrote {out / 'tuned_program.json'} and {out / 'instructions.json'}")
     if result.tracking_uri:
         typer.echo(f"MLflow runs: mlflow ui --backend-store-uri {result.tracking_uri}")
+
+
+def _build_call_limit(given: int | None, lm_config) -> int | None:
+    if given is not None:
+        return given
+    return 0 if getattr(lm_config.spec("answerer"), "backend", "litellm") in ("local", "llamacpp") else None

@@ -449,3 +449,11 @@ def design_error(exc: ValidationError, *, source: str | Path | None = None) -> I
 def design_json_schema() -> dict[str, Any]:
     """The JSON schema of :class:`MemoryDesign` (what the design proposer reads)."""
     return MemoryDesign.model_json_schema()
+
+
+def store_build_calls(design: MemoryDesign, n_records: int) -> int:
+    """LM calls building ``design``'s store over ``n_records`` records takes: fact extraction is
+    one call per ``facts_batch`` records; every other unit needs none."""
+    if design.store.unit != "facts":
+        return 0
+    return -(-n_records // design.store.facts_batch)

@@ -37,7 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from memsteer_dspy.errors import ConfigError, InputError
-from memsteer_dspy.memory.design import MemoryDesign
+from memsteer_dspy.memory.design import MemoryDesign, store_build_calls
 from memsteer_dspy.optimize.diagnosis import Diagnosis, diagnose_failures, stage_counts
 from memsteer_dspy.optimize.feedback import FEEDBACK_MODES, Feedback, FeedbackMode, build_feedback
 from memsteer_dspy.optimize.objectives import (
@@ -91,6 +91,12 @@ class OptimizeConfig(BaseModel):
     threads: int = Field(1, ge=1, description="QA items evaluated concurrently.")
     max_resamples: int = Field(3, ge=0, description="Re-samples of a duplicate proposal.")
     resample_temperature: float = Field(0.7, gt=0, le=2)
+    max_build_calls: int | None = Field(
+        None,
+        ge=0,
+        description="Most LM calls a candidate's store may take to build (fact extraction: one call "
+        "per facts_batch records); a design over it is sent back to the proposer. None: no limit.",
+    )
     proposer_output: Literal["design", "changes"] = Field(
         "design",
         description="'design': the whole revised design; 'changes': only the fields to change (small LMs).",
@@ -315,11 +321,27 @@ class MemSteerOpt:
             self._proposer = DesignProposer(
                 self.lm("proposer"), fixed_budget=self.fixed_budget, max_resamples=self.config.max_resamples,
                 resample_temperature=self.config.resample_temperature, history_tokens=self.config.history_tokens,
-                output=self.config.proposer_output,
+                output=self.config.proposer_output, check=self._check_buildable,
             )  # fmt: skip
         elif self._proposer.fixed_budget is None:
             self._proposer.fixed_budget = self.fixed_budget
         return self._proposer
+
+    def _check_buildable(self, design: MemoryDesign) -> None:
+        """Raise :class:`InputError` naming the field when this machine cannot build ``design``: a
+        model folder that is not there, or a store over the ``max_build_calls`` budget."""
+        from memsteer_dspy.memory.embedders import check_local_models
+
+        check_local_models(design)
+        limit = self.config.max_build_calls
+        needed = store_build_calls(design, len(self.history))
+        if limit is not None and needed > limit:
+            raise InputError(
+                f"store.unit {design.store.unit!r} needs about {needed} LM calls to build over "
+                f"{len(self.history)} records; this run allows {limit}",
+                field="store.unit",
+                hint="choose a unit that needs no LM to build: record, window, thread or section",
+            )
 
     def system(self, design: MemoryDesign):
         """The memory system of ``design`` (store and index reused from the cache when they exist)."""
