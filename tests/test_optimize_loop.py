@@ -341,3 +341,21 @@ def test_a_store_over_the_build_call_budget_is_sent_back_to_the_proposer(tmp_pat
 
 def test_no_build_call_limit_by_default():
     assert OptimizeConfig().max_build_calls is None
+
+
+def test_a_saved_proposal_over_the_new_build_budget_is_proposed_again(tmp_path):
+    facts = changed(NARROW, store__unit="facts")
+    opt, _ = run(tmp_path, [proposal(facts)], iterations=1)
+    opt._iter_dir(1).mkdir(parents=True, exist_ok=True)
+    from memsteer_dspy.optimize.proposer import Proposal
+
+    saved = Proposal(status="ok", design=MemoryDesign.from_dict(facts))
+    (opt._iter_dir(1) / "proposal.json").write_text(saved.model_dump_json())
+    lm = ProposerLM([proposal(wide(2))])
+    resumed = MemSteerOpt(
+        small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=NARROW,
+        config=OptimizeConfig(iterations=1, objective="recall", max_build_calls=0), lms={"proposer": lm},
+    )  # fmt: skip
+    res = resumed.run()
+    assert [e.status for e in res.entries] == ["baseline", "accepted"]
+    assert res.entries[1].design["store"]["unit"] == "record" and len(lm.calls) == 1

@@ -488,6 +488,11 @@ class MemSteerOpt:
                 saved = Proposal.model_validate_json(path.read_text(encoding="utf-8"))
             except ValueError:
                 saved = None
+            if saved is not None and saved.design is not None:
+                try:  # the run's limits may have changed since (e.g. --max-build-calls)
+                    self._check_buildable(saved.design)
+                except InputError:
+                    saved = None
             if saved is not None and saved.status != "failed":  # an LM failure is asked again
                 return saved
         seen = {
