@@ -249,3 +249,15 @@ def test_every_field_is_offered_again_when_few_are_left():
     almost_all = set(DESIGN_FIELDS[: len(DESIGN_FIELDS) - MIN_UNTRIED_FIELDS + 1])
     assert proposer._allowed_fields(almost_all) == tuple(DESIGN_FIELDS)
     assert DesignProposer(ProposerLM([]), output="design")._allowed_fields(set()) is None
+
+
+def test_a_list_field_written_as_text_is_read_as_a_list():
+    from memsteer_dspy.optimize.proposer import apply_changes
+    from memsteer_dspy.signatures.propose import DesignChange
+
+    design = apply_changes(BASE, [DesignChange(field="store.fields", value="text, date, subject")])
+    assert design.store.fields == ["text", "date", "subject"]
+    design = apply_changes(BASE, [DesignChange(field="store.fields", value="text")])
+    assert design.store.fields == ["text"]
+    design = apply_changes(BASE, [DesignChange(field="store.fields", value='["text", "author"]')])
+    assert design.store.fields == ["text", "author"]

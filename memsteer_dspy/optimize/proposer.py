@@ -241,6 +241,10 @@ def apply_changes(current: MemoryDesign, changes: list[DesignChange]) -> MemoryD
         *parents, last = ch.field.split(".")
         for part in parents:
             node = node[part]
+        if isinstance(node.get(last), list) and isinstance(value, str):
+            # a list field written as text: "text, author" (measured: the embedded proposer wrote
+            # list values this way in 2 of 3 invalid proposals)
+            value = [v.strip().strip("'\"") for v in value.strip("[]").split(",") if v.strip()]
         node[last] = value
     return MemoryDesign.from_dict(data)
 
