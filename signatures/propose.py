@@ -83,7 +83,9 @@ class DesignChange(BaseModel):
     field: DesignField = Field(
         description="The dotted path of the design field, e.g. retrieve.top_k."
     )
-    value: str = Field(description='The new value as JSON: 40, "window", true, ["text", "date"].')
+    value: str | int | float | bool | list[str] | None = Field(
+        description='The new value: 40, "window", true, ["text", "date"] (a JSON string of it also works).'
+    )
 
 
 class ProposeDesignChanges(dspy.Signature):

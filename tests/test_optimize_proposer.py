@@ -238,7 +238,13 @@ def test_exploration_offers_only_fields_not_tried_since_the_last_accept(monkeypa
     from pydantic import TypeAdapter
 
     js = TypeAdapter(schema).json_schema()
-    assert js["minItems"] == 1 and set(js["$defs"]["DesignChange"]["properties"]["field"]["enum"]) == set(first)
+    alternatives = js["items"]["anyOf"]
+    assert js["minItems"] == 1 and [a["properties"]["field"]["const"] for a in alternatives] == list(first)
+    # each field's value is typed: an integer with its bounds, a list of allowed names, ...
+    by_field = {a["properties"]["field"]["const"]: a["properties"]["value"] for a in alternatives}
+    assert by_field["retrieve.top_k"]["type"] == "integer" and by_field["retrieve.top_k"]["minimum"] >= 1
+    assert set(by_field["store.unit"]["enum"]) >= {"record", "window", "facts"}
+    assert by_field["store.fields"]["type"] == "array" and "text" in by_field["store.fields"]["items"]["enum"]
 
 
 def test_every_field_is_offered_again_when_few_are_left():
@@ -261,3 +267,18 @@ def test_a_list_field_written_as_text_is_read_as_a_list():
     assert design.store.fields == ["text"]
     design = apply_changes(BASE, [DesignChange(field="store.fields", value='["text", "author"]')])
     assert design.store.fields == ["text", "author"]
+
+
+def test_typed_values_from_the_grammar_are_applied_as_they_are():
+    from memsteer_dspy.optimize.proposer import apply_changes
+    from memsteer_dspy.signatures.propose import DesignChange
+
+    design = apply_changes(BASE, [DesignChange(field="store.window_size", value=4),
+                                  DesignChange(field="store.unit", value="window"),
+                                  DesignChange(field="store.fields", value=["text", "date"]),
+                                  DesignChange(field="retrieve.time_filter", value=False)])  # fmt: skip
+    assert (design.store.window_size, design.store.unit, design.store.fields) == (4, "window", ["text", "date"])
+    assert design.retrieve.time_filter is False
+    lm = ProposerLM([{"rationale": "r", "changes": [{"field": "retrieve.top_k", "value": 30}]}])
+    out = DesignProposer(lm, output="changes")(BASE, HISTORY, "fb", seen=SEEN, iteration=1)
+    assert out.status == "ok" and out.design.retrieve.top_k == 30
