@@ -240,7 +240,7 @@ PRESET_VALUES: dict[str, dict[str, dict[str, Any]]] = {
     },
     "small": {
         "dataset": {"personas": ["Elena_Morales"], "eval_items": 8},
-        "budgets": {"supervision": 4, "max_candidates": 8, "train_fraction": 0.6, "official_train": 2,
+        "budgets": {"supervision": 4, "max_candidates": 24, "train_fraction": 0.6, "official_train": 2,
                     "official_val": 2, "iterations": 1, "context_tokens": 1000, "quality_items": 4,
                     "bundle_profile": "small", "batch_size": 4, "feedback_tokens": 1500, "max_resamples": 1},
         "transfer": {"source_train": ["Elena_Morales"], "source_val": ["Elena_Morales"], "held_out": [],
