@@ -248,8 +248,9 @@ def test_exploration_offers_only_fields_not_tried_since_the_last_accept(monkeypa
 
 
 def test_every_field_is_offered_again_when_few_are_left():
-    from memsteer_dspy.optimize.proposer import MIN_UNTRIED_FIELDS
     from memsteer_dspy.signatures.propose import DESIGN_FIELDS
+
+    from memsteer_dspy.optimize.proposer import MIN_UNTRIED_FIELDS
 
     proposer = DesignProposer(ProposerLM([]), output="changes")
     almost_all = set(DESIGN_FIELDS[: len(DESIGN_FIELDS) - MIN_UNTRIED_FIELDS + 1])
@@ -258,8 +259,9 @@ def test_every_field_is_offered_again_when_few_are_left():
 
 
 def test_a_list_field_written_as_text_is_read_as_a_list():
-    from memsteer_dspy.optimize.proposer import apply_changes
     from memsteer_dspy.signatures.propose import DesignChange
+
+    from memsteer_dspy.optimize.proposer import apply_changes
 
     design = apply_changes(BASE, [DesignChange(field="store.fields", value="text, date, subject")])
     assert design.store.fields == ["text", "date", "subject"]
@@ -270,8 +272,9 @@ def test_a_list_field_written_as_text_is_read_as_a_list():
 
 
 def test_typed_values_from_the_grammar_are_applied_as_they_are():
-    from memsteer_dspy.optimize.proposer import apply_changes
     from memsteer_dspy.signatures.propose import DesignChange
+
+    from memsteer_dspy.optimize.proposer import apply_changes
 
     design = apply_changes(BASE, [DesignChange(field="store.window_size", value=4),
                                   DesignChange(field="store.unit", value="window"),
@@ -282,3 +285,11 @@ def test_typed_values_from_the_grammar_are_applied_as_they_are():
     lm = ProposerLM([{"rationale": "r", "changes": [{"field": "retrieve.top_k", "value": 30}]}])
     out = DesignProposer(lm, output="changes")(BASE, HISTORY, "fb", seen=SEEN, iteration=1)
     assert out.status == "ok" and out.design.retrieve.top_k == 30
+
+
+def test_a_budget_fixed_after_construction_is_never_offered():
+    # the loop builds its proposer before it knows the budget and sets fixed_budget afterwards
+    proposer = DesignProposer(ProposerLM([]), output="changes")
+    assert "context.budget_tokens" in proposer._allowed_fields(set())
+    proposer.fixed_budget = 1000
+    assert "context.budget_tokens" not in proposer._allowed_fields(set())

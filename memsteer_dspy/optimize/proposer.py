@@ -322,8 +322,6 @@ class DesignProposer(dspy.Module):
         super().__init__()
         self.check = check
         self.explore = explore
-        # the context budget is fixed (pinned back when changed): never offered as a change
-        self.pinned_fields = {"context.budget_tokens"} if fixed_budget is not None else set()
         if output not in ("design", "changes"):
             raise ValueError(f"output must be 'design' or 'changes', not {output!r}")
         self.output = output
@@ -351,6 +349,12 @@ class DesignProposer(dspy.Module):
                 )  # fmt: skip
         finally:
             self.propose.signature = original
+
+    @property
+    def pinned_fields(self) -> set[str]:
+        """Fields never offered as a change: the context budget when it is fixed (a proposal that
+        changes it is pinned back). Derived, since the loop may set ``fixed_budget`` later."""
+        return {"context.budget_tokens"} if self.fixed_budget is not None else set()
 
     def _allowed_fields(self, exclude: set[str]) -> tuple[str, ...] | None:
         """The fields a "changes" proposal may name: those not tried since the last accept (all of
