@@ -21,11 +21,12 @@ def wide(k: int) -> dict:
     return changed(NARROW, retrieve__top_k=k, retrieve__pool=max(k, 1))
 
 
-def run(tmp_path, replies, *, iterations, objective="recall", lms=None, **kw):
+def run(tmp_path, replies, *, iterations, objective="recall", lms=None, max_build_calls=None, **kw):
     lm = ProposerLM(replies)
+    config = OptimizeConfig(iterations=iterations, objective=objective, max_build_calls=max_build_calls)
     opt = MemSteerOpt(
         small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=NARROW,
-        config=OptimizeConfig(iterations=iterations, objective=objective), lms={"proposer": lm, **(lms or {})}, **kw,
+        config=config, lms={"proposer": lm, **(lms or {})}, **kw,
     )  # fmt: skip
     return opt, lm
 
@@ -327,11 +328,7 @@ def test_a_store_over_the_build_call_budget_is_sent_back_to_the_proposer(tmp_pat
     facts = changed(NARROW, store__unit="facts")
     assert store_build_calls(MemoryDesign.from_dict(facts), 10) == 3  # facts_batch 4
     assert store_build_calls(NARROW, 10_000) == 0
-    lm = ProposerLM([proposal(facts), proposal(wide(2))])
-    opt = MemSteerOpt(
-        small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=NARROW,
-        config=OptimizeConfig(iterations=1, objective="recall", max_build_calls=0), lms={"proposer": lm},
-    )  # fmt: skip
+    opt, lm = run(tmp_path, [proposal(facts), proposal(wide(2))], iterations=1, max_build_calls=0)
     res = opt.run()
     assert [e.status for e in res.entries] == ["baseline", "accepted"]
     attempts = res.entries[1].attempts
@@ -351,11 +348,7 @@ def test_a_saved_proposal_over_the_new_build_budget_is_proposed_again(tmp_path):
 
     saved = Proposal(status="ok", design=MemoryDesign.from_dict(facts))
     (opt._iter_dir(1) / "proposal.json").write_text(saved.model_dump_json())
-    lm = ProposerLM([proposal(wide(2))])
-    resumed = MemSteerOpt(
-        small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=NARROW,
-        config=OptimizeConfig(iterations=1, objective="recall", max_build_calls=0), lms={"proposer": lm},
-    )  # fmt: skip
+    resumed, lm = run(tmp_path, [proposal(wide(2))], iterations=1, max_build_calls=0)
     res = resumed.run()
     assert [e.status for e in res.entries] == ["baseline", "accepted"]
     assert res.entries[1].design["store"]["unit"] == "record" and len(lm.calls) == 1

@@ -587,6 +587,7 @@ def test_bounded_signature_parses_a_numeric_answer(signature):
     # not an lm_error after three attempts
     from memsteer_dspy.signatures.blind_read import BlindRead
     from memsteer_dspy.signatures.plan import PlanAnswer
+
     from memsteer_dspy.supervision.limits import bounded_signature
 
     if signature == "plan":

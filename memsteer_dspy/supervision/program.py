@@ -420,12 +420,16 @@ class _Generator(dspy.Module):
         repairs: list[Repair],
         *,
         question_check: bool = True,
+        problem: str | None = None,
     ) -> Pipeline:
-        """Question check → audit → blind read; the candidate's final outcome."""
+        """Question check → audit → blind read; the candidate's final outcome. With
+        ``question_check=False`` the question is not checked here: ``problem`` is what the caller's
+        own check found (None: fine, or not checked at all)."""
         base = {"plan": plan, "question": question, "repairs": repairs}
         if not self.checks:
             return Outcome(status="accepted", usage=usage, **base)
-        problem = self._question_problem(question, plan) if question_check else None
+        if question_check:
+            problem = self._question_problem(question, plan)
         if problem:
             return _rejected("question", f"question:{problem}", question, usage, **base)
         facts = _fact_lines(view, bundle, plan)
@@ -658,7 +662,9 @@ class MemSteerGenerator(_Generator):
             problem = self._question_problem(question, plan) if self.checks else None
             if problem is None:
                 break
-        return (yield from self._verify(bundle, view, plan, question, usage, shuffle_seed, repairs))
+        # the loop above has checked the final question: _verify takes its verdict
+        return (yield from self._verify(bundle, view, plan, question, usage, shuffle_seed, repairs,
+                                        question_check=False, problem=problem))  # fmt: skip
 
     def _demo_examples(
         self, view: BundleView, plan: AnswerPlan, outcome: Outcome, task: Task
