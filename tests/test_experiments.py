@@ -506,8 +506,9 @@ def test_supervision_ablation_tables_4_and_5(rhelm_root, tmp_path):
         folder = out / "supervision" / key / "Elena_Morales"
         summary = json.loads((folder / "summary.json").read_text())
         assert summary["method"] == cond["method"] and summary["checks"] == cond["checks"]
+        # summary.json rounds the fraction to 4 places
         assert cond["accepted"] == summary["accepted"] and cond["kept"] == pytest.approx(
-            summary["kept_fraction"]
+            summary["kept_fraction"], abs=1e-4
         )
         # QA quality is the judge's verdict, recomputed here independently
         again = assess_quality(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import dspy
 import pytest
 from supervision_helpers import (
@@ -16,6 +18,7 @@ from supervision_helpers import (
 )
 
 from memsteer_dspy.bundles import Task
+from memsteer_dspy.records import Record
 from memsteer_dspy.supervision.program import (
     DirectGenerator,
     JointGenerator,
@@ -78,13 +81,83 @@ def test_accepted_candidate_carries_plan_question_verdicts_and_usage():
     ],
 )
 def test_plan_check_rejections_have_reason_codes(plan, code):
-    lms = role_lms([plan])
+    lms = role_lms([plan, plan])
     out, _ = run(lms)
     assert out.status == "rejected"
     assert out.stage == "plan_check"
     assert code in [i.code.value for i in out.plan_issues], out.detail
     # no question is written for a rejected plan
     assert "question_writer" not in out.usage
+    # the failed plan was sampled again once (another rollout), and that is recorded
+    assert out.usage["planner"].calls == 2 and out.usage["planner"].failed_calls == 0
+    assert lms["planner"].history[-1]["kwargs"].get("temperature") == 0.7
+    assert out.repairs[0].field == "plan" and out.repairs[0].before.startswith("plan_check:")
+
+
+def test_a_failed_plan_is_resampled_and_the_second_plan_goes_on():
+    lms = role_lms([plan_reply(answer="iPad Pro"), plan_reply()], [question_reply()], [audit_reply()], [blind_reply()])
+    out, _ = run(lms)
+    assert out.status == "accepted", out.detail
+    assert out.plan.answer == "MacBook Air" and out.usage["planner"].calls == 2
+    assert [(r.stage, r.field, r.before) for r in out.repairs] == [("plan", "plan", "plan_check:answer_not_in_spans")]
+
+
+def test_no_plan_resample_without_retries():
+    lms = role_lms([plan_reply(answer="iPad Pro"), plan_reply()])
+    gen = MemSteerGenerator(lms, max_retries=1, plan_retries=0)
+    out = gen(bundle=small_bundle(), task=FACT, shuffle_seed=0).outcome
+    assert out.reason == "plan_check:answer_not_in_spans" and out.usage["planner"].calls == 1
+
+
+def test_a_partial_name_is_completed_from_the_answer_span():
+    history = small_history([
+        Record(id="c1:3", kind="conversation_turn", thread_id="c1", position=3,
+               timestamp=datetime(2024, 3, 2, 9, 10), author="Elena",
+               text="User: Amelia Torres will join the winter walk on Sunday."),
+    ])  # fmt: skip
+    bundle = small_bundle(history, ["c1:1", "c1:2", "c1:3"])
+    plan = plan_reply(answer="Amelia", answer_span_id="R3.1", fact_span_ids=["R3.1"],
+                      evidence=[{"record_id": "R3", "contribution": "who joins"}])  # fmt: skip
+    audit = audit_reply(facts=("R3.1",))
+    audit["record_checks"][0]["record_id"] = "R3"
+    lms = role_lms([plan], [question_reply("Who will join my winter walk on Sunday?")], [audit],
+                   [blind_reply(answer="Amelia Torres", cited=("c1:3#1",))])  # fmt: skip
+    out, _ = run(lms, bundle=bundle)
+    assert out.plan.answer == "Amelia Torres"
+    assert [(r.field, r.before, r.after) for r in out.repairs] == [("answer", "Amelia", "Amelia Torres")]
+    assert out.status == "accepted", out.detail
+
+
+@pytest.mark.parametrize(
+    ("answer", "span", "expanded"),
+    [
+        ("Amelia", "Later Amelia Torres joined us.", "Amelia Torres"),
+        ("Patel", "I asked Mrs. Patel for help.", "Mrs. Patel"),
+        ("Amelia", "Amelia came. Torres was late.", "Amelia"),  # another sentence: not one name
+        ("Sofia", "Sofia and Amelia Torres came.", "Sofia"),
+        ("Amelia", "Amelia Torres met Amelia Brown.", "Amelia"),  # which Amelia? leave it
+        ("Amelia Torres", "Amelia Torres came.", "Amelia Torres"),
+    ],
+)
+def test_expand_name_cases(answer, span, expanded):
+    from memsteer_dspy.signatures.plan import AnswerPlan
+    from memsteer_dspy.supervision.checks import expand_name
+
+    plan = AnswerPlan(answer=answer, answer_type="entity", answer_span_id="r#1")
+    fixed, repair = expand_name(plan, {"r#1": span})
+    assert fixed.answer == expanded and (repair is not None) == (expanded != answer)
+    # never for a non-entity answer
+    assert expand_name(plan.model_copy(update={"answer_type": "text"}), {"r#1": span})[1] is None
+
+
+def test_detail_terms_name_concrete_details_not_in_the_rejected_question():
+    from memsteer_dspy.supervision.checks import detail_terms
+
+    facts = ["User: Lunch today felt especially warm—everyone sharing empanadas and Mrs. Patel’s samosas."]
+    terms = detail_terms(facts, "When did you have lunch today? 2024-03-23")
+    assert terms[0] == "Mrs. Patel" and "empanadas" in terms and "samosas" in terms
+    assert not {"lunch", "today", "felt", "especially", "everyone", "User"} & set(terms)
+    assert detail_terms(["We saw 2 robins."], "How many robins did we see? 2") == []
 
 
 def test_evidence_record_without_fact_is_rejected():
@@ -182,13 +255,13 @@ def test_stray_facts_are_kept_when_the_answer_span_is_outside_the_evidence():
     ],
 )
 def test_question_checks(question, reason):
-    # the writer is re-sampled once and writes the same unusable question again
-    lms = role_lms([plan_reply()], [question_reply(question), question_reply(question)])
+    # the writer is re-sampled twice and writes the same unusable question again
+    lms = role_lms([plan_reply()], [question_reply(question)] * 3)
     out, _ = run(lms)
     assert out.status == "rejected" and out.stage == "question" and out.reason == reason
     assert "auditor" not in out.usage
-    assert out.usage["question_writer"].calls == 2
-    assert [(r.stage, r.reason) for r in out.repairs] == [("question", f"re-sampled after {reason}")]
+    assert out.usage["question_writer"].calls == 3
+    assert [(r.stage, r.reason) for r in out.repairs] == [("question", f"re-sampled after {reason}")] * 2
 
 
 @pytest.mark.parametrize(
@@ -226,7 +299,10 @@ def test_an_unusable_question_is_resampled_once_and_the_rewrite_recorded():
     # the re-sample is another rollout at a higher temperature, told what was wrong
     last = lms["question_writer"].history[-1]
     assert last["kwargs"].get("temperature") == 0.7 and last["kwargs"].get("rollout_id")
-    assert "Not like 'When was the note written?' (vague): name the people, places" in " ".join(m["content"] for m in last["messages"])
+    told = " ".join(m["content"] for m in last["messages"])
+    assert "Not like 'When was the note written?' (vague): name the people, places" in told
+    # …and the facts' concrete details it can name, never the answer
+    assert "mention Lila, quick, sent." in told
     assert "Not like" not in str(lms["question_writer"].history[0]["messages"])
 
 

@@ -50,6 +50,8 @@ __all__ = [
     "check_plan",
     "topic_words",
     "check_question",
+    "detail_terms",
+    "expand_name",
     "resolve_plan",
 ]
 
@@ -232,6 +234,31 @@ def drop_stray_facts(
     return plan.model_copy(update={"facts": kept}), repair
 
 
+_TITLE = r"(?:(?:Mr|Mrs|Ms|Dr|Prof)\.?\s+)"
+
+
+def expand_name(plan: AnswerPlan, span_texts: dict[str, str]) -> tuple[AnswerPlan, Repair | None]:
+    """Complete a partial name in an entity answer from its answer span: "Amelia" → "Amelia Torres"
+    when the span writes "Amelia Torres", "Patel" → "Mrs. Patel".
+
+    A blind reader that finds the full name in the records answers with it, and a mismatch then
+    rejects a good item (measured: 'Amelia Torres' vs reference 'Amelia'). Only a name the span
+    writes once, in full, right around the answer; the repair is recorded."""
+    answer = plan.answer.strip()
+    text = span_texts.get(plan.answer_span_id or "")
+    if str(plan.answer_type) != "entity" or not text or not answer[:1].isupper():
+        return plan, None
+    pattern = re.compile(
+        rf"(?<![\w.])({_TITLE}?){re.escape(answer)}((?:\s+[A-Z][\w'’-]*)*)(?![\w'’-])"
+    )
+    found = {(m.group(1) + answer + m.group(2)).strip() for m in pattern.finditer(text)}
+    if len(found) != 1 or (full := found.pop()) == answer or len(full.split()) > 4:
+        return plan, None
+    repair = Repair(stage="plan", field="answer", before=answer, after=full,
+                    reason="the answer span writes the full name")  # fmt: skip
+    return plan.model_copy(update={"answer": full}), repair
+
+
 def _answer_support_issue(
     plan: AnswerPlan, kind: AnswerType, span_texts: dict[str, str]
 ) -> PlanIssue | None:
@@ -302,6 +329,10 @@ def check_plan(
             ]
     if support is not None:
         issues.append(support)
+    elif repair:
+        resolved, named = expand_name(resolved, span_texts)
+        if named is not None:
+            repairs.append(named)
 
     if repair:
         resolved, stray = drop_stray_facts(resolved, span_texts)
@@ -363,6 +394,46 @@ _RELATIVE_TIME = re.compile(
 def topic_words(question: str) -> list[str]:
     """The words of a question that name what it is about (normalized; filler words removed)."""
     return [w for w in normalize_text(question).split() if w not in _FILLER]
+
+
+# Words that say how the user felt or talked, not what happened: no use as a question's topic.
+_TALK = frozenset("""
+user assistant feel feels felt feeling really just like so very also much more most little bit well
+still even though yet again back today tonight yesterday tomorrow morning afternoon evening week
+maybe perhaps quite pretty kind sort lot lots way ways think thought know knew want wanted need
+needed try tried trying help helped thank thanks lovely nice good great glad happy sure okay
+everyone everything everybody something someone anything nothing always never sometimes
+""".split())
+_NAME = re.compile(r"(?<![.!?:]\s)(?<!^)\b([A-Z][\w'’.-]*(?:\s+[A-Z][\w'’-]*)*)")
+_NUMBER = re.compile(r"\b\d[\d.,:/-]*(?:\s+[a-z]+)?")
+
+
+def detail_terms(statements: Iterable[str], exclude: str = "", limit: int = 6) -> list[str]:
+    """Concrete details of the facts a question can name: names, numbers, then the longest other
+    words, each at most once and none already in ``exclude`` (the rejected question and answer).
+
+    A small question writer told only "be specific" wrote "When did you have lunch today?" again;
+    told "mention: empanadas, Mrs. Patel's samosas" it has the words to do so."""
+    seen = set(normalize_text(exclude).split())
+    names: list[str] = []
+    numbers: list[str] = []
+    words: list[str] = []
+    for text in statements:
+        text = re.sub(r"^(?:User|Assistant|Subject)\s*:\s*", "", text.strip())
+        for m in _NAME.finditer(text):
+            names.append(re.sub(r"['’]s$", "", m.group(1).rstrip(".’'")))
+        numbers.extend(m.group(0) for m in _NUMBER.finditer(text))
+        words.extend(w for w in re.findall(r"\b[A-Za-z][a-z-]{3,}\b", text) if not w.endswith("ly"))
+    out: list[str] = []
+    for term in [*names, *numbers, *sorted(dict.fromkeys(words), key=len, reverse=True)]:
+        tokens = normalize_text(term).split()
+        if not tokens or all(t in _FILLER or t in _TALK or t in seen for t in tokens):
+            continue
+        out.append(term)
+        seen.update(tokens)
+        if len(out) >= limit:
+            break
+    return out
 
 
 def _overlap(a: list[str], b: list[str]) -> float:

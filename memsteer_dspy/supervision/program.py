@@ -58,6 +58,7 @@ from memsteer_dspy.supervision.checks import (
     answer_spans,
     check_plan,
     check_question,
+    detail_terms,
     spans_by_id,
 )
 from memsteer_dspy.supervision.limits import bounded_signature
@@ -220,10 +221,12 @@ class _Generator(dspy.Module):
         max_answer_words: int = 10,
         bounded: bool = False,
         cold_start: bool = True,
-        question_rewrites: int = 1,
+        question_rewrites: int = 2,
+        plan_retries: int = 1,
     ):
         super().__init__()
         self.question_rewrites = question_rewrites
+        self.plan_retries = plan_retries
         self.bounded = bounded
         self.cold_start = cold_start
         self.checks = checks
@@ -404,6 +407,42 @@ class _Generator(dspy.Module):
             issues = [i for i in issues if i.code.value not in skip]
         return resolved, issues, repairs
 
+    def _planned(
+        self,
+        predictor: str,
+        stage: str,
+        inputs: dict[str, Any],
+        to_plan: Callable[[dspy.Prediction], AnswerPlan],
+        task: Task,
+        bundle: Bundle,
+        view: BundleView,
+        usage: dict[str, RoleCost],
+        *,
+        require_facts: bool = True,
+    ) -> Generator[_Request, dspy.Prediction, tuple[dspy.Prediction, AnswerPlan, list[PlanIssue], list[Repair]]]:
+        """The planning call and its checks; a plan that fails them is re-sampled (another rollout
+        at temperature 0.7) up to ``plan_retries`` times, each re-sample recorded as a repair.
+
+        Measured on the embedded model, a quarter of the plans failed a check (an answer that is in
+        no cited sentence, a record without a fact) on bundles where another sample is fine. The
+        first call's LM failure raises :class:`_LMFailure`; a re-sample's failure keeps the last
+        plan and its issues."""
+        out = yield _Request(predictor, stage, inputs, usage)
+        plan, issues, repairs = self._checked_plan(to_plan(out), task, bundle, view, require_facts=require_facts)
+        for attempt in range(1, self.plan_retries + 1 if self.checks else 1):
+            if not issues:
+                break
+            try:
+                again = yield _Request(predictor, stage, inputs, usage, resample=attempt)
+            except _LMFailure:
+                break
+            failed = f"plan_check:{issues[0].code.value}"
+            out = again
+            plan, issues, repairs = self._checked_plan(to_plan(out), task, bundle, view, require_facts=require_facts)
+            repairs.insert(0, Repair(stage="plan", field="plan", before=failed, after=f"re-sample {attempt}",
+                                     reason=f"the plan failed {failed}; planned again"))  # fmt: skip
+        return out, plan, issues, repairs
+
     def _question_problem(self, question: str, plan: AnswerPlan) -> str | None:
         """:func:`~memsteer_dspy.supervision.checks.check_question` against the current demos."""
         demos = {str(d.question) for p in self.predictors() for d in p.demos if d.get("question")}
@@ -483,10 +522,16 @@ _REWRITE_HINTS = {
 }
 
 
-def rewrite_ask(ask: str, question: str, problem: str | None) -> str:
-    """The plan's ``ask`` for a re-sampled question: the rejected question and what to fix (the
-    measured embedded writer returned the same question at temperature 0.7 when told nothing)."""
+def rewrite_ask(
+    ask: str, question: str, problem: str | None, details: Sequence[str] = ()
+) -> str:
+    """The plan's ``ask`` for a re-sampled question: the rejected question, what to fix, and for a
+    vague one the facts' concrete details it can name (the measured embedded writer returned the
+    same question at temperature 0.7 when told nothing, and a vague one again when told "be
+    specific" without the words to be specific with)."""
     hint = _REWRITE_HINTS.get(problem or "", "write a different question")
+    if problem == "vague" and details:
+        hint += f"; mention {', '.join(details)}"
     return f"{ask.rstrip('. ')}. Not like {question!r} ({problem}): {hint}."
 
 
@@ -638,10 +683,11 @@ class MemSteerGenerator(_Generator):
         usage: dict[str, RoleCost] = {}
         view = bundle.view()
         try:
-            out = yield _Request("plan", "plan", _task_inputs(view, task), usage)
+            _, plan, issues, repairs = yield from self._planned(
+                "plan", "plan", _task_inputs(view, task), _plan_from, task, bundle, view, usage
+            )
         except _LMFailure as exc:
             return _rejected(exc.stage, "lm_error", exc.detail, usage)
-        plan, issues, repairs = self._checked_plan(_plan_from(out), task, bundle, view)
         if issues and self.checks:
             return _plan_rejection(plan, issues, repairs, usage)
         evidence_view = bundle.subset(plan.evidence_ids).view() if plan.evidence_ids else view
@@ -650,7 +696,8 @@ class MemSteerGenerator(_Generator):
         question, problem = "", None
         for attempt in range(self.question_rewrites + 1):
             if attempt:  # say what was wrong: at temperature 0.7 alone the same question came back
-                inputs = {**inputs, "ask": rewrite_ask(plan.ask, question, problem)}
+                details = detail_terms([f.statement for f in plan.facts], f"{question} {plan.answer}")
+                inputs = {**inputs, "ask": rewrite_ask(plan.ask, question, problem, details)}
             try:
                 q = yield _Request("write_question", "question", inputs, usage, resample=attempt)
             except _LMFailure as exc:
@@ -695,10 +742,11 @@ class JointGenerator(_Generator):
         usage: dict[str, RoleCost] = {}
         view = bundle.view()
         try:
-            out = yield _Request("plan_and_write", "joint", _task_inputs(view, task), usage)
+            out, plan, issues, repairs = yield from self._planned(
+                "plan_and_write", "joint", _task_inputs(view, task), _plan_from, task, bundle, view, usage
+            )
         except _LMFailure as exc:
             return _rejected(exc.stage, "lm_error", exc.detail, usage)
-        plan, issues, repairs = self._checked_plan(_plan_from(out), task, bundle, view)
         if issues and self.checks:
             return _plan_rejection(plan, issues, repairs, usage)
         question = str(out.question or "").strip()
@@ -730,19 +778,12 @@ class DirectGenerator(_Generator):
         usage: dict[str, RoleCost] = {}
         view = bundle.view()
         try:
-            out = yield _Request("write_qa", "direct", _task_inputs(view, task), usage)
+            out, plan, issues, repairs = yield from self._planned(
+                "write_qa", "direct", _task_inputs(view, task), _direct_plan, task, bundle, view, usage,
+                require_facts=False,
+            )  # fmt: skip
         except _LMFailure as exc:
             return _rejected(exc.stage, "lm_error", exc.detail, usage)
-        evidence = [
-            EvidenceUse(record_id=str(r), contribution="") for r in (out.evidence_record_ids or [])
-        ]
-        raw = AnswerPlan(
-            ask="",
-            answer=str(out.answer or "").strip(),
-            answer_type=out.answer_type,
-            evidence=evidence,
-        )
-        plan, issues, repairs = self._checked_plan(raw, task, bundle, view, require_facts=False)
         if issues and self.checks:
             return _plan_rejection(plan, issues, repairs, usage)
         question = str(out.question or "").strip()
@@ -758,6 +799,12 @@ class DirectGenerator(_Generator):
             answer_type=plan.answer_type, evidence_record_ids=[view.label_of(r) or r for r in plan.evidence_ids],
         ).with_inputs("records", "question_type", "evidence_count")  # fmt: skip
         return examples
+
+
+def _direct_plan(out: dspy.Prediction) -> AnswerPlan:
+    """The direct baseline's answer and evidence records as a plan without facts."""
+    evidence = [EvidenceUse(record_id=str(r), contribution="") for r in (out.evidence_record_ids or [])]
+    return AnswerPlan(ask="", answer=str(out.answer or "").strip(), answer_type=out.answer_type, evidence=evidence)
 
 
 def _plan_demo_fields(view: BundleView, plan: AnswerPlan, task: Task) -> dict[str, Any]:
