@@ -22,4 +22,8 @@ class WriteQuestion(dspy.Signature):
     facts: list[str] = dspy.InputField(desc="The supporting facts.")
     answer: str = dspy.InputField(desc="The answer the question must have.")
     answer_type: str = dspy.InputField()
+    avoid: str = dspy.InputField(
+        desc="A question already rejected for this plan and what to fix ('none' on the first try); "
+        "write a different question, never these words."
+    )
     question: str = dspy.OutputField(desc="One question, ending with '?'.")

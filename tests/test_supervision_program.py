@@ -300,10 +300,45 @@ def test_an_unusable_question_is_resampled_once_and_the_rewrite_recorded():
     last = lms["question_writer"].history[-1]
     assert last["kwargs"].get("temperature") == 0.7 and last["kwargs"].get("rollout_id")
     told = " ".join(m["content"] for m in last["messages"])
-    assert "Not like 'When was the note written?' (vague): name the people, places" in told
+    assert "'When was the note written?' was rejected (vague): name the people, places" in told
     # …and the facts' concrete details it can name, never the answer
-    assert "mention Lila, quick, sent." in told
-    assert "Not like" not in str(lms["question_writer"].history[0]["messages"])
+    assert "it could mention Lila, quick, sent." in told
+    assert "was rejected" not in str(lms["question_writer"].history[0]["messages"])
+
+
+def test_a_date_question_loses_its_relative_day_and_the_repair_is_recorded():
+    plan = plan_reply(answer="2024-03-02", answer_type="date")
+    asked = "When did I send a quick note to Lila from my MacBook Air this morning?"
+    lms = role_lms([plan], [question_reply(asked)])
+    out, _ = run(lms, max_retries=0)
+    assert out.question == "When did I send a quick note to Lila from my MacBook Air?"
+    assert (out.repairs[0].before, out.repairs[0].reason) == (asked, "a date question's relative day was removed")
+    assert out.usage["question_writer"].calls == 1  # fixed without another LM call
+
+
+@pytest.mark.parametrize(
+    ("ask", "mine"),
+    [
+        ("what the user's health profile is", "what my health profile is"),
+        ("who is coming with the user to the pottery class", "who is coming with me to the pottery class"),
+        ("when the user planted tomatoes", "when I planted tomatoes"),
+    ],
+)
+def test_the_plan_ask_reaches_the_writer_in_the_users_voice(ask, mine):
+    from memsteer_dspy.supervision.program import first_person
+
+    assert first_person(ask) == mine
+    lms = role_lms([plan_reply(ask=ask)], [question_reply()], [audit_reply()], [blind_reply()])
+    run(lms)
+    assert mine in " ".join(m["content"] for m in lms["question_writer"].history[-1]["messages"])
+
+
+def test_a_question_that_copies_the_resample_hint_is_rejected():
+    from memsteer_dspy.supervision.checks import check_question
+
+    echo = "When did you feel grounded, not like 'When did you feel grounded?' (vague): name the people?"
+    assert check_question(echo, "x", "date") == "mentions_records"
+    assert check_question("When was my garden plan rejected by the school board?", "x", "date") is None
 
 
 def test_no_resample_without_rewrites():

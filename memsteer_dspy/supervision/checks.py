@@ -366,8 +366,9 @@ def check_plan(
 _META = re.compile(
     r"\b(?:the|these|those|this|given|provided|above)\s+(?:records?|texts?|documents?|passages?|sentences?|"
     r"spans?|excerpts?|sources?|materials?|bundle)\b|\bR\d+(?:\.\d+)?\b|\bspan\s+\w*\d"
-    # the user asks their own assistant: never "the user", never "the conversation" without a topic
-    r"|\bthe\s+user'?s?\b|\b(?:the|this|that|our)\s+(?:conversation|chat|session)\s*(?:\?|$|take|happen|start)",
+    # the user asks their own assistant: never "the user", never "the conversation" without a topic;
+    # never the re-sample hint copied into the question ("… was rejected (vague)", "not like '…'")
+    r"|\bthe\s+user'?s?\b|\bwas rejected\b|\bnot like ['\"]|\b(?:the|this|that|our)\s+(?:conversation|chat|session)\s*(?:\?|$|take|happen|start)",
     re.I,
 )
 

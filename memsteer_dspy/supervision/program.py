@@ -36,6 +36,7 @@ read (the ``--no-checks`` ablation).
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -53,6 +54,7 @@ from memsteer_dspy.signatures.blind_read import BlindRead
 from memsteer_dspy.signatures.plan import AnswerPlan, EvidenceUse, Fact, PlanAnswer
 from memsteer_dspy.signatures.question import WriteQuestion
 from memsteer_dspy.supervision.checks import (
+    _RELATIVE_TIME,
     PlanIssue,
     Repair,
     answer_spans,
@@ -522,17 +524,35 @@ _REWRITE_HINTS = {
 }
 
 
-def rewrite_ask(
-    ask: str, question: str, problem: str | None, details: Sequence[str] = ()
-) -> str:
-    """The plan's ``ask`` for a re-sampled question: the rejected question, what to fix, and for a
-    vague one the facts' concrete details it can name (the measured embedded writer returned the
-    same question at temperature 0.7 when told nothing, and a vague one again when told "be
-    specific" without the words to be specific with)."""
+def rewrite_hint(question: str, problem: str | None, details: Sequence[str] = ()) -> str:
+    """What a re-sampled question writer is told (its ``avoid`` input): the rejected question,
+    what to fix, and for a vague one the facts' concrete details it can name. Measured on the
+    embedded writer: told nothing, it returned the same question at temperature 0.7; told "be
+    specific" without the words to be specific with, a vague one again; told inside ``ask``, it
+    copied the hint into the question — hence a field of its own."""
     hint = _REWRITE_HINTS.get(problem or "", "write a different question")
     if problem == "vague" and details:
-        hint += f"; mention {', '.join(details)}"
-    return f"{ask.rstrip('. ')}. Not like {question!r} ({problem}): {hint}."
+        hint += f"; it could mention {', '.join(details)}"
+    return f"{question!r} was rejected ({problem}): {hint}."
+
+
+_USER_AFTER_PREP = re.compile(r"\b(with|to|for|from|at|by|of|about|on|told|asked|helped)\s+the\s+user\b", re.I)
+
+
+def first_person(ask: str) -> str:
+    """The plan's ``ask`` in the user's voice for the question writer: "the user's" → "my",
+    "with the user" → "with me", "the user" → "I". A writer given "what the user's health profile
+    is" wrote "What is the health profile of the user?" three times out of three."""
+    ask = re.sub(r"\bthe\s+user['’]s\b", "my", ask, flags=re.I)
+    ask = _USER_AFTER_PREP.sub(lambda m: f"{m.group(1)} me", ask)
+    return re.sub(r"\bthe\s+user\b", "I", ask, flags=re.I)
+
+
+def _drop_relative_day(question: str) -> str:
+    """A date question without its relative day ("When did I have lunch today with Lila?" →
+    "When did I have lunch with Lila?"): the answer is the day, so "today" only hides it."""
+    out = _RELATIVE_TIME.sub("", question)
+    return re.sub(r"\s+([?,.])", r"\1", re.sub(r"\s{2,}", " ", out)).strip()
 
 
 def _fact_lines(view: BundleView | None, bundle: Bundle, plan: AnswerPlan) -> list[str]:
@@ -691,13 +711,14 @@ class MemSteerGenerator(_Generator):
         if issues and self.checks:
             return _plan_rejection(plan, issues, repairs, usage)
         evidence_view = bundle.subset(plan.evidence_ids).view() if plan.evidence_ids else view
-        inputs = {"records": evidence_view.text, "ask": plan.ask, "facts": _fact_lines(None, bundle, plan),
-                  "answer": plan.answer, "answer_type": str(plan.answer_type)}  # fmt: skip
+        inputs = {"records": evidence_view.text, "ask": first_person(plan.ask),
+                  "facts": _fact_lines(None, bundle, plan), "answer": plan.answer,
+                  "answer_type": str(plan.answer_type), "avoid": "none"}  # fmt: skip
         question, problem = "", None
         for attempt in range(self.question_rewrites + 1):
             if attempt:  # say what was wrong: at temperature 0.7 alone the same question came back
                 details = detail_terms([f.statement for f in plan.facts], f"{question} {plan.answer}")
-                inputs = {**inputs, "ask": rewrite_ask(plan.ask, question, problem, details)}
+                inputs = {**inputs, "avoid": rewrite_hint(question, problem, details)}
             try:
                 q = yield _Request("write_question", "question", inputs, usage, resample=attempt)
             except _LMFailure as exc:
@@ -706,6 +727,11 @@ class MemSteerGenerator(_Generator):
             if attempt:
                 repairs.append(Repair(stage="question", field="question", before=previous, after=question,
                                       reason=f"re-sampled after question:{problem}"))  # fmt: skip
+            if self.checks and str(plan.answer_type) == "date" and _RELATIVE_TIME.search(question):
+                fixed = _drop_relative_day(question)
+                repairs.append(Repair(stage="question", field="question", before=question, after=fixed,
+                                      reason="a date question's relative day was removed"))  # fmt: skip
+                question = fixed
             problem = self._question_problem(question, plan) if self.checks else None
             if problem is None:
                 break
@@ -721,9 +747,9 @@ class MemSteerGenerator(_Generator):
             "records", "question_type", "evidence_count"
         )
         examples["write_question"] = dspy.Example(
-            records=view.text, ask=plan.ask, facts=[f.statement for f in plan.facts], answer=plan.answer,
-            answer_type=str(plan.answer_type), question=outcome.question,
-        ).with_inputs("records", "ask", "facts", "answer", "answer_type")  # fmt: skip
+            records=view.text, ask=first_person(plan.ask), facts=[f.statement for f in plan.facts], answer=plan.answer,
+            answer_type=str(plan.answer_type), avoid="none", question=outcome.question,
+        ).with_inputs("records", "ask", "facts", "answer", "answer_type", "avoid")  # fmt: skip
         return examples
 
 
@@ -841,7 +867,7 @@ def cold_start_example() -> tuple[Bundle, Task, Outcome]:
     ]  # fmt: skip
     bundle = bundle_from_records(History("demo", records), ["demo:1", "demo:2"], BundleConfig())
     plan = AnswerPlan(
-        ask="who is coming with the user to the pottery class", answer="Maya", answer_type="entity",
+        ask="who is coming with me to the pottery class", answer="Maya", answer_type="entity",
         answer_span_id="demo:1#2", facts=[Fact(span_id="demo:1#2", statement=bundle.span("demo:1#2").text)],
         evidence=[EvidenceUse(record_id="demo:1", contribution="names who comes along")], operations=["lookup"],
     )  # fmt: skip
