@@ -271,6 +271,9 @@ def test_question_checks(question, reason):
         ("When did I have lunch with Lila at Cafe Rosa?", "date", None),
         ("Whom did I have lunch with today at Cafe Rosa?", "entity", None),
         ("When did the walk happen?", "date", "vague"),
+        ("When did you feel a sense of peace?", "date", "vague"),  # feelings name no event
+        ("When did Dr. Desai remind you of this?", "date", "vague"),  # "this" points at nothing
+        ("When did Dr. Desai remind me about the flu shot?", "date", None),
         ("What did Lila bring to the garden workshop?", "entity", None),
     ],
 )

@@ -383,6 +383,7 @@ who whom whose what when where which why how
 is are was were be been being am do does did done have has had having will would can could
 should shall may might must happen happened happens take took taken place occur occurred
 start started get got go went come came make made time day date
+feel feels felt feeling sense moment really
 """.split())
 MIN_TOPIC_WORDS = 3
 _RELATIVE_TIME = re.compile(
@@ -390,6 +391,10 @@ _RELATIVE_TIME = re.compile(
     r"last (?:night|week|month))\b",
     re.I,
 )
+
+
+# "When did Dr. Desai remind you of this?": a pronoun at the end points at nothing the reader has.
+_DANGLING = re.compile(r"\b(?:this|that|it|them|these|those)\s*\?\s*$", re.I)
 
 
 def topic_words(question: str) -> list[str]:
@@ -449,8 +454,10 @@ def check_question(
 
     ``empty`` — no question; ``not_a_question`` — no question mark and no question word;
     ``mentions_records`` — refers to "the records", "the document", "the user", span labels…;
-    ``vague`` — names fewer than :data:`MIN_TOPIC_WORDS` topic words, or asks for a date by a
-    time relative to a day nobody is told ("When did I have lunch today?"): it is not standalone;
+    ``vague`` — names fewer than :data:`MIN_TOPIC_WORDS` topic words (feelings do not count: "When
+    did you feel a sense of peace?" fits any calm day), asks for a date by a time relative to a day
+    nobody is told ("When did I have lunch today?"), or ends on a pronoun that points at nothing
+    ("When did Dr. Desai remind you of this?"): it is not standalone;
     ``copies_demo`` — mostly the words of a few-shot demonstration's question (a small LM copies
     its demonstrations: measured, "Who is coming with me to the pottery class at Clayworks
     Studio?" came back word for word on a history without any pottery class);
@@ -466,7 +473,11 @@ def check_question(
     if _META.search(q):
         return "mentions_records"
     topic = topic_words(q)
-    if len(topic) < MIN_TOPIC_WORDS or (str(answer_type) == "date" and _RELATIVE_TIME.search(q)):
+    if (
+        len(topic) < MIN_TOPIC_WORDS
+        or (str(answer_type) == "date" and _RELATIVE_TIME.search(q))
+        or _DANGLING.search(q)
+    ):
         return "vague"
     if any(_overlap(topic, topic_words(d)) >= 0.5 for d in demo_questions):
         return "copies_demo"
