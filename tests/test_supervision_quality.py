@@ -65,7 +65,7 @@ def test_assess_quality_per_method(tmp_path):
     assert "memsteer" in format_quality(report)
 
 
-def test_assess_fidelity_true_and_corrupted_items():
+def test_assess_fidelity_true_and_corrupted_items(capsys):
     from datetime import datetime
 
     from memsteer_dspy.records import Record
@@ -92,8 +92,10 @@ def test_assess_fidelity_true_and_corrupted_items():
         lambda i: {"cited_ids": ["R1", "R2", "R3"], "answer": "MacBook Air", "answerable": True}
     )
     report = assess_fidelity(
-        h, items, {"auditor": auditor, "blind_reader": reader}, limit=5, seed=0
+        h, items, {"auditor": auditor, "blind_reader": reader}, limit=5, seed=0, progress=True
     )
+    # the progress bar counted every case
+    assert f"{len(report['cases'])}/{len(report['cases'])}" in capsys.readouterr().err
     assert report["items"] == 2
     assert report["true"]["n"] == 2 and report["answer_swapped"]["n"] == 2
     assert "evidence_replaced" in report

@@ -218,7 +218,7 @@ def assess(
         lms = {r: lm_config.lm(r) for r in ("auditor", "blind_reader")}
         bounded = all(getattr(lm_config.spec(r), "backend", "litellm") in local for r in lms)
         fid = assess_fidelity(
-            loaded.history, loaded.qa_items, lms, limit=limit, seed=seed, bounded=bounded
+            loaded.history, loaded.qa_items, lms, limit=limit, seed=seed, bounded=bounded, progress=True
         )
         report["fidelity"] = fid
         lines.append(format_fidelity(fid))

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -172,9 +173,15 @@ class FidelityChecker(_Generator):
         super().__init__(lms, **kwargs)
         self._ready()
 
-    def check(self, items: Sequence[tuple[Bundle, AnswerPlan, str, int]]) -> list[Outcome]:
-        """Audit and blind-read each ``(bundle, plan, question, shuffle seed)``, stage by stage."""
-        return self._drive([self._check_one(*it) for it in items])
+    def check(
+        self,
+        items: Sequence[tuple[Bundle, AnswerPlan, str, int]],
+        on_call: Callable[[str, int, int], None] | None = None,
+        on_done: Callable[[int, Outcome], None] | None = None,
+    ) -> list[Outcome]:
+        """Audit and blind-read each ``(bundle, plan, question, shuffle seed)``, stage by stage;
+        ``on_call`` / ``on_done`` as for :meth:`MemSteerGenerator.run_batch`."""
+        return self._drive([self._check_one(*it) for it in items], on_call, on_done)
 
     def _check_one(
         self, bundle: Bundle, plan: AnswerPlan, question: str, shuffle_seed: int
@@ -241,10 +248,12 @@ def assess_fidelity(
     graph: RecordGraph | None = None,
     config: BundleConfig | None = None,
     bounded: bool = False,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Audit + blind read over up to ``limit`` official items (with 1–4 evidence records in the
     history) and their two corruptions; the fraction of true items accepted and of corrupted
-    items rejected, with rejections by reason."""
+    items rejected, with rejections by reason. ``progress`` shows a bar of cases checked (on
+    stderr), with the LM call in flight."""
     config = config or BundleConfig(record_token_cap=400, min_records=3, max_records=6)
     graph = graph or RecordGraph.build(history)
     rng = random.Random(f"fidelity:{seed}")
@@ -279,9 +288,21 @@ def assess_fidelity(
             b2 = _bundle_around(graph, unrelated, config, rng)
             plan2 = _official_plan(b2, item.question, item.answer, item.answer_type, unrelated)
             cases.append(("evidence_replaced", item, b2, plan2))
-    outcomes = checker.check(
-        [(b, p, it.question, seed * 7919 + i) for i, (_, it, b, p) in enumerate(cases)]
-    )
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(cases), desc="fidelity", unit="case", file=sys.stderr)
+    on_call = (lambda stage, done, total: bar.set_postfix_str(f"{stage} {done}/{total}")) if bar else None
+    on_done = (lambda i, out: bar.update(1)) if bar else None
+    try:
+        outcomes = checker.check(
+            [(b, p, it.question, seed * 7919 + i) for i, (_, it, b, p) in enumerate(cases)],
+            on_call, on_done,
+        )  # fmt: skip
+    finally:
+        if bar is not None:
+            bar.close()
     groups: dict[str, dict[str, Any]] = {}
     details = []
     for (kind, item, bundle, plan), out in zip(cases, outcomes, strict=True):
