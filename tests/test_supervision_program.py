@@ -283,6 +283,41 @@ def test_check_question_vagueness(question, answer_type, problem):
     assert check_question(question, "x", answer_type) == problem
 
 
+@pytest.mark.parametrize(
+    ("question", "answer", "problem"),
+    [
+        ("When did the event happen on February 1, 2024?", "2024-02-01", "leaks_answer"),
+        ("When did I visit Alberta Co-op on the 6th of May?", "May 6th", "leaks_answer"),
+        ("When did I visit Alberta Co-op after the May 2 market?", "May 6th", None),
+        ("When did I visit Alberta Co-op for the spring seed sale?", "2024-05-06", None),
+    ],
+)
+def test_a_date_question_that_writes_its_answer_in_another_format_leaks_it(question, answer, problem):
+    from memsteer_dspy.supervision.checks import check_question
+
+    assert check_question(question, answer, "date") == problem
+
+
+def test_an_answer_that_is_the_users_own_name_fails_the_plan():
+    history = small_history([
+        Record(id="c1:3", kind="conversation_turn", thread_id="c1", position=3,
+               timestamp=datetime(2024, 3, 2, 9, 10), author="Elena",
+               text="User: Elena Morales woke up feeling unrested again."),
+    ])  # fmt: skip
+    bundle = small_bundle(history, ["c1:1", "c1:2", "c1:3"])
+    plan = plan_reply(answer="Elena Morales", answer_span_id="R3.1", fact_span_ids=["R3.1"],
+                      evidence=[{"record_id": "R3", "contribution": "who woke up unrested"}])  # fmt: skip
+    out, _ = run(role_lms([plan] * 2), bundle=bundle, user_name="Elena_Morales")
+    assert out.reason == "plan_check:answer_is_user"
+    # the same plan for another user's history goes on to the question writer
+    out, _ = run(role_lms([plan], [question_reply("Who woke up feeling unrested?")]), bundle=bundle, user_name="Lila_Nguyen")
+    assert out.stage != "plan_check"
+    from memsteer_dspy.supervision.checks import is_user_name
+
+    assert is_user_name("Elena Morales", "Elena_Morales") and is_user_name("elena", "Elena_Morales")
+    assert not is_user_name("Lila", "Elena_Morales") and not is_user_name("u42", "u42")
+
+
 def test_check_question_flags_a_copied_demo_question_only():
     from memsteer_dspy.supervision.checks import check_question
 

@@ -18,6 +18,8 @@ code                       the plan fails when
 ``answer_unparseable``     the answer does not parse as its type (``memsteer_dspy.normalize``)
 ``answer_too_long``        a text/entity answer is longer than ``max_answer_words`` words
 ``answer_not_in_spans``    a text/entity answer (or a list item) is not in the cited spans
+``answer_is_user``         an entity answer is the user's own name (the user asking their own
+                           assistant "Who woke up feeling unrested?" → themselves)
 =========================  =====================================================================
 
 Before ``answer_not_in_spans`` fails a plan, :func:`repair_answer_citation` tries a deterministic
@@ -70,6 +72,7 @@ class PlanCheckCode(StrEnum):
     ANSWER_UNPARSEABLE = "answer_unparseable"
     ANSWER_TOO_LONG = "answer_too_long"
     ANSWER_NOT_IN_SPANS = "answer_not_in_spans"
+    ANSWER_IS_USER = "answer_is_user"
 
 
 class PlanIssue(BaseModel):
@@ -98,6 +101,15 @@ def _contains(haystack: str, needle: str) -> bool:
 def answer_spans(view: BundleView, span_texts: dict[str, str], answer: str) -> list[str]:
     """Ids of the bundle's spans whose text contains ``answer`` (normalized, word-bounded)."""
     return [sid for sid, text in span_texts.items() if _contains(text, answer)]
+
+
+def is_user_name(answer: str, user_name: str | None) -> bool:
+    """Whether ``answer`` is the user's name ("Elena Morales" or "Elena" for user Elena_Morales)."""
+    if not user_name:
+        return False
+    name = normalize_text(user_name.replace("_", " ")).split()
+    said = normalize_text(answer).split()
+    return bool(said) and len(name) >= 2 and (said == name or said == name[:1])
 
 
 def resolve_plan(
@@ -289,6 +301,7 @@ def check_plan(
     *,
     max_answer_words: int = 10,
     repair: bool = True,
+    user_name: str | None = None,
 ) -> tuple[AnswerPlan, list[PlanIssue], list[Repair]]:
     """Resolve and check a plan: ``(resolved plan, failures, repairs)``; no failures = pass.
 
@@ -311,6 +324,8 @@ def check_plan(
         parse_answer(resolved.answer, kind)
     except AnswerParseError as exc:
         issues.append(PlanIssue(code=PlanCheckCode.ANSWER_UNPARSEABLE, detail=str(exc)))
+    if kind is AnswerType.ENTITY and is_user_name(resolved.answer, user_name):
+        issues.append(PlanIssue(code=PlanCheckCode.ANSWER_IS_USER, detail=f"{resolved.answer!r} is the user"))
     if kind in EXTRACTIVE_TYPES and len(resolved.answer.split()) > max_answer_words:
         issues.append(PlanIssue(code=PlanCheckCode.ANSWER_TOO_LONG,
                                 detail=f"{len(resolved.answer.split())} words (at most {max_answer_words})"))  # fmt: skip
@@ -442,6 +457,32 @@ def detail_terms(statements: Iterable[str], exclude: str = "", limit: int = 6) -
     return out
 
 
+_MONTH = r"(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.?"
+_DATE_IN_TEXT = re.compile(
+    rf"\b\d{{4}}-\d{{1,2}}-\d{{1,2}}\b|\b\d{{1,2}}/\d{{1,2}}/\d{{2,4}}\b"
+    rf"|\b{_MONTH}\s+\d{{1,2}}(?:st|nd|rd|th)?(?:,?\s+\d{{4}})?\b"
+    rf"|\b\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?{_MONTH}(?:,?\s+\d{{4}})?\b",
+    re.I,
+)
+
+
+def _names_date(question: str, answer: str) -> bool:
+    """Whether the question writes the answer's date in any format ("When did the event happen on
+    February 1, 2024?" → 2024-02-01): word matching misses it, the date parser does not."""
+    try:
+        target = parse_answer(answer, AnswerType.DATE)
+    except AnswerParseError:
+        return False
+    for m in _DATE_IN_TEXT.finditer(question):
+        try:
+            found = parse_answer(m.group(0), AnswerType.DATE)
+        except AnswerParseError:
+            continue
+        if found == target or (str(found).startswith("--") and str(target).endswith(str(found)[1:])):
+            return True
+    return False
+
+
 def _overlap(a: list[str], b: list[str]) -> float:
     sa, sb = set(a), set(b)
     return len(sa & sb) / len(sa | sb) if sa and sb else 0.0
@@ -486,7 +527,7 @@ def check_question(
         kind in ("text", "entity", "date")
         and len(normalize_text(answer)) >= 3
         and _contains(q, answer)
-    ):
+    ) or (kind == "date" and _names_date(q, answer)):
         return "leaks_answer"
     if kind == "list":
         items = [i for i in list_items(answer) if len(i) >= 3]

@@ -225,8 +225,10 @@ class _Generator(dspy.Module):
         cold_start: bool = True,
         question_rewrites: int = 2,
         plan_retries: int = 1,
+        user_name: str | None = None,
     ):
         super().__init__()
+        self.user_name = user_name
         self.question_rewrites = question_rewrites
         self.plan_retries = plan_retries
         self.bounded = bounded
@@ -402,7 +404,7 @@ class _Generator(dspy.Module):
         texts = spans_by_id(bundle.spans())
         resolved, issues, repairs = check_plan(
             plan, task, view, texts, max_answer_words=self.max_answer_words,
-            repair=self.checks and require_facts,
+            repair=self.checks and require_facts, user_name=self.user_name,
         )  # fmt: skip
         if not require_facts:  # the direct baseline has no facts to check
             skip = ("no_facts", "evidence_without_fact", "answer_not_in_spans")

@@ -602,7 +602,7 @@ def generate_supervision(
                             method="random" if config.method == "naive" else "graph")  # fmt: skip
     generator = make_generator(
         config.method, lms, checks=config.checks, max_retries=config.max_retries, max_demos=config.demo_limit,
-        bounded=config.bounded, cold_start=config.cold_start,
+        bounded=config.bounded, cold_start=config.cold_start, user_name=history.user_id,
     )  # fmt: skip
     log = read_log(out)
     done = {r.index for r in log}
