@@ -253,9 +253,29 @@ def test_every_field_is_offered_again_when_few_are_left():
     from memsteer_dspy.optimize.proposer import MIN_UNTRIED_FIELDS
 
     proposer = DesignProposer(ProposerLM([]), output="changes")
-    almost_all = set(DESIGN_FIELDS[: len(DESIGN_FIELDS) - MIN_UNTRIED_FIELDS + 1])
-    assert proposer._allowed_fields(almost_all) == tuple(DESIGN_FIELDS)
-    assert DesignProposer(ProposerLM([]), output="design")._allowed_fields(set()) is None
+    active = [f for f in DESIGN_FIELDS if f not in BASE.inert_fields()]
+    almost_all = set(active[: len(active) - MIN_UNTRIED_FIELDS + 1])
+    assert proposer._allowed_fields(almost_all, BASE) == tuple(active)
+    assert DesignProposer(ProposerLM([]), output="design")._allowed_fields(set(), BASE) is None
+
+
+def test_fields_that_change_nothing_under_the_current_design_are_not_offered():
+    from memsteer_dspy.signatures.propose import DESIGN_FIELDS
+
+    proposer = DesignProposer(ProposerLM([]), output="changes")
+    offered = set(proposer._allowed_fields(set(), BASE))
+    # Base-BM25 stores records in a BM25 index, searched with the question itself
+    for inert in ("store.window_size", "store.facts_batch", "store.section_max_tokens", "retrieve.dense.max_chars",
+                  "retrieve.dense_weight", "retrieve.rrf_k", "retrieve.n_queries", "retrieve.reranker_model"):  # fmt: skip
+        assert inert not in offered
+    # …while the switches that would make them act are offered
+    assert {"store.unit", "retrieve.index", "retrieve.query", "retrieve.rerank", "retrieve.bm25.k1"} <= offered
+    hybrid = BASE.model_copy(update={"retrieve": BASE.retrieve.model_copy(update={"index": "hybrid", "query": "hyde"})})
+    windows = hybrid.model_copy(update={"store": BASE.store.model_copy(update={"unit": "window"})})
+    offered = set(proposer._allowed_fields(set(), windows))
+    assert {"store.window_size", "retrieve.dense.max_chars", "retrieve.dense_weight", "retrieve.rrf_k",
+            "retrieve.n_queries", "retrieve.bm25.k1"} <= offered  # fmt: skip
+    assert "store.facts_batch" not in offered and len(offered) < len(DESIGN_FIELDS)
 
 
 def test_a_list_field_written_as_text_is_read_as_a_list():
@@ -290,6 +310,6 @@ def test_typed_values_from_the_grammar_are_applied_as_they_are():
 def test_a_budget_fixed_after_construction_is_never_offered():
     # the loop builds its proposer before it knows the budget and sets fixed_budget afterwards
     proposer = DesignProposer(ProposerLM([]), output="changes")
-    assert "context.budget_tokens" in proposer._allowed_fields(set())
+    assert "context.budget_tokens" in proposer._allowed_fields(set(), BASE)
     proposer.fixed_budget = 1000
-    assert "context.budget_tokens" not in proposer._allowed_fields(set())
+    assert "context.budget_tokens" not in proposer._allowed_fields(set(), BASE)

@@ -356,12 +356,14 @@ class DesignProposer(dspy.Module):
         changes it is pinned back). Derived, since the loop may set ``fixed_budget`` later."""
         return {"context.budget_tokens"} if self.fixed_budget is not None else set()
 
-    def _allowed_fields(self, exclude: set[str]) -> tuple[str, ...] | None:
-        """The fields a "changes" proposal may name: those not tried since the last accept (all of
-        them when fewer than :data:`MIN_UNTRIED_FIELDS` are left); None when not exploring."""
+    def _allowed_fields(self, exclude: set[str], current: MemoryDesign) -> tuple[str, ...] | None:
+        """The fields a "changes" proposal may name: those that act under the current design
+        (:meth:`MemoryDesign.inert_fields` are left out) and were not tried since the last accept
+        (all of them when fewer than :data:`MIN_UNTRIED_FIELDS` are left); None when not exploring."""
         if self.output != "changes" or not self.explore:
             return None
-        fields = [f for f in DESIGN_FIELDS if f not in self.pinned_fields]
+        inert = current.inert_fields()
+        fields = [f for f in DESIGN_FIELDS if f not in self.pinned_fields and f not in inert]
         untried = tuple(f for f in fields if f not in exclude)
         return untried if len(untried) >= MIN_UNTRIED_FIELDS else tuple(fields)
 
@@ -397,8 +399,8 @@ class DesignProposer(dspy.Module):
             t0 = time.perf_counter()
             notes: list[str] = []
             text = render_history(history + extra, self.history_tokens)
-            allowed = self._allowed_fields(exclude)
-            if allowed is not None and len(allowed) < len(DESIGN_FIELDS) - len(self.pinned_fields):
+            allowed = self._allowed_fields(exclude, current)
+            if allowed is not None and exclude & set(DESIGN_FIELDS) - set(allowed):
                 notes.append("fields tried since the last accept were not offered: " + ", ".join(sorted(exclude)))
             try:
                 pred = self._call(current, text, feedback, config, allowed)
