@@ -283,6 +283,24 @@ def test_check_question_vagueness(question, answer_type, problem):
     assert check_question(question, "x", answer_type) == problem
 
 
+def test_a_question_that_names_what_its_records_never_mention_is_rejected():
+    from memsteer_dspy.supervision.checks import check_question, unknown_names
+
+    records = small_bundle().view().text
+    q = "When did I send the note to Lila at Clayworks Studio?"
+    assert unknown_names(q, records) == ["Clayworks Studio"]
+    assert check_question(q, "2024-03-02", "date", known_text=records) == "unknown_name"
+    # names the records write, the user's own name and month names are fine
+    assert check_question("When did I send Lila the note from my MacBook Air?", "2024-03-02", "date",
+                          known_text=records) is None  # fmt: skip
+    assert unknown_names("Did Elena Morales walk Oliver on Maple Street in March?", records + "\nElena Morales") == []
+    # in the program: the writer is re-sampled and told to name only what the records name
+    lms = role_lms([plan_reply()], [question_reply("Which device did I use at Clayworks Studio?"), question_reply()],
+                   [audit_reply()], [blind_reply()])  # fmt: skip
+    out, _ = run(lms)
+    assert out.status == "accepted" and out.repairs[0].reason == "re-sampled after question:unknown_name"
+
+
 @pytest.mark.parametrize(
     ("question", "answer", "problem"),
     [

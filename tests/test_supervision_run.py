@@ -64,7 +64,9 @@ def laptop_history(n_threads: int = 6) -> History:
                     timestamp=t0 + timedelta(days=t, minutes=p),
                     text=(
                         f"User: I packed my MacBook Air for the {PLACES[i % 10]} trip with Ana on day {i}. "
-                        f"We talked about the {TOPICS[i % 10]} plan and {TOPICS[(i + 3) % 10]} ideas."
+                        f"We talked about the {TOPICS[i % 10]} plan and {TOPICS[(i + 3) % 10]} ideas. "
+                        # the scripted questions name any of these cities (question:unknown_name otherwise)
+                        f"Ana's map marks {', '.join(PLACES)}."
                     ),
                 )
             )

@@ -54,6 +54,7 @@ __all__ = [
     "check_question",
     "detail_terms",
     "expand_name",
+    "unknown_names",
     "resolve_plan",
 ]
 
@@ -483,13 +484,38 @@ def _names_date(question: str, answer: str) -> bool:
     return False
 
 
+_CALENDAR = frozenset("""
+january february march april may june july august september october november december
+monday tuesday wednesday thursday friday saturday sunday
+""".split())
+
+
+def unknown_names(question: str, known_text: str) -> list[str]:
+    """The names in a question (capitalized words after its first) that ``known_text`` never
+    writes: a premise the records do not support. Measured: a 1.5B writer asked "When was the note
+    written by Elena to Sofia at Clayworks Studio?" — the studio of the cold-start demonstration —
+    and the 1.5B auditor passed it."""
+    known = f" {normalize_text(known_text)} "
+    out = []
+    for m in _NAME.finditer(question.strip()):
+        name = re.sub(r"['’]s$", "", m.group(1).rstrip(".’'"))
+        tokens = [t for t in normalize_text(name).split() if t not in _FILLER and t not in _CALENDAR]
+        if tokens and any(f" {t} " not in known for t in tokens):
+            out.append(name)
+    return out
+
+
 def _overlap(a: list[str], b: list[str]) -> float:
     sa, sb = set(a), set(b)
     return len(sa & sb) / len(sa | sb) if sa and sb else 0.0
 
 
 def check_question(
-    question: str, answer: str, answer_type: str, demo_questions: Iterable[str] = ()
+    question: str,
+    answer: str,
+    answer_type: str,
+    demo_questions: Iterable[str] = (),
+    known_text: str | None = None,
 ) -> str | None:
     """Why a written question is unusable (a reason code), or None when it is fine.
 
@@ -502,7 +528,9 @@ def check_question(
     ``copies_demo`` — mostly the words of a few-shot demonstration's question (a small LM copies
     its demonstrations: measured, "Who is coming with me to the pottery class at Clayworks
     Studio?" came back word for word on a history without any pottery class);
-    ``leaks_answer`` — contains the answer (text, entity, date and list answers).
+    ``leaks_answer`` — contains the answer (text, entity, date and list answers);
+    ``unknown_name`` — names someone or something ``known_text`` (the bundle's records and the
+    user's name) never mentions (:func:`unknown_names`).
     """
     q = (question or "").strip()
     if len(q.split()) < 3:
@@ -522,6 +550,8 @@ def check_question(
         return "vague"
     if any(_overlap(topic, topic_words(d)) >= 0.5 for d in demo_questions):
         return "copies_demo"
+    if known_text is not None and unknown_names(q, known_text):
+        return "unknown_name"
     kind = str(answer_type)
     if (
         kind in ("text", "entity", "date")

@@ -447,10 +447,12 @@ class _Generator(dspy.Module):
                                      reason=f"the plan failed {failed}; planned again"))  # fmt: skip
         return out, plan, issues, repairs
 
-    def _question_problem(self, question: str, plan: AnswerPlan) -> str | None:
-        """:func:`~memsteer_dspy.supervision.checks.check_question` against the current demos."""
+    def _question_problem(self, question: str, plan: AnswerPlan, bundle: Bundle) -> str | None:
+        """:func:`~memsteer_dspy.supervision.checks.check_question` against the current demos, with
+        the bundle's records (and the user's name) as what the question may name."""
         demos = {str(d.question) for p in self.predictors() for d in p.demos if d.get("question")}
-        return check_question(question, plan.answer, str(plan.answer_type), demos)
+        known = f"{bundle.view().text}\n{(self.user_name or '').replace('_', ' ')}"
+        return check_question(question, plan.answer, str(plan.answer_type), demos, known)
 
     def _verify(
         self,
@@ -472,7 +474,7 @@ class _Generator(dspy.Module):
         if not self.checks:
             return Outcome(status="accepted", usage=usage, **base)
         if question_check:
-            problem = self._question_problem(question, plan)
+            problem = self._question_problem(question, plan, bundle)
         if problem:
             return _rejected("question", f"question:{problem}", question, usage, **base)
         facts = _fact_lines(view, bundle, plan)
@@ -521,6 +523,7 @@ _REWRITE_HINTS = {
     "mentions_records": "ask about the user's own life, never about 'the user', 'the conversation' or the records",
     "leaks_answer": "do not put the answer in the question",
     "copies_demo": "ask about these records, not about the example",
+    "unknown_name": "name only people, places and things the records name",
     "empty": "write one complete question ending with '?'",
     "not_a_question": "write one complete question ending with '?'",
 }
@@ -734,7 +737,7 @@ class MemSteerGenerator(_Generator):
                 repairs.append(Repair(stage="question", field="question", before=question, after=fixed,
                                       reason="a date question's relative day was removed"))  # fmt: skip
                 question = fixed
-            problem = self._question_problem(question, plan) if self.checks else None
+            problem = self._question_problem(question, plan, bundle) if self.checks else None
             if problem is None:
                 break
         # the loop above has checked the final question: _verify takes its verdict
