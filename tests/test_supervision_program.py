@@ -141,6 +141,7 @@ def test_a_partial_name_is_completed_from_the_answer_span():
 )
 def test_expand_name_cases(answer, span, expanded):
     from memsteer_dspy.signatures.plan import AnswerPlan
+
     from memsteer_dspy.supervision.checks import expand_name
 
     plan = AnswerPlan(answer=answer, answer_type="entity", answer_span_id="r#1")
