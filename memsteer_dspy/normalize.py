@@ -411,6 +411,9 @@ def _same_number(a: Quantity, b: Quantity) -> bool:
 def answers_match(prediction: str, reference: str, answer_type: AnswerType | str) -> bool:
     """Whether ``prediction`` agrees exactly with ``reference`` after type normalization.
 
+    A date without a year agrees with a full date of the same month and day ("May 13" and
+    "2024-05-13": measured, a blind reader wrote the record's full date for an official "May 13").
+
     When either side does not parse as the type, the two match only if their normalized text is
     equal and non-empty (so "unknown" never matches a real answer).
     """
@@ -422,6 +425,10 @@ def answers_match(prediction: str, reference: str, answer_type: AnswerType | str
         return bool(p_text) and p_text == r_text
     if kind is AnswerType.NUMBER:
         return _same_number(p, r)
+    if kind is AnswerType.DATE and p != r and (str(p).startswith("--") != str(r).startswith("--")):
+        # one side has no year ("May 13" -> --05-13): the rest must agree ("2024-05-13")
+        partial, full = (p, r) if str(p).startswith("--") else (r, p)
+        return str(full)[4:] == str(partial)[1:]
     return p == r
 
 

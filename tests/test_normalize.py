@@ -51,6 +51,11 @@ MATCH_TABLE = [
     ("date", "March 2024", "2024-03", True),
     ("date", "March 2024", "2024-03-01", False),
     ("date", "March 3", "--03-03", True),
+    # a date without a year agrees with a full date of that month and day, either way round
+    ("date", "2024-05-13", "May 13", True),
+    ("date", "May 13", "2024-05-13", True),
+    ("date", "2024-05-14", "May 13", False),
+    ("date", "March 3", "2023-04-03", False),
     ("date", "2023", "2023", True),
     ("date", "March 3, 2024", "March 4, 2024", False),
     # list: set equality of normalized items
