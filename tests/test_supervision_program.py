@@ -109,15 +109,20 @@ def test_no_plan_resample_without_retries():
     assert out.reason == "plan_check:answer_not_in_spans" and out.usage["planner"].calls == 1
 
 
-def test_a_partial_name_is_completed_from_the_answer_span():
+def third_record_case(text: str, answer: str, contribution: str):
+    """A bundle whose third record (R3) says ``text``, and a plan answering ``answer`` from it."""
     history = small_history([
         Record(id="c1:3", kind="conversation_turn", thread_id="c1", position=3,
-               timestamp=datetime(2024, 3, 2, 9, 10), author="Elena",
-               text="User: Amelia Torres will join the winter walk on Sunday."),
+               timestamp=datetime(2024, 3, 2, 9, 10), author="Elena", text=text),
     ])  # fmt: skip
     bundle = small_bundle(history, ["c1:1", "c1:2", "c1:3"])
-    plan = plan_reply(answer="Amelia", answer_span_id="R3.1", fact_span_ids=["R3.1"],
-                      evidence=[{"record_id": "R3", "contribution": "who joins"}])  # fmt: skip
+    plan = plan_reply(answer=answer, answer_span_id="R3.1", fact_span_ids=["R3.1"],
+                      evidence=[{"record_id": "R3", "contribution": contribution}])  # fmt: skip
+    return bundle, plan
+
+
+def test_a_partial_name_is_completed_from_the_answer_span():
+    bundle, plan = third_record_case("User: Amelia Torres will join the winter walk on Sunday.", "Amelia", "who joins")
     audit = audit_reply(facts=("R3.1",))
     audit["record_checks"][0]["record_id"] = "R3"
     lms = role_lms([plan], [question_reply("Who will join my winter walk on Sunday?")], [audit],
@@ -318,14 +323,8 @@ def test_a_date_question_that_writes_its_answer_in_another_format_leaks_it(quest
 
 
 def test_an_answer_that_is_the_users_own_name_fails_the_plan():
-    history = small_history([
-        Record(id="c1:3", kind="conversation_turn", thread_id="c1", position=3,
-               timestamp=datetime(2024, 3, 2, 9, 10), author="Elena",
-               text="User: Elena Morales woke up feeling unrested again."),
-    ])  # fmt: skip
-    bundle = small_bundle(history, ["c1:1", "c1:2", "c1:3"])
-    plan = plan_reply(answer="Elena Morales", answer_span_id="R3.1", fact_span_ids=["R3.1"],
-                      evidence=[{"record_id": "R3", "contribution": "who woke up unrested"}])  # fmt: skip
+    bundle, plan = third_record_case("User: Elena Morales woke up feeling unrested again.", "Elena Morales",
+                                     "who woke up unrested")  # fmt: skip
     out, _ = run(role_lms([plan] * 2), bundle=bundle, user_name="Elena_Morales")
     assert out.reason == "plan_check:answer_is_user"
     # the same plan for another user's history goes on to the question writer

@@ -52,6 +52,7 @@ __all__ = [
     "check_plan",
     "topic_words",
     "check_question",
+    "user_display_name",
     "detail_terms",
     "expand_name",
     "unknown_names",
@@ -104,11 +105,16 @@ def answer_spans(view: BundleView, span_texts: dict[str, str], answer: str) -> l
     return [sid for sid, text in span_texts.items() if _contains(text, answer)]
 
 
+def user_display_name(user_id: str | None) -> str:
+    """The name a user id spells (``Elena_Morales`` → ``Elena Morales``; "" for none)."""
+    return (user_id or "").replace("_", " ").strip()
+
+
 def is_user_name(answer: str, user_name: str | None) -> bool:
     """Whether ``answer`` is the user's name ("Elena Morales" or "Elena" for user Elena_Morales)."""
     if not user_name:
         return False
-    name = normalize_text(user_name.replace("_", " ")).split()
+    name = normalize_text(user_display_name(user_name)).split()
     said = normalize_text(answer).split()
     return bool(said) and len(name) >= 2 and (said == name or said == name[:1])
 

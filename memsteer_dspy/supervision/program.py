@@ -62,6 +62,7 @@ from memsteer_dspy.supervision.checks import (
     check_question,
     detail_terms,
     spans_by_id,
+    user_display_name,
 )
 from memsteer_dspy.supervision.limits import bounded_signature
 from memsteer_dspy.tokens import count_tokens
@@ -447,11 +448,12 @@ class _Generator(dspy.Module):
                                      reason=f"the plan failed {failed}; planned again"))  # fmt: skip
         return out, plan, issues, repairs
 
-    def _question_problem(self, question: str, plan: AnswerPlan, bundle: Bundle) -> str | None:
+    def _question_problem(self, question: str, plan: AnswerPlan, view: BundleView) -> str | None:
         """:func:`~memsteer_dspy.supervision.checks.check_question` against the current demos, with
-        the bundle's records (and the user's name) as what the question may name."""
+        the bundle's records (``view``, the one the planner read) and the user's name as what the
+        question may name."""
         demos = {str(d.question) for p in self.predictors() for d in p.demos if d.get("question")}
-        known = f"{bundle.view().text}\n{(self.user_name or '').replace('_', ' ')}"
+        known = f"{view.text}\n{user_display_name(self.user_name)}"
         return check_question(question, plan.answer, str(plan.answer_type), demos, known)
 
     def _verify(
@@ -474,7 +476,7 @@ class _Generator(dspy.Module):
         if not self.checks:
             return Outcome(status="accepted", usage=usage, **base)
         if question_check:
-            problem = self._question_problem(question, plan, bundle)
+            problem = self._question_problem(question, plan, view)
         if problem:
             return _rejected("question", f"question:{problem}", question, usage, **base)
         facts = _fact_lines(view, bundle, plan)
@@ -737,7 +739,7 @@ class MemSteerGenerator(_Generator):
                 repairs.append(Repair(stage="question", field="question", before=question, after=fixed,
                                       reason="a date question's relative day was removed"))  # fmt: skip
                 question = fixed
-            problem = self._question_problem(question, plan, bundle) if self.checks else None
+            problem = self._question_problem(question, plan, view) if self.checks else None
             if problem is None:
                 break
         # the loop above has checked the final question: _verify takes its verdict
