@@ -19,11 +19,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
+EXTRAS ?= local,dense,dev,server,tune,ray,report,browser
+
 # torch first, pinned to the CPU build: anything that depends on torch would otherwise pull a
-# multi-GB CUDA build. llama-cpp-python then builds from source (about 5 minutes on 2 cores).
-$(STAMP): $(BIN)/python pyproject.toml
+# multi-GB CUDA build. llama-cpp-python then builds from source (about 5 minutes on 2 cores) with
+# flags chosen from this CPU's features, AMX always off (memsteer_dspy/lm/buildflags.py: llama.cpp's
+# native build segfaults on Xeons with AMX); the wheel is cached by version + flags.
+$(STAMP): $(BIN)/python pyproject.toml memsteer_dspy/lm/buildflags.py
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[local,dense,dev]'
+	$(BIN)/python memsteer_dspy/lm/buildflags.py --explain --install --python $(BIN)/python
+	$(PIP) install -q -e '.[$(EXTRAS)]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
 install: $(STAMP)
