@@ -187,12 +187,8 @@ def installed_build_record(prefix: str | Path | None = None) -> dict | None:
         return None
 
 
-def install(python: str, args: str | None = None, *, version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
-    """Build (or reuse the cached) llama-cpp-python wheel for ``args`` and install it into ``python``.
-
-    Returns the wheel's path. Raises ``subprocess.CalledProcessError`` when pip fails.
-    """
-    args = cmake_args() if args is None else args
+def ensure_wheel(python: str, args: str, *, version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
+    """The cached llama-cpp-python wheel built with ``args`` for ``python``, building it if missing."""
     tag = subprocess.run(
         [python, "-c", "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')"],
         check=True,
@@ -201,31 +197,42 @@ def install(python: str, args: str | None = None, *, version: str = LLAMA_CPP_PY
     ).stdout.strip()
     cache = wheel_cache_dir() / f"llama_cpp_python-{version}-{build_key(args, version, tag)}"
     wheels = sorted(cache.glob("llama_cpp_python-*.whl"))
-    if not wheels:
-        print(f"building llama-cpp-python {version} with CMAKE_ARGS={args!r} (about 5 min on 2 cores)")
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache.parent, prefix=".build-") as tmp:
-            env = dict(os.environ, CMAKE_ARGS=args, FORCE_CMAKE="1")
-            subprocess.run(
-                [
-                    python, "-m", "pip", "wheel", "-q", "--no-deps", "--no-cache-dir",
-                    "--no-binary", "llama-cpp-python", "-w", tmp,
-                    f"llama-cpp-python=={version}",
-                ],
-                check=True,
-                env=env,
-            )
-            built = sorted(Path(tmp).glob("llama_cpp_python-*.whl"))
-            if not built:
-                raise RuntimeError(f"pip wheel wrote no llama-cpp-python wheel in {tmp}")
-            staged = Path(tmp) / "done"
-            staged.mkdir()
-            for wheel in built:
-                wheel.rename(staged / wheel.name)
-            os.replace(staged, cache)  # atomic: a killed build never leaves a half cache entry
-        wheels = sorted(cache.glob("llama_cpp_python-*.whl"))
-    else:
+    if wheels:
         print(f"llama-cpp-python {version}: reusing {wheels[-1]} (CMAKE_ARGS={args!r})")
+        return wheels[-1]
+    print(f"building llama-cpp-python {version} with CMAKE_ARGS={args!r} (about 5 min on 2 cores)")
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache.parent, prefix=".build-") as tmp:
+        env = dict(os.environ, CMAKE_ARGS=args, FORCE_CMAKE="1")
+        subprocess.run(
+            [
+                python, "-m", "pip", "wheel", "-q", "--no-deps", "--no-cache-dir",
+                "--no-binary", "llama-cpp-python", "-w", tmp,
+                f"llama-cpp-python=={version}",
+            ],
+            check=True,
+            env=env,
+        )  # fmt: skip
+        built = sorted(Path(tmp).glob("llama_cpp_python-*.whl"))
+        if not built:
+            raise RuntimeError(f"pip wheel wrote no llama-cpp-python wheel in {tmp}")
+        staged = Path(tmp) / "done"
+        staged.mkdir()
+        for wheel in built:
+            wheel.rename(staged / wheel.name)
+        os.replace(staged, cache)  # atomic: a killed build never leaves a half cache entry
+    return sorted(cache.glob("llama_cpp_python-*.whl"))[-1]
+
+
+def install(
+    python: str, args: str | None = None, *, version: str = LLAMA_CPP_PYTHON_VERSION
+) -> Path:
+    """Build (or reuse the cached) llama-cpp-python wheel for ``args`` and install it into ``python``.
+
+    Returns the wheel's path. Raises ``subprocess.CalledProcessError`` when pip fails.
+    """
+    args = cmake_args() if args is None else args
+    wheels = [ensure_wheel(python, args, version=version)]
     subprocess.run(
         [python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheels[-1])],
         check=True,

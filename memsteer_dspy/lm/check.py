@@ -4,6 +4,10 @@ Before a long run it is worth knowing that every role's LM answers, parses, and 
 distinct LM among the roles this makes one typed call (``question -> answer: str, confidence:
 float``) through ``dspy.Predict`` with the ``JSONAdapter``, and reports the roles it serves, latency,
 tokens and tokens/s, the parsed output, or the error. One failing LM never stops the others.
+
+A local model (``local/...`` or ``llamacpp/<file>``) is first loaded and run in a child process
+(:mod:`memsteer_dspy.lm.preflight`, always afresh here): a llama.cpp build that crashes on this CPU is
+reported with the signal and the reinstall command instead of killing ``lm check`` itself.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class CheckResult(BaseModel):
     completion_tokens: int = 0
     tokens_per_s: float = 0.0
     output: dict[str, Any] = Field(default_factory=dict)
+    preflight: str | None = None
 
 
 def check_lms(config: LMConfig, *, question: str = CHECK_QUESTION) -> list[CheckResult]:
@@ -52,6 +57,26 @@ def check_lms(config: LMConfig, *, question: str = CHECK_QUESTION) -> list[Check
     results: list[CheckResult] = []
     for spec, roles in config.distinct():
         role = roles[0]
+        preflight = None
+        if spec.backend in ("local", "llamacpp"):
+            try:
+                preflight = _preflight(spec)
+            except Exception as exc:  # noqa: BLE001 - a missing model file etc., reported per LM
+                results.append(
+                    CheckResult(model=spec.model, roles=roles, ok=False, error=_why(exc))
+                )
+                continue
+            if not preflight.ok:
+                results.append(
+                    CheckResult(
+                        model=spec.model,
+                        roles=roles,
+                        ok=False,
+                        error=preflight.error,
+                        preflight=preflight.summary(),
+                    )
+                )
+                continue
         try:
             lm = config.lm(role).copy(cache=False)
         except Exception as exc:  # noqa: BLE001 - reported per LM, never fatal
@@ -87,9 +112,22 @@ def check_lms(config: LMConfig, *, question: str = CHECK_QUESTION) -> list[Check
                 completion_tokens=completion,
                 tokens_per_s=completion / latency if latency > 0 else 0.0,
                 output={k: prediction[k] for k in TinyCheck.output_fields},
+                preflight=preflight.summary() if preflight is not None else None,
             )
         )
     return results
+
+
+def _preflight(spec: Any) -> Any:
+    """Run the crash-safe child-process preflight of a local model afresh (and remember a pass)."""
+    from pathlib import Path
+
+    from memsteer_dspy.lm.model_files import ensure_embedded_model
+    from memsteer_dspy.lm.preflight import run_preflight
+
+    name = spec.model.split("/", 1)[1]
+    path = ensure_embedded_model(name) if spec.backend == "local" else Path(name)
+    return run_preflight(path)
 
 
 def _why(exc: BaseException) -> str:
@@ -122,6 +160,8 @@ def format_check_table(results: list[CheckResult]) -> str:
     ]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
     for r in results:
+        if r.preflight and r.ok:
+            lines.append(f"\n{r.model}: {r.preflight}")
         if not r.ok:
             lines.append(f"\n{r.model} ({', '.join(r.roles)}): {r.error}")
     return "\n".join(lines)

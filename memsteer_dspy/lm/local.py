@@ -84,6 +84,11 @@ def _load(path: Path, n_ctx: int, n_threads: int | None, n_batch: int) -> _Share
         require_llama_cpp()
         import llama_cpp
 
+        from memsteer_dspy.lm.preflight import ensure_preflight
+
+        # A build whose CPU kernels do not fit this CPU kills the process in its first multi-token
+        # decode (SIGSEGV with AMX, SIGILL without AVX-512): try it in a child process first.
+        ensure_preflight(path)
         start = time.perf_counter()
         try:
             llama = llama_cpp.Llama(
