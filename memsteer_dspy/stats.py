@@ -106,15 +106,31 @@ class PairedComparison(BaseModel):
     primary: str = Field(description="The metric the verdict follows.")
     initial: dict[str, float | None] = Field(description="Metric -> mean of the reference design.")
     best: dict[str, float | None] = Field(description="Metric -> mean of the challenger.")
-    diff: dict[str, float | None] = Field(description="Metric -> mean paired difference (best - initial).")
-    ci95: dict[str, list[float] | None] = Field(description="Metric -> [low, high] bootstrap interval of diff.")
+    diff: dict[str, float | None] = Field(
+        description="Metric -> mean paired difference (best - initial)."
+    )
+    ci95: dict[str, list[float] | None] = Field(
+        description="Metric -> [low, high] bootstrap interval of diff."
+    )
     n_pairs: dict[str, int] = Field(default_factory=dict, description="Metric -> pairs measured.")
-    p_bootstrap: float = Field(1.0, description="Primary metric: one-sided bootstrap p (best not better).")
+    p_bootstrap: float = Field(
+        1.0, description="Primary metric: one-sided bootstrap p (best not better)."
+    )
     p_sign: float = Field(1.0, description="Primary metric: exact one-sided sign-test p.")
     verdict: Verdict = "inconclusive"
     resamples: int = RESAMPLES
     seed: int = SEED
     level: float = LEVEL
+
+
+def points(d: float | None, empty: str = "–") -> str:
+    """A difference of fractions in signed points (``+4.2``)."""
+    return empty if d is None else f"{100 * d:+.1f}"
+
+
+def points_ci(ci: Sequence[float] | None, empty: str = "–") -> str:
+    """An interval of fractions in signed points (``[+1.0, +7.5]``)."""
+    return empty if not ci else f"[{points(ci[0])}, {points(ci[1])}]"
 
 
 def _mean(v: Sequence[float | None]) -> float | None:

@@ -75,7 +75,13 @@ def test_verdict_clear_win():
     assert c.verdict == "better" and c.n == 60 and c.source == "constructed"
     assert c.ci95["delivered_recall"][0] > 0 and c.diff["delivered_recall"] > 0.1
     assert c.p_bootstrap < 0.01 and c.p_sign < 0.01
-    assert set(c.initial) == set(c.best) == set(c.diff) == set(c.ci95) == {"delivered_recall", "recall_at_10"}
+    assert (
+        set(c.initial)
+        == set(c.best)
+        == set(c.diff)
+        == set(c.ci95)
+        == {"delivered_recall", "recall_at_10"}
+    )
 
 
 def test_verdict_clear_loss():
@@ -109,5 +115,7 @@ def test_verdict_follows_the_primary_metric_and_needs_it():
 def test_a_metric_missing_on_every_pair_is_reported_as_none():
     c = paired_comparison({"accuracy": [None, None], "recall_at_10": [0, 1]},
                           {"accuracy": [None, None], "recall_at_10": [0, 1]}, "recall_at_10")  # fmt: skip
-    assert c.initial["accuracy"] is None and c.ci95["accuracy"] is None and c.n_pairs["accuracy"] == 0
+    assert (
+        c.initial["accuracy"] is None and c.ci95["accuracy"] is None and c.n_pairs["accuracy"] == 0
+    )
     assert c.ci95["recall_at_10"] == [0.0, 0.0] and c.verdict == "inconclusive"
