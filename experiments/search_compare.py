@@ -36,6 +36,7 @@ from _common import shared_optimizer  # noqa: E402
 from memsteer_dspy.loaders.rhelm import default_rhelm_root, list_personas, load_rhelm  # noqa: E402
 from memsteer_dspy.memory import MemoryDesign  # noqa: E402
 from memsteer_dspy.optimize import MemSteerOpt, OptimizeConfig, split_official  # noqa: E402
+from memsteer_dspy.optimize.search import OptunaProposer  # noqa: E402
 from memsteer_dspy.optimize.splits import official_test  # noqa: E402
 from memsteer_dspy.stats import points, points_ci  # noqa: E402
 
@@ -66,6 +67,9 @@ def run_one(
     folder = out / setting / search
     kwargs: dict[str, Any] = dict(config=config, lms=lm, init_design=MemoryDesign.base_bm25(), cache_dir=args.cache_dir,
                                   usage=usage, test_source=f"official held-out ({setting})")  # fmt: skip
+    if search in ("random", "tpe"):
+        kwargs["search_proposer"] = OptunaProposer(search, MemoryDesign.base_bm25(), "recall", seed=args.seed,
+                                                   indexes=args.indexes.split(","))  # fmt: skip
     t0 = time.perf_counter()
     if len(histories) == 1:
         ((persona, history),) = histories.items()
@@ -134,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         "--lm", default=None, help="proposer LM for hill/population (default: the configured one)"
     )
     ap.add_argument("--feedback-tokens", type=int, default=1200)
+    ap.add_argument("--indexes", default="bm25",
+                    help="random/tpe: index kinds to sample (bm25,dense,hybrid need the dense extra)")  # fmt: skip
     ap.add_argument(
         "--shared-only", action="store_true", help="only the design shared by all personas"
     )

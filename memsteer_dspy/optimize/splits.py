@@ -90,7 +90,7 @@ def carve_test(
             f"{len(new_train)} train / {len(new_val)} validation items",
             field="--test-fraction", hint="generate more supervision, or pass --test PATH with held-out items",
         )  # fmt: skip
-    test = [q for q in [*train, *val] if q.id in test_ids]
+    test = list({q.id: q for q in [*train, *val] if q.id in test_ids}.values())
     return new_train, new_val, test
 
 
