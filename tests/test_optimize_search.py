@@ -325,3 +325,52 @@ def test_carve_test_takes_whole_bundles():
     assert carve_test(train, val, fraction=0.3, seed=1) == (tr, va, te)
     with pytest.raises(InputError, match="leaves"):
         carve_test(train[:1], val[:1], fraction=0.5)
+
+
+def test_held_out_verdict_goes_to_the_mlflow_parent_run(tmp_path):
+    from mlflow import MlflowClient
+
+    from memsteer_dspy.tracking import Tracker
+
+    history = small_history()
+    tracker = Tracker.for_history(tmp_path / "run", history.user_id, history.fingerprint)
+    opt = MemSteerOpt(history, small_qa(), small_qa(), tmp_path / "run", init_design=NARROW,
+                      config=OptimizeConfig(iterations=1, objective="recall"),
+                      lms={"proposer": ProposerLM([proposal(wide(3))])}, tracker=tracker, test=held_out(),
+                      test_source="constructed")  # fmt: skip
+    res = opt.run()
+    run = MlflowClient(tracking_uri=res.tracking_uri).get_run(res.parent_run_id)
+    assert (
+        run.data.tags["test_verdict"] == res.test.verdict
+        and run.data.tags["test_primary"] == "delivered_recall"
+    )
+    m = run.data.metrics
+    assert m["test_n"] == 4 and m["test_best_delivered_recall"] == pytest.approx(
+        res.test.best["delivered_recall"]
+    )
+    assert (
+        m["test_ci_low_recall_at_10"]
+        <= m["test_diff_recall_at_10"]
+        <= m["test_ci_high_recall_at_10"]
+    )
+    assert run.data.params["search"] == "hill" and run.data.params["accept"] == "strict"
+
+
+def test_k_proposals_are_screened_by_recall_and_the_best_goes_on(tmp_path):
+    replies = [
+        proposal(wide(2)),
+        proposal(wide(5)),
+        proposal(changed(NARROW, context__show_kind=True)),
+    ]
+    opt, lm = make(tmp_path, replies, iterations=1, proposals=3)
+    e = opt.run().entries[1]
+    assert len(lm.calls) == 3 and e.status == "accepted"
+    assert MemoryDesign.from_dict(e.design).retrieve.top_k == 5  # the widest screened best
+    assert (
+        "best of 3 proposals" in e.rationale
+        and (tmp_path / "run/iterations/001/screen-3/items.jsonl").exists()
+    )
+    again, lm2 = make(tmp_path, [], iterations=1, proposals=3)
+    assert again.run().entries[1].design_key == e.design_key and lm2.calls == []
+    with pytest.raises(Exception, match="proposals"):
+        make(tmp_path, [], iterations=1, name="x", proposals=2, search="random")

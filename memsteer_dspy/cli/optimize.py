@@ -271,6 +271,16 @@ def optimize(
             help="--accept paired: 'bootstrap' (paired, 1,000 resamples) or 'sign' (exact).",
         ),
     ] = "bootstrap",
+    proposals: Annotated[
+        int,
+        typer.Option(
+            "--proposals",
+            min=1,
+            max=8,
+            help="K proposals per iteration (hill/population), each screened by retrieval-only recall "
+            "on validation before the best is scored (and answered, under accuracy objectives).",
+        ),
+    ] = 1,
     lm_retrieval_margin: Annotated[
         float,
         typer.Option(
@@ -316,7 +326,7 @@ def optimize(
         protocol=protocol or ("as_of" if history.format == "rhelm" else "full"), threads=threads,
         proposer_output=proposer_output, max_build_calls=_build_call_limit(max_build_calls, lm_config),
         search=search, parents=parents, accept=accept_rule, accept_alpha=accept_alpha, accept_margin=accept_margin,
-        accept_test=accept_test, lm_retrieval_margin=lm_retrieval_margin,
+        accept_test=accept_test, lm_retrieval_margin=lm_retrieval_margin, proposals=proposals,
     )  # fmt: skip
     tracker = _tracker(out, loaded, tracking_uri, no_tracking)
     if dspy_autolog:

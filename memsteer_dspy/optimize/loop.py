@@ -153,6 +153,11 @@ class OptimizeConfig(BaseModel):
         description="A design that calls an LM at retrieval time must beat the best LM-free design "
         "found so far by this much (primary metric) to be accepted.",
     )  # fmt: skip
+    proposals: int = Field(
+        1, ge=1, le=8,
+        description="K proposals per iteration from the LM proposer (search hill or population), each "
+        "screened by retrieval-only recall on validation; the best goes on to be scored and judged.",
+    )  # fmt: skip
     screen_subchanges: bool = Field(
         True,
         description="objective='recall' (cheap scoring): a rejected or failed proposal that changes "
@@ -432,6 +437,10 @@ class MemSteerOpt:
             else:
                 search_proposer = LMProposer(lambda: self.proposer)
         self.search_proposer = search_proposer
+        if c.proposals > 1 and not self.search_proposer.uses_feedback:
+            raise ConfigError(
+                "--proposals K applies to the LM proposer (--search hill or population)"
+            )
         self._candidates: dict[int, Candidate] = {}
         self._states: dict[int, _TrainState] = {}
 
@@ -704,6 +713,57 @@ class MemSteerOpt:
         _write_atomic(path, proposal.model_dump_json(indent=2) + "\n")
         return proposal
 
+    def _best_of_k(
+        self, t: int, parent: MemoryDesign, entries: list[TrajectoryEntry], feedback_text: str, first: Proposal
+    ) -> Proposal:  # fmt: skip
+        """``--proposals K``: K-1 more proposals (each told the earlier ones, so they differ), all
+        screened by retrieval-only recall on validation; returns the best, with every attempt."""
+        folder = self._iter_dir(t)
+        found = [first]
+        extra_seen = {first.design.key(): f"proposal 1 of iteration {t}"}
+        attempts = list(first.attempts)
+        for k in range(2, self.config.proposals + 1):
+            path = folder / f"proposal-{k}.json"
+            prop = None
+            if path.exists():
+                try:
+                    prop = Proposal.model_validate_json(path.read_text(encoding="utf-8"))
+                except ValueError:
+                    prop = None
+            if prop is None:
+                seen = {
+                    e.design_key: f"iteration {e.iteration} ({e.status})"
+                    for e in entries
+                    if e.design_key
+                }
+                try:
+                    prop = self.search_proposer.propose(parent, [e.revision() for e in entries], feedback_text,
+                                                        seen={**seen, **extra_seen}, iteration=t * 100 + k)  # fmt: skip
+                except Exception as exc:  # noqa: BLE001 - one failed call loses one proposal
+                    prop = Proposal(status="failed", error=f"{type(exc).__name__}: {exc}")
+                _write_atomic(path, prop.model_dump_json(indent=2) + "\n")
+            attempts += prop.attempts
+            if prop.status == "ok" and prop.design is not None:
+                extra_seen[prop.design.key()] = f"proposal {k} of iteration {t}"
+                found.append(prop)
+        if len(found) == 1:
+            return first.model_copy(update={"attempts": attempts})
+        screened = []
+        for k, prop in enumerate(found, start=1):
+            try:
+                _, rep = self.evaluate(prop.design, self.val, "recall", folder / f"screen-{k}")
+                screened.append((Score.from_summary(rep.summary, "recall").recall_key(), -k, prop))
+            except Exception:  # noqa: BLE001 - an unbuildable proposal is screened out
+                continue
+        if not screened:
+            return first.model_copy(update={"attempts": attempts})
+        key, neg_k, best = max(screened, key=lambda x: (x[0], x[1]))
+        note = (f"best of {len(found)} proposals by retrieval-only recall on validation (proposal {-neg_k}: "
+                f"delivered recall {key[0]:.3f}, R@10 {key[1]:.3f})")  # fmt: skip
+        return best.model_copy(
+            update={"attempts": attempts, "rationale": f"{best.rationale}\n\n({note})"}
+        )
+
     def _screen_subchanges(
         self, t: int, parent: MemoryDesign, proposed: MemoryDesign, incumbent: Candidate,
         entries: list[TrajectoryEntry], entry: TrajectoryEntry,
@@ -885,6 +945,8 @@ class MemSteerOpt:
             _write_atomic(folder / "feedback.json", feedback.model_dump_json(indent=2) + "\n")
             _write_atomic(folder / "feedback.md", feedback_text + "\n")
         proposal = self._propose(t, parent, entries, feedback_text)
+        if self.config.proposals > 1 and proposal.status == "ok":
+            proposal = self._best_of_k(t, parent, entries, feedback_text, proposal)
         incumbent_score = best_entry.score
         entry = TrajectoryEntry(
             iteration=t, status="failed", accepted=False, parent_key=parent.key(), attempts=proposal.attempts,
