@@ -2,24 +2,34 @@
 
     score d0 on the fixed validation set; diagnose its training failures
     for t = 1..T:
-        feedback  ← sample failure cases of d_t (mode: stratified by default)
-        d'        ← proposer(d_t, design schema, revision history, feedback)
+        parent    ← the current best (search 'hill') or a pool member (search 'population':
+                    softmax over validation score, or the per-item Pareto front)
+        feedback  ← sample failure cases of the parent (mode: stratified by default)
+        d'        ← proposer(parent, design schema, revision history, feedback)  (or an Optuna
+                    sample: search 'random' / 'tpe', no feedback)
         A(d')     ← build d' (reusing stores and indexes) and score it on the validation set
-        accept d' iff A(d') > A(d_t)  (ties rejected); after an accept, rerun the training set
-                    to refresh diagnoses and feedback
+        accept d' iff the accept rule says it beats the current best ('strict': A(d') > A(d_t),
+                    ties rejected; 'paired': a significant paired gain on the validation items),
+                    and an LM-using retrieval beats the best LM-free design by the LM margin
+    score d0 and the best design on the held-out test items; paired bootstrap verdict
 
-The answerer, its prompt and the context budget stay fixed across candidates. Every proposal is kept
-(``iterations/NNN/``), accepted or not, with its design, rationale, the feedback it was given, and
-per-item validation results.
+The loop is written over the protocols of :mod:`memsteer_dspy.optimize.search` (evaluator,
+proposer, accept rule, parent selector). The answerer, its prompt and the context budget stay fixed
+across candidates. Every proposal is kept (``iterations/NNN/``), accepted or not, with its design,
+rationale, the feedback it was given, and per-item validation results.
 
 Output folder (everything needed to resume; a rerun continues from the last finished iteration):
 
 * ``trajectory.jsonl`` — append-only, one :class:`TrajectoryEntry` per finished iteration (0 is d0);
 * ``best_design.json`` — the current best design (rewritten after every iteration);
-* ``summary.md`` — a table of iterations and the accepted path;
-* ``run.json`` — the settings a resumed run must share, and the MLflow parent run id;
+* ``summary.md`` — settings, the held-out comparison, a table of iterations and the accepted path;
+* ``summary.json`` — the result, machine-readable (``test``: n, source, initial, best, diff, ci95,
+  verdict; every candidate's scores, retrieval LM calls per question and cost);
+* ``run.json`` — the settings a resumed run must share, the test split, and the MLflow parent run id;
+* ``test/initial``, ``test/best`` — per-item held-out results of the two designs;
 * ``iterations/NNN/`` — ``proposal.json``, ``design.json``, ``rationale.md``, ``feedback.md``,
-  ``feedback.json``, ``val/items.jsonl`` (and ``val-recall/`` under recall-then-accuracy) and, for
+  ``feedback.json``, ``val/items.jsonl`` (and ``val-recall/`` under recall-then-accuracy,
+  ``sub-K/`` for screened single-field sub-changes, ``screen-K/`` for ``--proposals K``) and, for
   d0 and accepted designs, ``train/items.jsonl`` and ``diagnosis.jsonl``.
 """
 
