@@ -82,7 +82,8 @@ def run_one(
     t = res.test
     return {
         "setting": setting, "search": search, "iterations": len(res.entries) - 1, "n_train": len(train),
-        "n_val": len(val), "n_test": t.n if t else 0, "designs_evaluated": sum(e.score is not None for e in res.entries),
+        "n_val": len(val), "n_test": t.n if t else 0, "designs_evaluated": sum(e.score is not None for e in res.entries)
+        + sum(1 for e in res.entries for sc in e.sub_screens if sc.get("score")),
         "val_initial": res.baseline_score.delivered_recall, "val_best": res.best_score.delivered_recall,
         "test": t.model_dump(mode="json") if t else None, "lm_calls": cost.calls, "tokens": cost.total_tokens,
         "seconds_recorded": cost.seconds, "seconds_this_call": round(seconds, 1), "best_iteration": res.best_iteration,
@@ -108,7 +109,7 @@ def render(rows: list[dict[str, Any]], args) -> str:
         "Base-BM25 on those items, in points, with the paired bootstrap 95% interval (1,000 resamples); verdict "
         "on delivered recall.",
         "",
-        "| setting | search | designs | val deliv. (base → best) | test n | test R@10 base / best | ΔR@10 [95% CI] "
+        "| setting | search | designs scored | val deliv. (base → best) | test n | test R@10 base / best | ΔR@10 [95% CI] "
         "| test deliv. base / best | Δdeliv. [95% CI] | verdict | LM calls | tokens | wall s |",
         "|---|---|---:|---|---:|---|---|---|---|---|---:|---:|---:|",
     ]

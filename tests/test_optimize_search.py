@@ -274,6 +274,7 @@ def test_random_and_tpe_search_sample_valid_designs_and_resume(tmp_path, kind):
     keys = [e.design_key for e in res.entries]
     assert len(set(keys)) == len(keys)
     assert all(e.retrieval_lm_calls == 0 for e in res.entries)  # the LM-free space
+    assert all(not e.sub_screens for e in res.entries)  # a baseline keeps its evaluation budget
     again, _ = make(tmp_path, [], iterations=6, search=kind)
     more = again.run()
     assert [e.iteration for e in more.entries] == list(range(7))

@@ -170,8 +170,9 @@ class OptimizeConfig(BaseModel):
     )  # fmt: skip
     screen_subchanges: bool = Field(
         True,
-        description="objective='recall' (cheap scoring): a rejected or failed proposal that changes "
-        "several fields has each single-field sub-change scored before its fields are given up.",
+        description="objective='recall' (cheap scoring), LM proposer: a rejected or failed proposal "
+        "that changes several fields has each single-field sub-change scored before its fields are "
+        "given up (the random/TPE baselines never screen: they keep their evaluation budget).",
     )
 
 
@@ -1007,6 +1008,7 @@ class MemSteerOpt:
                 not entry.accepted
                 and self.config.screen_subchanges
                 and self.config.objective == "recall"
+                and self.search_proposer.uses_feedback  # the baselines keep their budget
             ):
                 found = self._screen_subchanges(t, parent, design, incumbent, entries, entry)
                 if (
