@@ -33,7 +33,7 @@ Presets size a study (the config's ``[budgets]`` and study tables override them 
   official evaluation set and the 4,000-token context budget.
 
 Several personas share one design (the paper's ten-user and six-user settings, Appendix B.4):
-:class:`SharedMemSteerOpt` scores a candidate on the pooled questions of all of them, each persona's
+:func:`shared_optimizer` (a :class:`SharedEvaluator`) scores a candidate on the pooled questions of all of them, each persona's
 questions answered from that persona's own memory.
 """
 
@@ -70,6 +70,7 @@ from memsteer_dspy.loaders.base import Loaded
 from memsteer_dspy.memory import MemoryDesign, MemorySystem
 from memsteer_dspy.memory.lookup import RecordLookup
 from memsteer_dspy.optimize.loop import MemSteerOpt, OptimizeConfig, OptimizeResult
+from memsteer_dspy.optimize.search import HistoryEvaluator
 from memsteer_dspy.optimize.splits import split_official
 from memsteer_dspy.records import History, QAItem, Record
 from memsteer_dspy.tracking import Tracker, resolve_tracking_uri
@@ -519,36 +520,36 @@ def pooled_summary(items: list[ItemResult], metrics: str, design: MemoryDesign, 
     )  # fmt: skip
 
 
-class SharedMemSteerOpt(MemSteerOpt):
-    """MemSteer-Opt with one design shared by several personas (the paper's ten-user and six-user
-    settings): a candidate is built over each persona's own history and scored on the pooled
-    validation questions, each answered from its persona's memory; training failures are diagnosed
-    against the memory of the persona they belong to. Everything else — feedback, proposals, the
-    strict accept rule, resumption, MLflow — is MemSteer-Opt's own.
+class SharedEvaluator(HistoryEvaluator):
+    """The MemSteer-Opt evaluator of one design shared by several personas (the paper's ten-user
+    and six-user settings): a candidate is built over each persona's own history and scored on the
+    pooled questions, each answered from its persona's memory; training failures are diagnosed
+    against the memory of the persona they belong to (:class:`PooledSystem`). Everything else —
+    feedback, proposals, the accept rule, search, resumption, MLflow — is MemSteer-Opt's own.
 
     Per-persona evaluation folders sit inside MemSteer-Opt's (``val/<persona>/items.jsonl``), with
     the pooled ``val/items.jsonl`` beside them.
     """
 
-    def __init__(self, histories: Mapping[str, History], train: list[QAItem], val: list[QAItem],
-                 out_dir: str | Path, **kwargs: Any):  # fmt: skip
-        self.pool = PersonaPool(histories)
-        super().__init__(
-            self.pool.history, self.pool.items(train), self.pool.items(val), out_dir, **kwargs
-        )
+    def __init__(self, pool: PersonaPool, **kwargs: Any):
+        super().__init__(pool.history, **kwargs)
+        self.pool = pool
         self._persona_systems: dict[tuple[str, str, bool], MemorySystem] = {}
 
     def persona_system(self, design: MemoryDesign, persona: str) -> MemorySystem:
-        answering = self.config.objective != "recall"
-        key = (design.key(), persona, answering)
+        key = (design.key(), persona, self.answering)
         if key not in self._persona_systems:
-            lms = {"answerer": self.lm("answerer")} if design.lm_uses(answering=answering) else {}
+            lms = (
+                {"answerer": self.lm("answerer")}
+                if design.lm_uses(answering=self.answering)
+                else {}
+            )
             self._persona_systems[key] = MemorySystem.from_design(
                 design,
                 self.pool.parts[persona],
                 cache_dir=self.cache_dir,
                 lms=lms,
-                threads=self.config.threads,
+                threads=self.threads,
             )
             designs = list(dict.fromkeys(k[0] for k in self._persona_systems))
             for old in designs[:-2]:  # keep the current design's and one candidate's systems
@@ -564,18 +565,30 @@ class SharedMemSteerOpt(MemSteerOpt):
         results: dict[str, ItemResult] = {}
         for persona, group in groups.items():
             system = self.persona_system(design, persona)
-            rep = evaluate_design(system, group, metrics=metrics, judge_lm=judge, protocol=self.config.protocol,
-                                  threads=self.config.threads, out_dir=Path(folder) / safe_name(persona))  # fmt: skip
+            rep = evaluate_design(system, group, metrics=metrics, judge_lm=judge, protocol=self.protocol,
+                                  threads=self.threads, out_dir=Path(folder) / safe_name(persona))  # fmt: skip
             results.update({r.qa_id: r for r in rep.items})
         ordered = [results[q.id] for q in items]
         write_atomic(
             Path(folder) / "items.jsonl", "".join(r.model_dump_json() + "\n" for r in ordered)
         )
-        summary = pooled_summary(
-            ordered, metrics, design, self.history.user_id, self.history.fingerprint
-        )
-        system = PooledSystem(self.history, design, lambda p: self.persona_system(design, p))
+        history = self.pool.history
+        summary = pooled_summary(ordered, metrics, design, history.user_id, history.fingerprint)
+        system = PooledSystem(history, design, lambda p: self.persona_system(design, p))
         return system, EvaluationReport(summary=summary, items=ordered)
+
+
+def shared_optimizer(histories: Mapping[str, History], train: list[QAItem], val: list[QAItem],
+                     out_dir: str | Path, *, test: list[QAItem] | None = None, **kwargs: Any) -> MemSteerOpt:  # fmt: skip
+    """MemSteer-Opt with one design shared by several personas: the plain loop with a
+    :class:`SharedEvaluator` (QA items are mapped onto the pooled, prefixed record ids)."""
+    pool = PersonaPool(histories)
+    opt = MemSteerOpt(pool.history, pool.items(train), pool.items(val), out_dir,
+                      test=pool.items(test or []), **kwargs)  # fmt: skip
+    c = opt.config
+    opt.evaluator = SharedEvaluator(pool, lm=opt.lm, protocol=c.protocol, threads=c.threads, cache_dir=opt.cache_dir,
+                                    answering=c.objective != "recall")  # fmt: skip
+    return opt
 
 
 # --------------------------------------------------------------------------------------------
@@ -842,7 +855,7 @@ class Study:
     def optimize(self, folder: Path, histories: Mapping[str, History], train: list[QAItem], val: list[QAItem], *,
                  init_design: MemoryDesign | None = None, feedback: str = "stratified", label: str = "") -> OptimizeResult:  # fmt: skip
         """MemSteer-Opt from ``init_design`` (default Base-BM25) on ``train``/``val``: over one
-        persona's history, or with one design shared by several (:class:`SharedMemSteerOpt`).
+        persona's history, or with one design shared by several (:func:`shared_optimizer`).
         The optimization's MLflow run is nested under the study's."""
         b = self.cfg.budgets
         config = OptimizeConfig(iterations=b.iterations, feedback=feedback, seed=self.cfg.dataset.seed,
@@ -855,7 +868,7 @@ class Study:
             ((_, history),) = histories.items()
             opt: MemSteerOpt = MemSteerOpt(history, train, val, folder, **kwargs)
         else:
-            opt = SharedMemSteerOpt(histories, train, val, folder, **kwargs)
+            opt = shared_optimizer(histories, train, val, folder, **kwargs)
         result = opt.run()
         if result.parent_run_id and self.run_id:
             self.tracker.set_tags(

@@ -91,3 +91,77 @@ def test_tune_prompts_rejects_unknown_optimizer(history_dir, scripted_config, tm
     res = CliRunner().invoke(app, ["tune-prompts", "--format", "jsonl", "--path", str(folder), "--supervision",
                                    str(sup), "--out", str(tmp_path / "t"), "--optimizer", "sgd"])  # fmt: skip
     assert res.exit_code != 0 and "--optimizer" in res.output
+
+
+def test_optimize_reports_the_held_out_verdict_and_runs_the_baselines(
+    history_dir, scripted_config, tmp_path
+):
+    pytest.importorskip("optuna")
+    folder, sup, design = history_dir
+    held = tmp_path / "held.jsonl"
+    held.write_text(
+        "".join(q.model_copy(update={"id": "t-" + q.id}).to_json() + "\n" for q in small_qa())
+    )
+    scripted_config["proposer"] = ProposerLM([])
+    args = ["optimize", "--format", "jsonl", "--path", str(folder), "--supervision", str(sup), "--objective", "recall",
+            "--init-design", str(design), "--no-tracking", "--no-cache", "--iterations", "2"]  # fmt: skip
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "tpe"), "--search", "tpe", "--test", str(held),
+                                   "--accept", "paired", "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout[res.stdout.index("{") :])
+    assert report["search"] == "tpe" and report["accept"] == "paired" and report["iterations"] == 2
+    test = report["test"]
+    assert (
+        test["n"] == 4
+        and test["source"].endswith("held.jsonl")
+        and test["verdict"] in ("better", "worse", "inconclusive")
+    )
+    assert set(test["ci95"]) == {"recall_at_10", "delivered_recall"}
+    saved = json.loads((tmp_path / "tpe" / "summary.json").read_text())
+    assert saved["test"] == test and len(saved["candidates"]) == 3
+    # without --test, a generated folder holds out a share of its items by bundle (recorded in run.json)
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "rnd"), "--search", "random"])
+    assert res.exit_code == 0, res.output
+    assert "held-out test (" in res.output and "->" in res.output
+    run = json.loads((tmp_path / "rnd" / "run.json").read_text())
+    assert run["n_test"] >= 1 and "by bundle" in run["test_source"]
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "x"), "--search", "annealing"])
+    assert res.exit_code != 0 and "--search" in res.output
+
+
+def test_evaluate_compare_two_designs(history_dir, tmp_path):
+    folder, _, design = history_dir
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(q.to_json() + "\n" for q in small_qa()))
+    args = [
+        "evaluate",
+        "--format",
+        "jsonl",
+        "--path",
+        str(folder),
+        "--qa",
+        str(qa),
+        "--metrics",
+        "recall",
+        "--no-cache",
+    ]
+    res = CliRunner().invoke(
+        app,
+        [*args, "--compare", str(design), "base-bm25", "--json", "--out", str(tmp_path / "cmp")],
+    )
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout[res.stdout.index("{") :])
+    assert (
+        out["n"] == 4 and out["primary"] == "delivered_recall" and out["b"]["spec"] == "base-bm25"
+    )
+    assert (
+        out["best"]["recall_at_10"] >= out["initial"]["recall_at_10"]
+    )  # top-20 retrieves what top-1 does
+    assert out["diff"]["delivered_recall"] == pytest.approx(
+        out["best"]["delivered_recall"] - out["initial"]["delivered_recall"]
+    )
+    assert (tmp_path / "cmp" / "A" / "items.jsonl").exists() and (
+        tmp_path / "cmp" / "comparison.json"
+    ).exists()
+    res = CliRunner().invoke(app, [*args, "--compare", "base-bm25", "base-bm25"])
+    assert res.exit_code == 0 and "inconclusive" in res.output and "B - A" in res.output

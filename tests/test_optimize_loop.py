@@ -23,7 +23,9 @@ def wide(k: int) -> dict:
 
 def run(tmp_path, replies, *, iterations, objective="recall", lms=None, max_build_calls=None, **kw):
     lm = ProposerLM(replies)
-    config = OptimizeConfig(iterations=iterations, objective=objective, max_build_calls=max_build_calls)
+    config = OptimizeConfig(
+        iterations=iterations, objective=objective, max_build_calls=max_build_calls
+    )
     opt = MemSteerOpt(
         small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=NARROW,
         config=config, lms={"proposer": lm, **(lms or {})}, **kw,
@@ -81,7 +83,9 @@ def test_accept_rule_invalid_and_every_proposal_kept(tmp_path):
     assert MemoryDesign.load(out / "best_design.json").key() == res.best_design.key()
     summary = (out / "summary.md").read_text()
     assert (
-        "| 2 | accepted |" in summary and "## Accepted path" in summary and "iteration 2" in summary
+        "| 2 | 0 | accepted |" in summary
+        and "## Accepted path" in summary
+        and "iteration 2" in summary
     )
     assert [e["iteration"] for e in events] == [0, 1, 2, 3, 4] and events[2]["status"] == "accepted"
     # the proposer saw the feedback and, later, the revision history with the rejected tie

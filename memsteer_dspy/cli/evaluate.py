@@ -102,9 +102,21 @@ def evaluate(
             "--no-cache", help="Build the memory in memory only; read and write no index cache."
         ),
     ] = False,
+    compare: Annotated[
+        tuple[str, str] | None,
+        typer.Option(
+            "--compare",
+            help="Compare two designs (each 'base-bm25' or a design JSON), A then B, on the same QA items: "
+            "means, paired differences B - A with a seeded paired-bootstrap 95% interval (1,000 resamples), "
+            "one-sided p-values and a verdict on the primary metric (accuracy with --metrics all, else "
+            "delivered recall): better, worse or inconclusive. Replaces --design.",
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="--compare: the bootstrap's seed.")] = 0,
 ) -> None:
     """Evaluate a memory design on QA items: accuracy A(d), QS, R@1/5/10 and delivered recall,
-    overall and by question type, with per-item results and traces."""
+    overall and by question type, with per-item results and traces; or compare two designs with
+    --compare A.json B.json (the same paired comparison `memsteer optimize` reports on held-out items)."""
     from memsteer_dspy.evaluation import evaluate_design, read_qa_jsonl
     from memsteer_dspy.memory import MemoryDesign, MemorySystem
 
@@ -127,6 +139,11 @@ def evaluate(
         items = items[:limit]
     protocol = protocol or ("as_of" if history.format == "rhelm" else "full")
 
+    if compare is not None:
+        _compare(compare, loaded, items, lm_config, metrics=metrics, protocol=protocol, threads=threads, out=out,
+                 cache=None if no_cache else (cache_dir or default_cache_dir()), seed=seed, json_out=json_out,
+                 source=qa)  # fmt: skip
+        return
     needs = d.lm_uses(answering=metrics == "all")
     lms = {}
     if needs:
@@ -162,3 +179,68 @@ def evaluate(
         notes.append(f"per-item results with traces: {out / 'items.jsonl'}")
     for n in notes:
         typer.echo(n)
+
+
+def _load_design(spec: str):
+    from memsteer_dspy.memory import MemoryDesign
+
+    return MemoryDesign.base_bm25() if spec == "base-bm25" else MemoryDesign.load(spec)
+
+
+def _compare(
+    specs,
+    loaded,
+    items,
+    lm_config,
+    *,
+    metrics,
+    protocol,
+    threads,
+    out,
+    cache,
+    seed,
+    json_out,
+    source,
+):
+    """``--compare A B``: both designs on the same items, then :func:`memsteer_dspy.stats.compare_item_results`."""
+    from memsteer_dspy.evaluation import evaluate_design
+    from memsteer_dspy.memory import MemorySystem
+    from memsteer_dspy.stats import compare_item_results, points, points_ci
+
+    designs = [_load_design(s) for s in specs]
+    judge_lm = lm_config.lm("judge") if metrics == "all" else None
+    reports = []
+    for label, d in zip(("A", "B"), designs, strict=True):
+        lms = (
+            {"answerer": lm_config.lm("answerer")} if d.lm_uses(answering=metrics == "all") else {}
+        )
+        system = MemorySystem.from_design(
+            d, loaded.history, cache_dir=cache, lms=lms, threads=threads
+        )
+        reports.append(evaluate_design(system, items, metrics=metrics, judge_lm=judge_lm, protocol=protocol,
+                                       threads=threads, out_dir=(out / label) if out is not None else None))  # fmt: skip
+    comp = compare_item_results(reports[0].items, reports[1].items, answered=metrics == "all", seed=seed,
+                                source=source)  # fmt: skip
+    result = {"a": {"spec": specs[0], "design_key": designs[0].key()},
+              "b": {"spec": specs[1], "design_key": designs[1].key()}, **comp.model_dump(mode="json")}  # fmt: skip
+    if out is not None:
+        import json
+
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "comparison.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    if json_out:
+        echo_json(result)
+        return
+    typer.echo(f"A = {specs[0]} ({designs[0].key()})   B = {specs[1]} ({designs[1].key()})   {comp.n} items, "
+               f"protocol {protocol}, metrics {metrics}")  # fmt: skip
+    typer.echo(
+        f"{'metric':<18} {'A':>7} {'B':>7} {'B - A':>7}  95% CI (paired bootstrap, seed {seed})"
+    )
+    for m in comp.initial:
+        typer.echo(f"{m:<18} {_fmt(comp.initial[m])} {_fmt(comp.best.get(m))} "
+                   f"{points(comp.diff.get(m), '   -  '):>7}  {points_ci(comp.ci95.get(m), '-')}")  # fmt: skip
+    typer.echo(f"verdict on {comp.primary}: B is {comp.verdict} than A" if comp.verdict != "inconclusive"
+               else f"verdict on {comp.primary}: inconclusive (the interval contains 0)")  # fmt: skip
+    typer.echo(
+        f"one-sided p (B not better): bootstrap {comp.p_bootstrap:.3f}, sign test {comp.p_sign:.3f}"
+    )

@@ -34,6 +34,30 @@ def load_supervision(spec: str, loaded, *, seed: int):
     return train, val, str(Path(spec).resolve())
 
 
+def load_test_split(
+    spec: str, loaded, train, val, *, seed: int, test: Path | None, test_fraction: float
+):
+    """(train, val, test, test source) for ``memsteer optimize``: with official supervision the
+    items the official split leaves out; otherwise ``--test PATH`` or a seeded share carved out by
+    bundle (``--test-fraction``, 0 for none)."""
+    from memsteer_dspy.evaluation import read_qa_jsonl
+    from memsteer_dspy.optimize.splits import carve_test, official_test
+
+    if test is not None:
+        return train, val, read_qa_jsonl(test), str(Path(test).resolve())
+    if spec == "official":
+        return (
+            train,
+            val,
+            official_test(loaded.qa_items, seed=seed),
+            f"official held-out items (seed {seed})",
+        )
+    if test_fraction <= 0:
+        return train, val, [], ""
+    train, val, held = carve_test(train, val, fraction=test_fraction, seed=seed)
+    return train, val, held, f"{test_fraction:.0%} of the generated items by bundle (seed {seed})"
+
+
 def _tracker(out: Path, loaded, tracking_uri: str | None, no_tracking: bool):
     from memsteer_dspy.tracking import Tracker
 
@@ -58,6 +82,10 @@ def _progress(event: dict) -> None:
         f"iter {event['iteration']:>3}/{event['total']}  {event['status']:<9} candidate {name} {_pct(c)}"
         f"  best {_pct(b)}  cost {event['cost_total'].short()}"
     )
+    if event.get("parent") is not None and event["iteration"]:
+        line += f"  parent {event['parent']}"
+    if event.get("lm_per_question"):
+        line += f"  LM/q {event['lm_per_question']}"
     if event["status"] in ("invalid", "failed", "duplicate") and event.get("reason"):
         line += f"  ({event['reason'][:100]})"
     elif event.get("changes"):
@@ -175,11 +203,99 @@ def optimize(
         bool, typer.Option("--no-cache", help="Keep built memories in memory only.")
     ] = False,
     json_out: Annotated[
-        bool, typer.Option("--json", help="Print one JSON object (the result) at the end.")
+        bool,
+        typer.Option(
+            "--json", help="Print one JSON object (the result, summary.json's content) at the end."
+        ),
     ] = False,
+    test: Annotated[
+        Path | None,
+        typer.Option(
+            "--test",
+            help="Held-out QA file (QAItem per line) scored at the end for the initial and "
+            "the best design. Default: the official items the split leaves out (--supervision official), "
+            "else --test-fraction of the generated items carved out by bundle.",
+        ),
+    ] = None,
+    test_fraction: Annotated[
+        float,
+        typer.Option(
+            "--test-fraction",
+            min=0.0,
+            max=0.9,
+            help="Generated supervision without --test: share of the items (whole bundles, seeded) held "
+            "out as the test split; 0 keeps every item for train/val and reports no held-out verdict.",
+        ),
+    ] = 0.3,
+    search: Annotated[
+        str,
+        typer.Option(
+            "--search",
+            help="'hill' (the paper's single path), 'population' (a pool of every scored "
+            "design; parents by --parents), 'random' or 'tpe' (proposer-free Optuna baselines over the "
+            "LM-free design space, same number of evaluated designs).",
+        ),
+    ] = "hill",
+    parents: Annotated[
+        str,
+        typer.Option(
+            "--parents",
+            help="--search population: 'softmax' over validation score (M*) or 'pareto' "
+            "(per-item Pareto front, GEPA).",
+        ),
+    ] = "softmax",
+    accept_rule: Annotated[
+        str,
+        typer.Option(
+            "--accept",
+            help="'strict' (strictly better on validation; the paper's) or 'paired' (a "
+            "significant paired gain on the validation items: one-sided p < --accept-alpha).",
+        ),
+    ] = "strict",
+    accept_alpha: Annotated[
+        float,
+        typer.Option(
+            "--accept-alpha", min=0.001, max=0.5, help="--accept paired: significance level."
+        ),
+    ] = 0.1,
+    accept_margin: Annotated[
+        float,
+        typer.Option(
+            "--accept-margin", min=0.0, max=1.0, help="--accept paired: minimum mean gain (0-1)."
+        ),
+    ] = 0.0,
+    accept_test: Annotated[
+        str,
+        typer.Option(
+            "--accept-test",
+            help="--accept paired: 'bootstrap' (paired, 1,000 resamples) or 'sign' (exact).",
+        ),
+    ] = "bootstrap",
+    proposals: Annotated[
+        int,
+        typer.Option(
+            "--proposals",
+            min=1,
+            max=8,
+            help="K proposals per iteration (hill/population), each screened by retrieval-only recall "
+            "on validation before the best is scored (and answered, under accuracy objectives).",
+        ),
+    ] = 1,
+    lm_retrieval_margin: Annotated[
+        float,
+        typer.Option(
+            "--lm-retrieval-margin",
+            min=0.0,
+            max=1.0,
+            help="A design that calls an LM at retrieval (rewrite, HyDE, LM rerank, ...) must beat the best "
+            "LM-free design found so far by this much on the primary metric (0-1).",
+        ),
+    ] = 0.02,
 ) -> None:
     """MemSteer-Opt: optimize the memory design for this history with evidence-guided feedback,
-    accepting a revision only when it scores strictly better on validation; tracked in MLflow."""
+    accepting a revision only when it scores better on validation (strictly, or significantly with
+    --accept paired); scores the initial and the best design on held-out items at the end, with a
+    paired 95% interval and a verdict; tracked in MLflow."""
     from memsteer_dspy.cli.evaluate import default_cache_dir
     from memsteer_dspy.memory import MemoryDesign
     from memsteer_dspy.optimize import FEEDBACK_MODES, OBJECTIVES, MemSteerOpt, OptimizeConfig
@@ -194,20 +310,30 @@ def optimize(
         raise typer.BadParameter("choose 'as_of' or 'full'", param_hint="--protocol")
     if proposer_output not in ("design", "changes"):
         raise typer.BadParameter("choose 'design' or 'changes'", param_hint="--proposer-output")
+    from memsteer_dspy.optimize.search import ACCEPT_RULES, PARENT_STRATEGIES, SEARCHES
+
+    for value, allowed, hint in ((search, SEARCHES, "--search"), (parents, PARENT_STRATEGIES, "--parents"),
+                                 (accept_rule, ACCEPT_RULES, "--accept"), (accept_test, ("bootstrap", "sign"), "--accept-test")):  # fmt: skip
+        if value not in allowed:
+            raise typer.BadParameter(f"choose one of {', '.join(allowed)}", param_hint=hint)
     d0 = MemoryDesign.load(init_design) if init_design is not None else MemoryDesign.base_bm25()
     loaded = history.load()
     train, val, source = load_supervision(supervision, loaded, seed=seed)
+    train, val, test_items, test_source = load_test_split(supervision, loaded, train, val, seed=seed, test=test,
+                                                          test_fraction=test_fraction)  # fmt: skip
     config = OptimizeConfig(
         iterations=iterations, objective=objective, feedback=feedback, seed=seed, feedback_tokens=feedback_tokens,
         protocol=protocol or ("as_of" if history.format == "rhelm" else "full"), threads=threads,
         proposer_output=proposer_output, max_build_calls=_build_call_limit(max_build_calls, lm_config),
+        search=search, parents=parents, accept=accept_rule, accept_alpha=accept_alpha, accept_margin=accept_margin,
+        accept_test=accept_test, lm_retrieval_margin=lm_retrieval_margin, proposals=proposals,
     )  # fmt: skip
     tracker = _tracker(out, loaded, tracking_uri, no_tracking)
     if dspy_autolog:
         tracker.enable_dspy_autolog()
     typer.echo(
-        f"MemSteer-Opt on {loaded.history.user_id}: {len(train)} train / {len(val)} val items ({source}); "
-        f"objective {objective}, feedback {feedback}, {iterations} iterations -> {out}",
+        f"MemSteer-Opt on {loaded.history.user_id}: {len(train)} train / {len(val)} val / {len(test_items)} test "
+        f"items ({source}); objective {objective}, search {search}, accept {accept_rule}, {iterations} iterations -> {out}",
         err=True,
     )
     opt = MemSteerOpt(
@@ -216,15 +342,14 @@ def optimize(
         on_event=_progress,
         run_params={"supervision": source, "lm": lm_config.describe(), "format": history.format,
                     "external": history.external},
+        test=test_items, test_source=test_source,
     )  # fmt: skip
     result = opt.run()
     best, base = result.best_score, result.baseline_score
     summary = {
-        "user": loaded.history.user_id, "out": str(out), "objective": objective, "feedback": feedback,
-        "iterations": len(result.entries) - 1, "accepted_path": result.accepted_path,
-        "baseline": base.model_dump(), "best": best.model_dump(), "best_design_key": result.best_design.key(),
-        "cost": result.entries[-1].cost_total.model_dump(), "tracking_uri": result.tracking_uri,
-        "mlflow_parent_run_id": result.parent_run_id, "lm_usage": lm_config.usage_by_role(),
+        "user": loaded.history.user_id, "objective": objective, "feedback": feedback, "search": search,
+        "accept": accept_rule, **result.summary(), "baseline": base.model_dump(),
+        "lm_usage": lm_config.usage_by_role(),
     }  # fmt: skip
     if json_out:
         echo_json(summary)
@@ -233,8 +358,18 @@ def optimize(
     typer.echo(
         f"best design:    {best.short()}  (accepted path: iterations {result.accepted_path})"
     )
+    if result.test is not None:
+        t, m = result.test, result.test.primary
+        ci = t.ci95.get(m)
+        typer.echo(
+            f"held-out test ({t.n} items, {t.source}): {m} initial {_pct(t.initial.get(m))} best {_pct(t.best.get(m))}"
+            f"  diff {_pct(t.diff.get(m))}  95% CI [{_pct(ci[0]) if ci else '-'}, {_pct(ci[1]) if ci else '-'}]"
+            f"  -> {t.verdict}"
+        )
+    else:
+        typer.echo("held-out test: none (no test items; pass --test PATH or --test-fraction > 0)")
     typer.echo(
-        f"wrote {out / 'best_design.json'}, {out / 'trajectory.jsonl'}, {out / 'summary.md'}"
+        f"wrote {out / 'best_design.json'}, {out / 'trajectory.jsonl'}, {out / 'summary.md'}, {out / 'summary.json'}"
     )
     if result.tracking_uri:
         typer.echo(f"MLflow runs: mlflow ui --backend-store-uri {result.tracking_uri}")
@@ -339,4 +474,8 @@ def tune_prompts(
 def _build_call_limit(given: int | None, lm_config) -> int | None:
     if given is not None:
         return given
-    return 0 if getattr(lm_config.spec("answerer"), "backend", "litellm") in ("local", "llamacpp") else None
+    return (
+        0
+        if getattr(lm_config.spec("answerer"), "backend", "litellm") in ("local", "llamacpp")
+        else None
+    )

@@ -2,24 +2,34 @@
 
     score d0 on the fixed validation set; diagnose its training failures
     for t = 1..T:
-        feedback  ← sample failure cases of d_t (mode: stratified by default)
-        d'        ← proposer(d_t, design schema, revision history, feedback)
+        parent    ← the current best (search 'hill') or a pool member (search 'population':
+                    softmax over validation score, or the per-item Pareto front)
+        feedback  ← sample failure cases of the parent (mode: stratified by default)
+        d'        ← proposer(parent, design schema, revision history, feedback)  (or an Optuna
+                    sample: search 'random' / 'tpe', no feedback)
         A(d')     ← build d' (reusing stores and indexes) and score it on the validation set
-        accept d' iff A(d') > A(d_t)  (ties rejected); after an accept, rerun the training set
-                    to refresh diagnoses and feedback
+        accept d' iff the accept rule says it beats the current best ('strict': A(d') > A(d_t),
+                    ties rejected; 'paired': a significant paired gain on the validation items),
+                    and an LM-using retrieval beats the best LM-free design by the LM margin
+    score d0 and the best design on the held-out test items; paired bootstrap verdict
 
-The answerer, its prompt and the context budget stay fixed across candidates. Every proposal is kept
-(``iterations/NNN/``), accepted or not, with its design, rationale, the feedback it was given, and
-per-item validation results.
+The loop is written over the protocols of :mod:`memsteer_dspy.optimize.search` (evaluator,
+proposer, accept rule, parent selector). The answerer, its prompt and the context budget stay fixed
+across candidates. Every proposal is kept (``iterations/NNN/``), accepted or not, with its design,
+rationale, the feedback it was given, and per-item validation results.
 
 Output folder (everything needed to resume; a rerun continues from the last finished iteration):
 
 * ``trajectory.jsonl`` — append-only, one :class:`TrajectoryEntry` per finished iteration (0 is d0);
 * ``best_design.json`` — the current best design (rewritten after every iteration);
-* ``summary.md`` — a table of iterations and the accepted path;
-* ``run.json`` — the settings a resumed run must share, and the MLflow parent run id;
+* ``summary.md`` — settings, the held-out comparison, a table of iterations and the accepted path;
+* ``summary.json`` — the result, machine-readable (``test``: n, source, initial, best, diff, ci95,
+  verdict; every candidate's scores, retrieval LM calls per question and cost);
+* ``run.json`` — the settings a resumed run must share, the test split, and the MLflow parent run id;
+* ``test/initial``, ``test/best`` — per-item held-out results of the two designs;
 * ``iterations/NNN/`` — ``proposal.json``, ``design.json``, ``rationale.md``, ``feedback.md``,
-  ``feedback.json``, ``val/items.jsonl`` (and ``val-recall/`` under recall-then-accuracy) and, for
+  ``feedback.json``, ``val/items.jsonl`` (and ``val-recall/`` under recall-then-accuracy,
+  ``sub-K/`` for screened single-field sub-changes, ``screen-K/`` for ``--proposals K``) and, for
   d0 and accepted designs, ``train/items.jsonl`` and ``diagnosis.jsonl``.
 """
 
@@ -27,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -56,8 +67,28 @@ from memsteer_dspy.optimize.proposer import (
     RevisionEntry,
     design_diff,
 )
+from memsteer_dspy.optimize.search import (
+    AcceptRule,
+    Candidate,
+    Decision,
+    Evaluator,
+    HistoryEvaluator,
+    LMProposer,
+    OptunaProposer,
+    PairedAccept,
+    Proposer,
+    Search,
+    StrictAccept,
+    check_extras,
+    item_primary,
+    lm_margin_decision,
+    parent_selector,
+    retrieval_lm_calls,
+    single_field_variants,
+)
 from memsteer_dspy.optimize.splits import ids_digest
 from memsteer_dspy.records import History, QAItem
+from memsteer_dspy.stats import PairedComparison, compare_item_results, points, points_ci
 from memsteer_dspy.tracking import Tracker, flatten
 
 Status = Literal["baseline", "accepted", "rejected", "invalid", "duplicate", "failed"]
@@ -70,7 +101,11 @@ COMPAT_KEYS = (
     "val_ids",
     "init_design_key",
     "protocol",
+    "search",
+    "parents",
+    "accept",
 )
+COMPAT_DEFAULTS = {"search": "hill", "parents": "softmax", "accept": "strict"}
 USAGE_KEYS = ("calls", "prompt_tokens", "completion_tokens", "total_tokens")
 
 
@@ -100,6 +135,44 @@ class OptimizeConfig(BaseModel):
     proposer_output: Literal["design", "changes"] = Field(
         "design",
         description="'design': the whole revised design; 'changes': only the fields to change (small LMs).",
+    )
+    search: Search = Field(
+        "hill",
+        description="'hill': the paper's single path (revise the current best); 'population': every "
+        "scored design stays in a pool and each iteration revises a parent chosen by `parents`; "
+        "'random' / 'tpe': proposer-free baselines (Optuna) at the same evaluation budget.",
+    )
+    parents: Literal["softmax", "pareto"] = Field(
+        "softmax",
+        description="search='population': 'softmax' over validation score (M*) or 'pareto', the "
+        "per-item Pareto front (GEPA).",
+    )
+    softmax_temperature: float = Field(0.05, gt=0, description="parents='softmax': temperature.")
+    accept: Literal["strict", "paired"] = Field(
+        "strict",
+        description="'strict': strictly better on validation (the paper's); 'paired': a significant "
+        "paired improvement on the validation items (p < accept_alpha, gain > accept_margin).",
+    )
+    accept_alpha: float = Field(0.1, gt=0, lt=1, description="accept='paired': significance level.")
+    accept_margin: float = Field(0.0, ge=0, le=1, description="accept='paired': minimum mean gain.")
+    accept_test: Literal["bootstrap", "sign"] = Field(
+        "bootstrap", description="accept='paired': one-sided paired bootstrap or exact sign test."
+    )
+    lm_retrieval_margin: float = Field(
+        0.02, ge=0, le=1,
+        description="A design that calls an LM at retrieval time must beat the best LM-free design "
+        "found so far by this much (primary metric) to be accepted.",
+    )  # fmt: skip
+    proposals: int = Field(
+        1, ge=1, le=8,
+        description="K proposals per iteration from the LM proposer (search hill or population), each "
+        "screened by retrieval-only recall on validation; the best goes on to be scored and judged.",
+    )  # fmt: skip
+    screen_subchanges: bool = Field(
+        True,
+        description="objective='recall' (cheap scoring), LM proposer: a rejected or failed proposal "
+        "that changes several fields has each single-field sub-change scored before its fields are "
+        "given up (the random/TPE baselines never screen: they keep their evaluation budget).",
     )
 
 
@@ -157,6 +230,25 @@ class TrajectoryEntry(BaseModel):
     cost_total: Cost = Field(default_factory=Cost)
     run_id: str | None = None
     finished_at: str = ""
+    parent_iteration: int | None = Field(
+        None, description="The iteration whose design this one revised."
+    )
+    accept_stats: dict[str, Any] | None = Field(
+        None, description="The accept rule's statistic (paired: p, gain, wins, losses)."
+    )
+    retrieval_lm_calls: int | None = Field(
+        None, description="LM calls per question at retrieval time."
+    )
+    search_params: dict[str, Any] | None = Field(
+        None, description="random/tpe: the sampled parameters."
+    )
+    sub_screens: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Single-field sub-changes of a rejected proposal, each scored.",
+    )
+    tried_alone: list[str] | None = Field(
+        None, description="Fields whose sub-change was screened on its own."
+    )
 
     def revision(self) -> RevisionEntry:
         """How the proposer sees this entry in the revision history."""
@@ -169,7 +261,7 @@ class TrajectoryEntry(BaseModel):
         if self.status == "baseline":
             note = "the initial design"
         return RevisionEntry(iteration=self.iteration, status=self.status, changes=self.changes, score=score,
-                             rationale=self.rationale, note=note)  # fmt: skip
+                             rationale=self.rationale, note=note, tried_alone=self.tried_alone)  # fmt: skip
 
 
 class OptimizeResult(BaseModel):
@@ -180,10 +272,34 @@ class OptimizeResult(BaseModel):
     out_dir: str
     parent_run_id: str | None = None
     tracking_uri: str | None = None
+    test: PairedComparison | None = Field(
+        None,
+        description="Initial vs best design on the held-out test items (None without a test split).",
+    )
+    best_iteration: int = 0
 
     @property
     def accepted_path(self) -> list[int]:
         return [e.iteration for e in self.entries if e.accepted]
+
+    def summary(self) -> dict[str, Any]:
+        """``summary.json``: the result in machine-readable form (``test`` as in the issue)."""
+        total = self.entries[-1].cost_total if self.entries else Cost()
+        return {
+            "out": self.out_dir, "iterations": len(self.entries) - 1, "accepted_path": self.accepted_path,
+            "best_iteration": self.best_iteration, "best_design_key": self.best_design.key(),
+            "initial": self.baseline_score.model_dump(), "best": self.best_score.model_dump(),
+            "cost": total.model_dump(), "tracking_uri": self.tracking_uri, "mlflow_parent_run_id": self.parent_run_id,
+            "test": self.test.model_dump(mode="json") if self.test is not None else None,
+            "candidates": [
+                {"iteration": e.iteration, "status": e.status, "design_key": e.design_key,
+                 "parent_iteration": e.parent_iteration, "score": (e.score or e.screen_score).model_dump()
+                 if (e.score or e.screen_score) else None, "retrieval_lm_calls": e.retrieval_lm_calls,
+                 "accept_stats": e.accept_stats, "lm_calls": e.cost.calls, "tokens": e.cost.total_tokens,
+                 "seconds": e.cost.seconds}
+                for e in self.entries
+            ],
+        }  # fmt: skip
 
 
 @dataclass
@@ -194,6 +310,11 @@ class _TrainState:
     results: list[Any]
     diagnoses: dict[str, Diagnosis]
     errors: dict[str, str] = field(default_factory=dict)
+
+
+def best_of(entries: list[TrajectoryEntry]) -> TrajectoryEntry:
+    """The current best design's entry: the last accepted one (the baseline counts as accepted)."""
+    return next(e for e in reversed(entries) if e.accepted)
 
 
 def _now() -> str:
@@ -254,6 +375,14 @@ class MemSteerOpt:
             (the CLI passes ``lm_config.usage_by_role``); default: from the LMs used.
         on_event: called with a dict after d0 and after each iteration (progress display).
         run_params: extra parameters to record on the MLflow parent run (supervision, LMs, ...).
+        test: held-out QA items the run never uses for feedback or selection; at the end (and on
+            resume) the initial and the best design are scored on them and compared (paired
+            bootstrap interval and verdict: :attr:`OptimizeResult.test`, ``summary.json``, MLflow).
+        test_source: where the test items came from (recorded in ``run.json`` and the summary).
+        evaluator: an :class:`~memsteer_dspy.optimize.search.Evaluator` (default: a
+            :class:`~memsteer_dspy.optimize.search.HistoryEvaluator` over ``history``).
+        search_proposer: a :class:`~memsteer_dspy.optimize.search.Proposer` (default: from
+            ``config.search``: the LM proposer, or Optuna's random / TPE sampler).
     """
 
     def __init__(
@@ -263,6 +392,8 @@ class MemSteerOpt:
         tracker: Tracker | None = None, cache_dir: str | Path | None = None,
         usage: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
         on_event: Callable[[dict[str, Any]], None] | None = None, run_params: Mapping[str, Any] | None = None,
+        test: list[QAItem] | None = None, test_source: str = "", evaluator: Evaluator | None = None,
+        search_proposer: Proposer | None = None,
     ):  # fmt: skip
         self.config = config or OptimizeConfig()
         if self.config.objective not in OBJECTIVES:
@@ -292,8 +423,37 @@ class MemSteerOpt:
         self._usage = usage
         self.on_event = on_event
         self.run_params = dict(run_params or {})
-        self._systems: dict[tuple[str, bool], Any] = {}
         self.parent_run_id: str | None = None
+        self.test = list(test or [])
+        self.test_source = test_source
+        overlap = {q.id for q in self.test} & {q.id for q in [*train, *val]}
+        if overlap:
+            raise InputError(
+                f"{len(overlap)} test item(s) are also train or validation items (e.g. {sorted(overlap)[0]!r})",
+                field="--test", hint="held-out items must be ones the optimizer never sees",
+            )  # fmt: skip
+        self.evaluator: Evaluator = evaluator or HistoryEvaluator(
+            history, lm=self.lm, protocol=self.config.protocol, threads=self.config.threads,
+            cache_dir=cache_dir, answering=self.config.objective != "recall",
+        )  # fmt: skip
+        c = self.config
+        self.rule: AcceptRule = (
+            PairedAccept(c.objective, alpha=c.accept_alpha, margin=c.accept_margin, test=c.accept_test, seed=c.seed)
+            if c.accept == "paired" else StrictAccept(c.objective)
+        )  # fmt: skip
+        self.selector = parent_selector(c.search, c.parents, c.objective, c.softmax_temperature)
+        if search_proposer is None:
+            if c.search in ("random", "tpe"):
+                search_proposer = OptunaProposer(c.search, self.d0, c.objective, seed=c.seed)
+            else:
+                search_proposer = LMProposer(lambda: self.proposer)
+        self.search_proposer = search_proposer
+        if c.proposals > 1 and not self.search_proposer.uses_feedback:
+            raise ConfigError(
+                "--proposals K applies to the LM proposer (--search hill or population)"
+            )
+        self._candidates: dict[int, Candidate] = {}
+        self._states: dict[int, _TrainState] = {}
 
     # -- resources ----------------------------------------------------------------------------
     def lm(self, role: str) -> Any:
@@ -333,6 +493,7 @@ class MemSteerOpt:
         from memsteer_dspy.memory.embedders import check_local_models
 
         check_local_models(design)
+        check_extras(design)
         limit = self.config.max_build_calls
         needed = store_build_calls(design, len(self.history))
         if limit is not None and needed > limit:
@@ -345,28 +506,14 @@ class MemSteerOpt:
 
     def system(self, design: MemoryDesign):
         """The memory system of ``design`` (store and index reused from the cache when they exist)."""
-        from memsteer_dspy.memory.system import MemorySystem
-
-        answering = self.config.objective != "recall"
-        key = (design.key(), answering)
-        if key not in self._systems:
-            lms = {"answerer": self.lm("answerer")} if design.lm_uses(answering=answering) else {}
-            system = MemorySystem.from_design(design, self.history, cache_dir=self.cache_dir, lms=lms,
-                                              threads=self.config.threads)  # fmt: skip
-            while len(self._systems) >= 2:  # the current design and one candidate
-                self._systems.pop(next(iter(self._systems)))
-            self._systems[key] = system
-        return self._systems[key]
+        system = getattr(self.evaluator, "system", None)
+        if system is None:
+            raise ConfigError("this run's evaluator builds no single memory system")
+        return system(design)
 
     def evaluate(self, design: MemoryDesign, items: list[QAItem], metrics: str, folder: Path):
         """Score ``design`` on ``items``; per-item results go to ``folder/items.jsonl`` (resumable)."""
-        from memsteer_dspy.evaluation import evaluate_design
-
-        system = self.system(design)
-        judge = self.lm("judge") if metrics == "all" else None
-        report = evaluate_design(system, items, metrics=metrics, judge_lm=judge, protocol=self.config.protocol,
-                                 threads=self.config.threads, out_dir=folder)  # fmt: skip
-        return system, report
+        return self.evaluator.evaluate(design, items, metrics, folder)
 
     # -- files --------------------------------------------------------------------------------
     def _iter_dir(self, t: int) -> Path:
@@ -378,6 +525,8 @@ class MemSteerOpt:
             "history_fingerprint": self.history.fingerprint, "user": self.history.user_id, "objective": c.objective,
             "feedback": c.feedback, "seed": c.seed, "train_ids": ids_digest(self.train), "val_ids": ids_digest(self.val),
             "init_design_key": self.d0.key(), "protocol": c.protocol, "n_train": len(self.train), "n_val": len(self.val),
+            "search": c.search, "parents": c.parents, "accept": c.accept, "n_test": len(self.test),
+            "test_ids": ids_digest(self.test) if self.test else None, "test_source": self.test_source,
         }  # fmt: skip
 
     def _open_run_file(self) -> dict[str, Any]:
@@ -392,17 +541,27 @@ class MemSteerOpt:
                     file=path,
                     hint="delete it to start the run afresh",
                 ) from None
-            diff = [k for k in COMPAT_KEYS if saved.get(k) != settings.get(k)]
+            diff = [
+                k for k in COMPAT_KEYS if saved.get(k, COMPAT_DEFAULTS.get(k)) != settings.get(k)
+            ]
             if diff and (self.out / "trajectory.jsonl").exists():
                 detail = "; ".join(
                     f"{k}: {saved.get(k)!r} here, {settings.get(k)!r} now" for k in diff
                 )
                 raise ConfigError(
                     f"{self.out} holds an optimization with other settings ({detail}); rerun with the same "
-                    "history, supervision, objective, feedback mode, seed and initial design to resume it, or "
+                    "history, supervision, objective, feedback mode, seed, initial design, search and accept rule "
+                    "to resume it, or "
                     "pass a new --out folder"
                 )
-            settings = {**saved, **{k: v for k, v in settings.items() if k not in saved}}
+            settings = {
+                **saved,
+                **{
+                    k: v
+                    for k, v in settings.items()
+                    if k not in saved or k.startswith(("test", "n_test"))
+                },
+            }
         settings["iterations"] = self.config.iterations
         settings["config"] = self.config.model_dump(mode="json")
         return settings
@@ -477,7 +636,64 @@ class MemSteerOpt:
                                       f"{current.short()}); not answered")  # fmt: skip
         metrics = metrics_for(objective)
         _, rep = self.evaluate(design, self.val, metrics, folder / "val")
+        self._last_items = rep.items
         return Score.from_summary(rep.summary, metrics), screen, None
+
+    def _candidate_of(
+        self, iteration: int, design: MemoryDesign, score: Score, items: list[Any]
+    ) -> Candidate:
+        by_id = {r.qa_id: r for r in items}
+        ids = [q.id for q in self.val]
+        return Candidate(
+            iteration=iteration, design=design, score=score, item_ids=ids,
+            item_scores=[item_primary(self.config.objective, by_id[i]) if i in by_id else None for i in ids],
+            retrieval_lm_calls=retrieval_lm_calls(design),
+        )  # fmt: skip
+
+    def candidate(self, entry: TrajectoryEntry) -> Candidate:
+        """A scored entry as accept rules and parent selectors see it (per-item validation scores
+        read back from its ``val/items.jsonl``)."""
+        if entry.iteration not in self._candidates:
+            from memsteer_dspy.evaluation import ItemResult
+
+            path = self._iter_dir(entry.iteration) / "val" / "items.jsonl"
+            items = []
+            if path.exists():
+                for line in path.read_text(encoding="utf-8").splitlines():
+                    try:
+                        items.append(ItemResult.model_validate_json(line))
+                    except ValueError:
+                        continue
+            self._candidates[entry.iteration] = self._candidate_of(
+                entry.iteration, MemoryDesign.from_dict(entry.design), entry.score, items
+            )
+        return self._candidates[entry.iteration]
+
+    def pool(self, entries: list[TrajectoryEntry]) -> list[Candidate]:
+        """Every scored design so far (the population search's pool)."""
+        return [self.candidate(e) for e in entries
+                if e.score is not None and e.design is not None and e.status in ("baseline", "accepted", "rejected")]  # fmt: skip
+
+    def _best_lm_free(self, entries: list[TrajectoryEntry]) -> Candidate | None:
+        free = [c for c in self.pool(entries) if not c.uses_lm]
+        if not free:
+            return None
+        return max(
+            free,
+            key=lambda c: (c.score.primary(self.config.objective) or 0.0, c.score.recall_key()),
+        )
+
+    def _decide(
+        self, cand: Candidate, incumbent: Candidate, entries: list[TrajectoryEntry]
+    ) -> Decision:
+        decision = self.rule.decide(cand, incumbent)
+        if decision.accepted and self.config.lm_retrieval_margin is not None:
+            veto = lm_margin_decision(cand, self._best_lm_free(entries), self.config.objective,
+                                      self.config.lm_retrieval_margin)  # fmt: skip
+            if veto is not None:
+                veto.stats = {**decision.stats, **veto.stats}
+                return veto
+        return decision
 
     def _propose(
         self, t: int, current: MemoryDesign, entries: list[TrajectoryEntry], feedback_text: str
@@ -500,11 +716,104 @@ class MemSteerOpt:
         }
         history = [e.revision() for e in entries]
         try:
-            proposal = self.proposer(current, history, feedback_text, seen=seen, iteration=t)
+            proposal = self.search_proposer.propose(
+                current, history, feedback_text, seen=seen, iteration=t
+            )
         except Exception as exc:  # the proposer never stops the loop
             proposal = Proposal(status="failed", error=f"{type(exc).__name__}: {exc}")
         _write_atomic(path, proposal.model_dump_json(indent=2) + "\n")
         return proposal
+
+    def _best_of_k(
+        self, t: int, parent: MemoryDesign, entries: list[TrajectoryEntry], feedback_text: str, first: Proposal
+    ) -> Proposal:  # fmt: skip
+        """``--proposals K``: K-1 more proposals (each told the earlier ones, so they differ), all
+        screened by retrieval-only recall on validation; returns the best, with every attempt."""
+        folder = self._iter_dir(t)
+        found = [first]
+        extra_seen = {first.design.key(): f"proposal 1 of iteration {t}"}
+        attempts = list(first.attempts)
+        for k in range(2, self.config.proposals + 1):
+            path = folder / f"proposal-{k}.json"
+            prop = None
+            if path.exists():
+                try:
+                    prop = Proposal.model_validate_json(path.read_text(encoding="utf-8"))
+                except ValueError:
+                    prop = None
+            if prop is None:
+                seen = {
+                    e.design_key: f"iteration {e.iteration} ({e.status})"
+                    for e in entries
+                    if e.design_key
+                }
+                try:
+                    prop = self.search_proposer.propose(parent, [e.revision() for e in entries], feedback_text,
+                                                        seen={**seen, **extra_seen}, iteration=t * 100 + k)  # fmt: skip
+                except Exception as exc:  # noqa: BLE001 - one failed call loses one proposal
+                    prop = Proposal(status="failed", error=f"{type(exc).__name__}: {exc}")
+                _write_atomic(path, prop.model_dump_json(indent=2) + "\n")
+            attempts += prop.attempts
+            if prop.status == "ok" and prop.design is not None:
+                extra_seen[prop.design.key()] = f"proposal {k} of iteration {t}"
+                found.append(prop)
+        if len(found) == 1:
+            return first.model_copy(update={"attempts": attempts})
+        screened = []
+        for k, prop in enumerate(found, start=1):
+            try:
+                _, rep = self.evaluate(prop.design, self.val, "recall", folder / f"screen-{k}")
+                screened.append((Score.from_summary(rep.summary, "recall").recall_key(), -k, prop))
+            except Exception:  # noqa: BLE001 - an unbuildable proposal is screened out
+                continue
+        if not screened:
+            return first.model_copy(update={"attempts": attempts})
+        key, neg_k, best = max(screened, key=lambda x: (x[0], x[1]))
+        note = (f"best of {len(found)} proposals by retrieval-only recall on validation (proposal {-neg_k}: "
+                f"delivered recall {key[0]:.3f}, R@10 {key[1]:.3f})")  # fmt: skip
+        return best.model_copy(
+            update={"attempts": attempts, "rationale": f"{best.rationale}\n\n({note})"}
+        )
+
+    def _screen_subchanges(
+        self, t: int, parent: MemoryDesign, proposed: MemoryDesign, incumbent: Candidate,
+        entries: list[TrajectoryEntry], entry: TrajectoryEntry,
+    ) -> tuple[MemoryDesign, Candidate] | None:  # fmt: skip
+        """Score each single-field sub-change of a rejected multi-field proposal (cheap scoring
+        only); returns the best accepted one, if any. Every screen is written to the entry."""
+        variants = single_field_variants(parent, proposed)
+        if not variants:
+            return None
+        seen = {e.design_key for e in entries if e.design_key}
+        chosen: tuple[MemoryDesign, Candidate] | None = None
+        tried: list[str] = []
+        for i, (fld, design) in enumerate(variants, start=1):
+            design = design.model_copy(update={"name": f"opt-{t:03d}-{i}"})
+            changes = design_diff(parent, design)
+            screen: dict[str, Any] = {"field": fld, "design_key": design.key(), "changes": changes}
+            tried.extend(c.split(":", 1)[0].strip() for c in changes)
+            if design.key() in seen:
+                screen.update(status="duplicate")
+                entry.sub_screens.append(screen)
+                continue
+            try:
+                self._check_buildable(design)
+                score, _, _ = self._score(design, self._iter_dir(t) / f"sub-{i}", incumbent.score)
+            except Exception as exc:  # noqa: BLE001 - one sub-change failing stops nothing
+                screen.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
+                entry.sub_screens.append(screen)
+                continue
+            cand = self._candidate_of(t, design, score, self._last_items)
+            decision = self._decide(cand, incumbent, entries)
+            screen.update(status="accepted" if decision.accepted else "rejected", score=score.model_dump(),
+                          reason=decision.reason, stats=decision.stats)  # fmt: skip
+            entry.sub_screens.append(screen)
+            if decision.accepted and (
+                chosen is None or accept(self.config.objective, score, chosen[1].score)
+            ):
+                chosen = (design, cand)
+        entry.tried_alone = tried
+        return chosen
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> OptimizeResult:
@@ -522,7 +831,8 @@ class MemSteerOpt:
         self._save_run_file(run)
         self.tracker.log_params(self.parent_run_id, {
             **{k: run[k] for k in ("history_fingerprint", "user", "objective", "feedback", "seed", "protocol",
-                                   "n_train", "n_val", "iterations", "init_design_key")},
+                                   "n_train", "n_val", "iterations", "init_design_key", "search", "accept",
+                                   "n_test")},
             "init_design": self.d0.name, **self.run_params,
         })  # fmt: skip
         status = "FAILED"
@@ -536,31 +846,76 @@ class MemSteerOpt:
         finally:
             self._finish(status)
 
+    def _state_for(self, entry: TrajectoryEntry) -> _TrainState:
+        if entry.iteration not in self._states:
+            while len(self._states) >= 4:
+                self._states.pop(next(iter(self._states)))
+            self._states[entry.iteration] = self._train_state(
+                MemoryDesign.from_dict(entry.design), entry.iteration
+            )
+        return self._states[entry.iteration]
+
     def _loop(self, entries: list[TrajectoryEntry]) -> OptimizeResult:
-        train_state: _TrainState | None = None
         if not entries:
-            baseline, train_state = self._baseline()
-            entries.append(baseline)
-        current_entry = next(e for e in reversed(entries) if e.accepted)
-        current = MemoryDesign.from_dict(current_entry.design)
+            entries.append(self._baseline())
+        for e in entries:  # a resumed Optuna search rebuilds its study from the trajectory
+            self.search_proposer.observe(e)
         for t in range(len(entries), self.config.iterations + 1):
-            if train_state is None or train_state.iteration != current_entry.iteration:
-                train_state = self._train_state(current, current_entry.iteration)
-            entry, new_state = self._iteration(t, current, current_entry, train_state, entries)
+            best_entry = best_of(entries)
+            parent_entry = best_entry
+            if self.selector.name != "hill":
+                rng = random.Random(f"parent:{self.config.seed}:{t}")
+                chosen = self.selector.select(self.pool(entries), self.candidate(best_entry), rng)
+                parent_entry = entries[chosen.iteration]
+            state = self._state_for(parent_entry) if self.search_proposer.uses_feedback else None
+            entry = self._iteration(t, parent_entry, best_entry, state, entries)
             entries.append(entry)
-            if entry.accepted:
-                current_entry, current = entry, MemoryDesign.from_dict(entry.design)
-                train_state = new_state
+            self.search_proposer.observe(entry)
             self._write_outputs(entries)
         self._write_outputs(entries)
-        best = next(e for e in reversed(entries) if e.accepted)
-        return OptimizeResult(
+        best = best_of(entries)
+        result = OptimizeResult(
             best_design=MemoryDesign.from_dict(best.design), best_score=best.score, baseline_score=entries[0].score,
             entries=entries, out_dir=str(self.out), parent_run_id=self.parent_run_id,
-            tracking_uri=self.tracker.uri if self.tracker.active else None,
+            tracking_uri=self.tracker.uri if self.tracker.active else None, best_iteration=best.iteration,
         )  # fmt: skip
+        result.test = self._held_out(entries)
+        self._write_outputs(entries, result)
+        return result
 
-    def _baseline(self) -> tuple[TrajectoryEntry, _TrainState]:
+    def _held_out(self, entries: list[TrajectoryEntry]) -> PairedComparison | None:
+        """Score the initial and the best design on the test items and compare them (resumable:
+        ``test/initial`` and ``test/best`` keep per-item results)."""
+        if not self.test:
+            return None
+        objective = self.config.objective
+        metrics = metrics_for(objective)
+        best = best_of(entries)
+        initial, chosen = (
+            MemoryDesign.from_dict(entries[0].design),
+            MemoryDesign.from_dict(best.design),
+        )
+        _, r0 = self.evaluate(initial, self.test, metrics, self.out / "test" / "initial")
+        folder = self.out / "test" / ("initial" if chosen.key() == initial.key() else "best")
+        _, r1 = self.evaluate(chosen, self.test, metrics, folder)
+        primary = "delivered_recall" if objective == "recall" else "accuracy"
+        comp = compare_item_results(r0.items, r1.items, answered=metrics == "all", primary=primary,
+                                    source=self.test_source, seed=self.config.seed)  # fmt: skip
+        names = list(comp.initial)
+        rid = self.parent_run_id
+        metrics_out: dict[str, float | None] = {"test_n": float(comp.n), "test_p_bootstrap": comp.p_bootstrap,
+                                                "test_p_sign": comp.p_sign}  # fmt: skip
+        for m in names:
+            ci = comp.ci95.get(m)
+            metrics_out.update({f"test_initial_{m}": comp.initial.get(m), f"test_best_{m}": comp.best.get(m),
+                                f"test_diff_{m}": comp.diff.get(m), f"test_ci_low_{m}": ci[0] if ci else None,
+                                f"test_ci_high_{m}": ci[1] if ci else None})  # fmt: skip
+        self.tracker.log_metrics(rid, metrics_out)
+        self.tracker.set_tags(rid, {"test_verdict": comp.verdict, "test_primary": primary,
+                                    "test_source": self.test_source})  # fmt: skip
+        return comp
+
+    def _baseline(self) -> TrajectoryEntry:
         t0, before = time.perf_counter(), self.usage_snapshot()
         folder = self._iter_dir(0)
         d0 = self.d0
@@ -568,78 +923,131 @@ class MemSteerOpt:
         d0.save(folder / "design.json")
         run_id = self._start_candidate_run(0)
         score, _, _ = self._score(d0, folder, None)
-        state = self._train_state(d0, 0)
+        state = None
+        if self.search_proposer.uses_feedback:
+            state = self._train_state(d0, 0)
+            self._states[0] = state
         cost = _usage_delta(before, self.usage_snapshot())
         cost.seconds = round(time.perf_counter() - t0, 3)
         entry = TrajectoryEntry(
             iteration=0, status="baseline", accepted=True, design=d0.model_dump(mode="json"), design_key=d0.key(),
             score=score, best_key=d0.key(), best_score=score, selected_by="initial design",
-            train_failures=stage_counts(state.diagnoses), cost=cost, cost_total=cost, run_id=run_id, finished_at=_now(),
+            train_failures=stage_counts(state.diagnoses) if state else None, cost=cost, cost_total=cost,
+            run_id=run_id, finished_at=_now(), retrieval_lm_calls=retrieval_lm_calls(d0),
         )  # fmt: skip
         self._track_candidate(entry, None, state)
         self._append(entry)
         self._event(entry)
-        return entry, state
+        return entry
 
     def _iteration(
-        self, t: int, current: MemoryDesign, current_entry: TrajectoryEntry, state: _TrainState,
+        self, t: int, parent_entry: TrajectoryEntry, best_entry: TrajectoryEntry, state: _TrainState | None,
         entries: list[TrajectoryEntry],
-    ) -> tuple[TrajectoryEntry, _TrainState | None]:  # fmt: skip
+    ) -> TrajectoryEntry:  # fmt: skip
         t0, before = time.perf_counter(), self.usage_snapshot()
         folder = self._iter_dir(t)
         folder.mkdir(parents=True, exist_ok=True)
         run_id = self._start_candidate_run(t)
-        feedback = self._feedback(state, t)
-        feedback_text = feedback.render(self.config.feedback_tokens)
-        _write_atomic(folder / "feedback.json", feedback.model_dump_json(indent=2) + "\n")
-        _write_atomic(folder / "feedback.md", feedback_text + "\n")
-        proposal = self._propose(t, current, entries, feedback_text)
-        current_score = current_entry.score
+        parent = MemoryDesign.from_dict(parent_entry.design)
+        feedback, feedback_text = None, ""
+        if state is not None:
+            feedback = self._feedback(state, t)
+            feedback_text = feedback.render(self.config.feedback_tokens)
+            _write_atomic(folder / "feedback.json", feedback.model_dump_json(indent=2) + "\n")
+            _write_atomic(folder / "feedback.md", feedback_text + "\n")
+        proposal = self._propose(t, parent, entries, feedback_text)
+        if self.config.proposals > 1 and proposal.status == "ok":
+            proposal = self._best_of_k(t, parent, entries, feedback_text, proposal)
+        incumbent_score = best_entry.score
         entry = TrajectoryEntry(
-            iteration=t, status="failed", accepted=False, parent_key=current.key(), attempts=proposal.attempts,
-            rationale=proposal.rationale, best_key=current_entry.design_key or "", best_score=current_score,
+            iteration=t, status="failed", accepted=False, parent_key=parent.key(), attempts=proposal.attempts,
+            rationale=proposal.rationale, best_key=best_entry.design_key or "", best_score=incumbent_score,
+            parent_iteration=parent_entry.iteration, search_params=proposal.search_params,
         )  # fmt: skip
         new_state = None
+        accepted_design: MemoryDesign | None = None
         if proposal.status != "ok" or proposal.design is None:
             entry.status = "failed" if proposal.status == "failed" else proposal.status
             entry.reason = proposal.error or f"the proposal was {proposal.status}"
             if proposal.design is not None:
                 entry.design = proposal.design.model_dump(mode="json")
-                entry.changes = design_diff(current, proposal.design)
+                entry.changes = design_diff(parent, proposal.design)
         else:
             design = proposal.design.model_copy(update={"name": f"opt-{t:03d}"})
             entry.design, entry.design_key = design.model_dump(mode="json"), design.key()
-            entry.changes = design_diff(current, design)
+            entry.changes = design_diff(parent, design)
+            entry.retrieval_lm_calls = retrieval_lm_calls(design)
             design.save(folder / "design.json")
             _write_atomic(folder / "rationale.md", f"# Iteration {t}\n\n{proposal.rationale.strip()}\n\n## Changes\n\n"
                           + "".join(f"- {c}\n" for c in entry.changes))  # fmt: skip
             try:
-                score, screen, reason = self._score(design, folder, current_score)
+                score, screen, reason = self._score(design, folder, incumbent_score)
             except (
                 Exception
             ) as exc:  # a candidate that cannot be built or scored never stops the loop
-                score, screen, reason = (
-                    None,
-                    None,
-                    f"could not build or score the design: {type(exc).__name__}: {exc}",
-                )
+                score, screen = None, None
+                reason = f"could not build or score the design: {type(exc).__name__}: {exc}"
             entry.score, entry.screen_score = score, screen
+            incumbent = self.candidate(best_entry)
             if score is None:
-                entry.status = (
-                    "rejected"
-                    if screen is not None and reason and reason.startswith("screened")
-                    else "failed"
-                )
+                screened = screen is not None and reason and reason.startswith("screened")
+                entry.status = "rejected" if screened else "failed"
                 entry.reason = reason
-            elif accept(self.config.objective, score, current_score):
-                entry.status, entry.accepted = "accepted", True
-                entry.selected_by = selected_by(self.config.objective)
-                entry.best_key, entry.best_score = design.key(), score
-                new_state = self._train_state(design, t)
-                entry.train_failures = stage_counts(new_state.diagnoses)
             else:
-                entry.status = "rejected"
-                entry.reason = f"not better than the current design ({current_score.short() if current_score else '-'})"
+                cand = self._candidate_of(t, design, score, self._last_items)
+                self._candidates[t] = cand
+                decision = self._decide(cand, incumbent, entries)
+                entry.accept_stats = decision.stats or None
+                if decision.accepted:
+                    entry.status, entry.accepted = "accepted", True
+                    accepted_design = design
+                else:
+                    entry.status = "rejected"
+                    entry.reason = decision.reason
+            if (
+                not entry.accepted
+                and self.config.screen_subchanges
+                and self.config.objective == "recall"
+                and self.search_proposer.uses_feedback  # the baselines keep their budget
+            ):
+                found = self._screen_subchanges(t, parent, design, incumbent, entries, entry)
+                if (
+                    found is not None
+                ):  # a sub-change on its own is better: it is this iteration's design
+                    sub, cand = found
+                    entry.screen_score = entry.score
+                    entry.score, entry.design, entry.design_key = (
+                        cand.score,
+                        sub.model_dump(mode="json"),
+                        sub.key(),
+                    )
+                    entry.reason = (f"the proposal as a whole was {entry.status} ({entry.reason}); its sub-change "
+                                    f"{'; '.join(design_diff(parent, sub))} was accepted on its own")  # fmt: skip
+                    entry.changes = design_diff(parent, sub)
+                    entry.retrieval_lm_calls = cand.retrieval_lm_calls
+                    entry.status, entry.accepted = "accepted", True
+                    self._candidates[t] = cand
+                    accepted_design = sub
+                    sub.save(folder / "design.json")
+                    sub_dir = (
+                        folder
+                        / f"sub-{next(i for i, s in enumerate(entry.sub_screens, 1) if s['design_key'] == sub.key())}"
+                    )
+                    for name in ("val",):  # the pool reads the entry's per-item results from val/
+                        src = sub_dir / name / "items.jsonl"
+                        if src.exists():
+                            _write_atomic(
+                                folder / name / "items.jsonl", src.read_text(encoding="utf-8")
+                            )
+        if accepted_design is not None:
+            entry.selected_by = selected_by(self.config.objective) + (
+                f" ({self.rule.name} rule)" if self.rule.name != "strict" else ""
+            )
+            entry.best_key, entry.best_score = accepted_design.key(), entry.score
+            if self.search_proposer.uses_feedback:
+                new_state = self._train_state(accepted_design, t)
+                self._states[t] = new_state
+                entry.train_failures = stage_counts(new_state.diagnoses)
         cost = _usage_delta(before, self.usage_snapshot())
         cost.seconds = round(time.perf_counter() - t0, 3)
         entry.cost = cost
@@ -649,7 +1057,7 @@ class MemSteerOpt:
         self._track_candidate(entry, feedback, new_state, diagnosis_for_feedback=state)
         self._append(entry)
         self._event(entry)
-        return entry, new_state
+        return entry
 
     # -- outputs ------------------------------------------------------------------------------
     def _event(self, entry: TrajectoryEntry) -> None:
@@ -669,7 +1077,8 @@ class MemSteerOpt:
                 "iteration": entry.iteration, "total": self.config.iterations, "status": entry.status,
                 "candidate": entry.score or entry.screen_score, "best": entry.best_score,
                 "objective": self.config.objective, "cost_total": entry.cost_total, "reason": entry.reason,
-                "changes": entry.changes,
+                "changes": entry.changes, "parent": entry.parent_iteration,
+                "lm_per_question": entry.retrieval_lm_calls,
             })  # fmt: skip
 
     def _start_candidate_run(self, t: int) -> str | None:
@@ -710,7 +1119,8 @@ class MemSteerOpt:
             "val_recall_at_10": s.recall_at_10 if s else None, "val_delivered_recall": s.delivered_recall if s else None,
             "lm_calls": entry.cost.calls, "lm_tokens": entry.cost.total_tokens,
             "lm_prompt_tokens": entry.cost.prompt_tokens, "lm_completion_tokens": entry.cost.completion_tokens,
-            "wall_seconds": entry.cost.seconds,
+            "wall_seconds": entry.cost.seconds, "retrieval_lm_calls_per_question": entry.retrieval_lm_calls,
+            "accept_p": (entry.accept_stats or {}).get("p"), "accept_gain": (entry.accept_stats or {}).get("gain"),
             **({f"train_{k}_failures": v for k, v in entry.train_failures.items()} if entry.train_failures else {}),
         }, step=entry.iteration)  # fmt: skip
         tr.set_tags(rid, {"accepted": "true" if entry.accepted else "false", "status": entry.status,
@@ -746,21 +1156,39 @@ class MemSteerOpt:
             (folder / ".tracked").write_text(_now() + "\n")
         tr.end_run(rid)
 
-    def _write_outputs(self, entries: list[TrajectoryEntry]) -> None:
-        best = next(e for e in reversed(entries) if e.accepted)
+    def _write_outputs(
+        self, entries: list[TrajectoryEntry], result: OptimizeResult | None = None
+    ) -> None:
+        best = best_of(entries)
         design = MemoryDesign.from_dict(best.design)
         design.save(self.out / "best_design.json")
+        test = result.test if result is not None else None
         _write_atomic(
             self.out / "summary.md",
-            render_summary(entries, self.config, self.history, self._settings()),
+            render_summary(entries, self.config, self.history, self._settings(), test=test),
         )
+        if result is not None:
+            data = {"user": self.history.user_id, "objective": self.config.objective, "search": self.config.search,
+                    "parents": self.config.parents if self.config.search == "population" else None,
+                    "accept": self.config.accept, "feedback": self.config.feedback, "n_train": len(self.train),
+                    "n_val": len(self.val), **result.summary()}  # fmt: skip
+            _write_atomic(
+                self.out / "summary.json", json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+            )
 
     def _finish(self, status: str) -> None:
         rid = self.parent_run_id
         if not rid:
             return
-        for name in ("best_design.json", "trajectory.jsonl", "summary.md", "run.json"):
-            self.tracker.log_artifact(rid, self.out / name)
+        for name in (
+            "best_design.json",
+            "trajectory.jsonl",
+            "summary.md",
+            "summary.json",
+            "run.json",
+        ):
+            if (self.out / name).exists():
+                self.tracker.log_artifact(rid, self.out / name)
         self.tracker.end_run(rid, status=status)
 
 
@@ -787,14 +1215,29 @@ def _pct(v: float | None) -> str:
     return "–" if v is None else f"{100 * v:.1f}"
 
 
+def render_test(test: PairedComparison) -> list[str]:
+    """The held-out section of ``summary.md``."""
+    lines = ["## Held-out test", "",
+             f"{test.n} items ({test.source or 'test split'}), never used for feedback or selection. "
+             f"Verdict on {test.primary}: **{test.verdict}** (paired bootstrap 95% interval, {test.resamples} "
+             f"resamples, seed {test.seed}; one-sided p = {test.p_bootstrap:.3f}, sign test p = {test.p_sign:.3f}).",
+             "", "| metric | initial | best | diff | 95% CI |", "|---|---:|---:|---:|---|"]  # fmt: skip
+    for m in test.initial:
+        lines.append(f"| {m} | {_pct(test.initial[m])} | {_pct(test.best.get(m))} | {points(test.diff.get(m))} | "
+                     f"{points_ci(test.ci95.get(m))} |")  # fmt: skip
+    return lines + [""]
+
+
 def render_summary(
     entries: list[TrajectoryEntry],
     config: OptimizeConfig,
     history: History,
     settings: dict[str, Any],
+    test: PairedComparison | None = None,
 ) -> str:
-    """``summary.md``: settings, baseline vs best, a table of iterations and the accepted path."""
-    base, best = entries[0], next(e for e in reversed(entries) if e.accepted)
+    """``summary.md``: settings, baseline vs best, the held-out comparison, a table of iterations
+    and the accepted path."""
+    base, best = entries[0], best_of(entries)
     total = entries[-1].cost_total
     lines = [
         f"# MemSteer-Opt: {history.user_id}",
@@ -803,12 +1246,26 @@ def render_summary(
         f"- supervision: {settings.get('n_train')} train / {settings.get('n_val')} val items",
         f"- objective `{config.objective}`, feedback `{config.feedback}`, seed {config.seed}, "
         f"protocol `{config.protocol}`, iterations {len(entries) - 1} of {config.iterations}",
+        f"- search `{config.search}`"
+        + (f" (parents: {config.parents})" if config.search == "population" else "")
+        + f", accept `{config.accept}`"
+        + (
+            f" (alpha {config.accept_alpha}, margin {config.accept_margin}, {config.accept_test})"
+            if config.accept == "paired"
+            else ""
+        )
+        + f", LM-retrieval margin {config.lm_retrieval_margin}",
         f"- initial design `{base.design_key}`; best design `{best.design_key}` (iteration {best.iteration})",
         f"- validation: initial {base.score.short() if base.score else '-'}; best {best.score.short() if best.score else '-'}",
         f"- cost: {total.short()}",
         "",
-        "| iter | status | val acc | QS | deliv. recall | R@10 | changes | selected by | LM calls | tokens | s |",
-        "|---:|---|---:|---:|---:|---:|---|---|---:|---:|---:|",
+        *(render_test(test) if test is not None else []),
+        "## Iterations",
+        "",
+        "LM/q: LM calls per question at retrieval time (query rewrite, HyDE, LM rerank, ...).",
+        "",
+        "| iter | parent | status | val acc | QS | deliv. recall | R@10 | LM/q | changes | selected by | LM calls | tokens | s |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|",
     ]
     for e in entries:
         s = e.score or e.screen_score
@@ -821,8 +1278,10 @@ def render_summary(
         if len(changes) > 300:
             changes = changes[:297] + "..."
         lines.append(
-            f"| {e.iteration} | {e.status} | {_pct(s.accuracy if s else None)} | {_pct(s.qs if s else None)} | "
-            f"{_pct(s.delivered_recall if s else None)} | {_pct(s.recall_at_10 if s else None)} | {changes} | "
+            f"| {e.iteration} | {'' if e.parent_iteration is None else e.parent_iteration} | {e.status} | "
+            f"{_pct(s.accuracy if s else None)} | {_pct(s.qs if s else None)} | "
+            f"{_pct(s.delivered_recall if s else None)} | {_pct(s.recall_at_10 if s else None)} | "
+            f"{'' if e.retrieval_lm_calls is None else e.retrieval_lm_calls} | {changes} | "
             f"{e.selected_by or ''} | {e.cost.calls} | {e.cost.total_tokens:,} | {e.cost.seconds:.0f} |"
         )
     path = [e for e in entries if e.accepted]

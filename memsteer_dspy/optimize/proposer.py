@@ -126,6 +126,11 @@ class RevisionEntry(BaseModel):
     score: str = ""
     rationale: str = ""
     note: str = ""
+    tried_alone: list[str] | None = Field(
+        None,
+        description="Fields whose single-field sub-change was screened (a rejected multi-field "
+        "proposal); None: not screened, so every changed field counts as tried.",
+    )
 
     def render(self) -> str:
         head = f"- iteration {self.iteration}: {self.status.upper()}"
@@ -192,6 +197,9 @@ class Proposal(BaseModel):
     rationale: str = ""
     attempts: list[ProposalAttempt] = Field(default_factory=list)
     error: str | None = None
+    search_params: dict[str, Any] | None = Field(
+        None, description="random/tpe: the sampled parameters and their distributions."
+    )
 
 
 # Below this many untried fields, exploration starts over with every field.
@@ -200,11 +208,15 @@ MIN_UNTRIED_FIELDS = 4
 
 def tried_fields(history: list[RevisionEntry]) -> set[str]:
     """Design fields changed by the proposals that were not accepted since the current design was
-    accepted (or since the baseline)."""
+    accepted (or since the baseline). A multi-field proposal whose single-field sub-changes were
+    screened (``tried_alone``) blocks only the fields tried on their own, so one bad field does not
+    hide a good one proposed with it."""
     tried: set[str] = set()
     for entry in history:
         if entry.status in ("accepted", "baseline"):
             tried = set()
+        elif entry.tried_alone is not None:
+            tried.update(entry.tried_alone)
         else:
             tried.update(c.split(":", 1)[0].strip() for c in entry.changes)
     return tried
@@ -401,7 +413,10 @@ class DesignProposer(dspy.Module):
             text = render_history(history + extra, self.history_tokens)
             allowed = self._allowed_fields(exclude, current)
             if allowed is not None and exclude & set(DESIGN_FIELDS) - set(allowed):
-                notes.append("fields tried since the last accept were not offered: " + ", ".join(sorted(exclude)))
+                notes.append(
+                    "fields tried since the last accept were not offered: "
+                    + ", ".join(sorted(exclude))
+                )
             try:
                 pred = self._call(current, text, feedback, config, allowed)
                 error, raw = None, None
