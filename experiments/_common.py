@@ -58,6 +58,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from memsteer_dspy.errors import ConfigError, InputError, MemsteerError
+from memsteer_dspy.runfolder import write_atomic  # re-exported for the studies
 from memsteer_dspy.evaluation import (
     EvaluationReport,
     EvaluationSummary,
@@ -581,13 +582,6 @@ class SharedMemSteerOpt(MemSteerOpt):
 # --------------------------------------------------------------------------------------------
 # outputs
 # --------------------------------------------------------------------------------------------
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def pct(v: float | None, digits: int = 1) -> str:

@@ -24,6 +24,7 @@ from memsteer_dspy.demo import (
 )
 from memsteer_dspy.demo_data import load_demo
 from memsteer_dspy.errors import ConfigError
+from memsteer_dspy.runfolder import RunMismatchError
 from memsteer_dspy.evaluation import evaluate_design
 from memsteer_dspy.lm import LMConfig
 from memsteer_dspy.lm.config import RoleLM
@@ -333,7 +334,7 @@ def test_rerun_reuses_every_stage_without_lm_calls(demo_run):
 def test_other_settings_in_the_same_folder_are_refused(demo_run):
     _, out, engine, cfg, _ = demo_run
     other = TINY.model_copy(update={"iterations": 3})
-    with pytest.raises(ConfigError, match="iterations"):
+    with pytest.raises(RunMismatchError, match="iterations"):
         run_demo(out, cfg, settings=other, progress=False)
 
 
