@@ -116,10 +116,10 @@ def main(path: str) -> int:
     from memsteer_dspy.cli import app
 
     try:
-        app(scenario["argv"], standalone_mode=False)
+        rc = app(scenario["argv"], standalone_mode=False)  # returns the exit status of typer.Exit
     except SystemExit as exc:
         return int(exc.code or 0)
-    return 0
+    return int(rc or 0)
 
 
 if __name__ == "__main__":

@@ -95,3 +95,28 @@ def role_lms(kind: str, *, fault_seed: int | None = None, rate: float = 0.2) -> 
             out[role] = FaultyLM(handler, seed=fault_seed * 101 + i, rate=rate, adapter=adapter,
                                  model=f"scripted/{role}")  # fmt: skip
     return out
+
+
+def invoke(argv: list[str], kind: str, *, fault_seed: int | None = None):
+    """Run ``memsteer <argv>`` in this process (typer's CliRunner) with fresh scripted LMs of
+    ``kind`` in place of whatever ``--lm``/``--config`` would load. Returns the CliRunner result."""
+    from typer.testing import CliRunner
+
+    import memsteer_dspy.lm as lm_pkg
+    from memsteer_dspy.cli import app
+    from memsteer_dspy.lm import LMConfig
+
+    lms = role_lms(kind, fault_seed=fault_seed)
+
+    def load(config=None, lm=None, role_lms=None):
+        cfg = LMConfig.uniform("openai/scripted")
+        for role, role_lm in lms.items():
+            cfg.set_lm(role, role_lm)
+        return cfg
+
+    original = lm_pkg.load_lm_config
+    lm_pkg.load_lm_config = load
+    try:
+        return CliRunner().invoke(app, argv)
+    finally:
+        lm_pkg.load_lm_config = original
