@@ -64,12 +64,18 @@ def timed(fn, *args) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--max-chars", type=int, default=1_000_000)
-    ap.add_argument("--old-limit", type=int, default=100_000, help="largest size timed with the old cutter")
-    ap.add_argument("--records", type=int, default=20_000, help="records in the ingest benchmark (0: skip)")
+    ap.add_argument(
+        "--old-limit", type=int, default=100_000, help="largest size timed with the old cutter"
+    )
+    ap.add_argument(
+        "--records", type=int, default=20_000, help="records in the ingest benchmark (0: skip)"
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
 
-    sizes = [s for s in (10_000, 30_000, 100_000, 300_000, 1_000_000, 3_000_000) if s <= args.max_chars]
+    sizes = [
+        s for s in (10_000, 30_000, 100_000, 300_000, 1_000_000, 3_000_000) if s <= args.max_chars
+    ]
     rows = []
     print(f"{'chars':>10} {'one line c/s':>14} {'newlines c/s':>14} {'old cutter c/s':>15}")
     for n in sizes:
@@ -90,7 +96,9 @@ def main() -> None:
     timed_old = [r for r in rows if r["cutter_speedup"]]
     if timed_old:
         r = timed_old[-1]
-        print(f"sentence cutter at {r['chars']:,} chars: {r['cutter_speedup']:.0f}x faster than the old one")
+        print(
+            f"sentence cutter at {r['chars']:,} chars: {r['cutter_speedup']:.0f}x faster than the old one"
+        )
     result = {"split": rows, "linearity_ratio": ratio}
 
     if args.records:
@@ -100,7 +108,10 @@ def main() -> None:
             path = Path(tmp) / "history.jsonl"
             with open(path, "w", encoding="utf-8") as fh:
                 for i in range(args.records):
-                    fh.write(json.dumps({"id": f"r{i}", "kind": "note", "text": prose(500, seed=i)}) + "\n")
+                    fh.write(
+                        json.dumps({"id": f"r{i}", "kind": "note", "text": prose(500, seed=i)})
+                        + "\n"
+                    )
             size = path.stat().st_size
             gc.collect()
             tracemalloc.start()

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -58,7 +57,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from memsteer_dspy.errors import ConfigError, InputError, MemsteerError
-from memsteer_dspy.runfolder import write_atomic  # re-exported for the studies
 from memsteer_dspy.evaluation import (
     EvaluationReport,
     EvaluationSummary,
@@ -73,6 +71,7 @@ from memsteer_dspy.memory.lookup import RecordLookup
 from memsteer_dspy.optimize.loop import MemSteerOpt, OptimizeConfig, OptimizeResult
 from memsteer_dspy.optimize.splits import split_official
 from memsteer_dspy.records import History, QAItem, Record
+from memsteer_dspy.runfolder import write_atomic  # re-exported for the studies
 from memsteer_dspy.tracking import Tracker, resolve_tracking_uri
 
 PRESETS = ("tiny", "small", "full")

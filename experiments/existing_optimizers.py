@@ -48,8 +48,8 @@ from _common import (  # noqa: E402
 )
 
 from memsteer_dspy.evaluation import EvaluationReport, evaluate_design  # noqa: E402
-from memsteer_dspy.runfolder import lm_identity  # noqa: E402
 from memsteer_dspy.memory import MemoryDesign, MemorySystem  # noqa: E402
+from memsteer_dspy.runfolder import lm_identity  # noqa: E402
 
 LABELS = {"gepa": "GEPA", "mipro": "MIPROv2"}
 SOURCES = {"official": "Official-QA†", "memsteer": "MemSteer"}

@@ -125,7 +125,7 @@ class JsonlLog:
 
     def append(self, obj: Any) -> None:
         """Append one object as one line, flushed and fsynced before returning."""
-        line = (obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, default=str))
+        line = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, default=str)
         data = (line.rstrip("\n") + "\n").encode("utf-8")
         with self._lock, open(self.path, "ab") as fh:
             fh.write(data)
@@ -201,7 +201,9 @@ def lm_identity(lm: Any) -> str | None:
     model = getattr(lm, "model", None) or type(lm).__name__
     kwargs = getattr(lm, "kwargs", None) or {}
     settings = {k: kwargs[k] for k in _LM_SETTINGS if k in kwargs}
-    return f"{model} {json.dumps(settings, sort_keys=True, default=str)}" if settings else str(model)
+    return (
+        f"{model} {json.dumps(settings, sort_keys=True, default=str)}" if settings else str(model)
+    )
 
 
 def run_key(
@@ -254,7 +256,9 @@ def _differences(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, A
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for k in sorted(set(old) | set(new), key=str):
-            out += _differences(old.get(k), new.get(k), f"{prefix}{k}" if not prefix else f"{prefix}.{k}")
+            out += _differences(
+                old.get(k), new.get(k), f"{prefix}{k}" if not prefix else f"{prefix}.{k}"
+            )
         return out
     return [] if old == new else [(prefix or "key", old, new)]
 

@@ -10,8 +10,30 @@ from typing import Any
 import dspy
 from fault_helpers import FaultyLM, HandlerLM, digest
 
-PLACES = ["Lisbon", "Porto", "Madrid", "Seville", "Valencia", "Bilbao", "Granada", "Malaga", "Cadiz", "Toledo"]
-TOPICS = ["budget", "garden", "library", "printer", "workshop", "picnic", "concert", "recital", "museum", "harbor"]
+PLACES = [
+    "Lisbon",
+    "Porto",
+    "Madrid",
+    "Seville",
+    "Valencia",
+    "Bilbao",
+    "Granada",
+    "Malaga",
+    "Cadiz",
+    "Toledo",
+]
+TOPICS = [
+    "budget",
+    "garden",
+    "library",
+    "printer",
+    "workshop",
+    "picnic",
+    "concert",
+    "recital",
+    "museum",
+    "harbor",
+]
 
 
 def _field(user: str, name: str) -> str:
@@ -36,7 +58,9 @@ def _plan(system: str, user: str) -> dict[str, Any]:
 
 def _question(system: str, user: str) -> dict[str, Any]:
     d = digest(user)
-    return {"question": f"Which laptop did I bring to the {PLACES[d % 10]} meeting about {TOPICS[(d // 10) % 10]}?"}
+    return {
+        "question": f"Which laptop did I bring to the {PLACES[d % 10]} meeting about {TOPICS[(d // 10) % 10]}?"
+    }
 
 
 def _audit(system: str, user: str) -> dict[str, Any]:
@@ -52,7 +76,12 @@ def _blind(system: str, user: str) -> dict[str, Any]:
     return {"cited_ids": ["R1.1", "R2.1", "R3.1"], "answer": "MacBook Air", "answerable": True}
 
 
-GENERATE = {"planner": _plan, "question_writer": _question, "auditor": _audit, "blind_reader": _blind}
+GENERATE = {
+    "planner": _plan,
+    "question_writer": _question,
+    "auditor": _audit,
+    "blind_reader": _blind,
+}
 
 # ---- optimize (proposer, answerer, judge) ----------------------------------------------------
 
@@ -83,7 +112,9 @@ OPTIMIZE = {"proposer": _proposal, "answerer": _answer, "judge": _judge}
 JSON_ROLES = {"planner", "question_writer", "auditor", "blind_reader", "proposer"}
 
 
-def role_lms(kind: str, *, fault_seed: int | None = None, rate: float = 0.2) -> dict[str, HandlerLM]:
+def role_lms(
+    kind: str, *, fault_seed: int | None = None, rate: float = 0.2
+) -> dict[str, HandlerLM]:
     """One scripted LM per role of ``kind`` ('generate' or 'optimize'); faulty when ``fault_seed``."""
     handlers = {"generate": GENERATE, "optimize": OPTIMIZE}[kind]
     out: dict[str, HandlerLM] = {}

@@ -24,12 +24,12 @@ from memsteer_dspy.demo import (
 )
 from memsteer_dspy.demo_data import load_demo
 from memsteer_dspy.errors import ConfigError
-from memsteer_dspy.runfolder import RunMismatchError
 from memsteer_dspy.evaluation import evaluate_design
 from memsteer_dspy.lm import LMConfig
 from memsteer_dspy.lm.config import RoleLM
 from memsteer_dspy.memory import MemoryDesign, MemorySystem
 from memsteer_dspy.normalize import normalize_text
+from memsteer_dspy.runfolder import RunMismatchError
 
 TINY = DemoSettings(
     size="tiny", n_supervision=4, max_candidates=8, bundle_profile="small", iterations=2,

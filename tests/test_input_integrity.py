@@ -80,7 +80,9 @@ def test_split_spans_is_linear_on_a_one_million_character_line(monkeypatch):
     counter = [0]
     for name in ("_BOUNDARY", "_LAST_WORD", "_WORD_RUN"):
         if hasattr(records, name):
-            monkeypatch.setattr(records, name, _CountingPattern(getattr(records, name), counter, 10 * len(text)))
+            monkeypatch.setattr(
+                records, name, _CountingPattern(getattr(records, name), counter, 10 * len(text))
+            )
     spans = split_spans("big", text)
     assert len(spans) > 10_000
     assert all(len(s.text) <= records.MAX_SPAN_CHARS for s in spans)
@@ -164,7 +166,9 @@ def test_without_skip_the_first_bad_line_is_named(tmp_path):
     with pytest.raises(InputError) as exc:
         load_history("jsonl", tmp_path / "h.jsonl")
     assert exc.value.line == 3 and exc.value.record == "a" and "duplicate" in exc.value.message
-    (tmp_path / "u.jsonl").write_bytes(b'{"id": "x", "kind": "note", "text": "ok"}\n{"id": "y", "text": "\xff"}\n')
+    (tmp_path / "u.jsonl").write_bytes(
+        b'{"id": "x", "kind": "note", "text": "ok"}\n{"id": "y", "text": "\xff"}\n'
+    )
     with pytest.raises(InputError) as exc:
         load_history("jsonl", tmp_path / "u.jsonl")
     assert exc.value.line == 2 and "not UTF-8" in exc.value.message

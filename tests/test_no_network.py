@@ -38,7 +38,11 @@ def _loopback(address) -> bool:
 def no_network(monkeypatch):
     """Every connection to a non-loopback address, and every name lookup of a remote host, raises."""
     attempts: list[str] = []
-    real_connect, real_connect_ex, real_getaddrinfo = socket.socket.connect, socket.socket.connect_ex, socket.getaddrinfo
+    real_connect, real_connect_ex, real_getaddrinfo = (
+        socket.socket.connect,
+        socket.socket.connect_ex,
+        socket.getaddrinfo,
+    )
 
     def connect(self, address):
         if not _loopback(address):
@@ -101,7 +105,9 @@ def test_every_command_runs_without_network(no_network, tmp_path, monkeypatch):
     # evaluate (answers + judge) and optimize on the memory fixture
     folder = tmp_path / "hist"
     folder.mkdir()
-    (folder / "records.jsonl").write_text("".join(r.model_dump_json() + "\n" for r in small_history().records))
+    (folder / "records.jsonl").write_text(
+        "".join(r.model_dump_json() + "\n" for r in small_history().records)
+    )
     (folder / "qa.jsonl").write_text("".join(q.to_json() + "\n" for q in small_qa()))
     _patch_lms(monkeypatch, role_lms("optimize"))
     res = runner.invoke(app, ["evaluate", "--format", "jsonl", "--path", str(folder), "--out", str(tmp_path / "eval"),
@@ -127,7 +133,9 @@ def test_demo_runs_without_network(no_network, tmp_path):
 
     from memsteer_dspy.demo import run_demo
 
-    result = run_demo(tmp_path / "demo", scripted_config(engine_for_demo()), settings=TINY, progress=False)
+    result = run_demo(
+        tmp_path / "demo", scripted_config(engine_for_demo()), settings=TINY, progress=False
+    )
     assert [r.label for r in result.rows][0] == "Base-BM25"
     assert result.tracking_uri and result.tracking_uri.startswith("sqlite")
     assert not no_network, no_network

@@ -57,7 +57,9 @@ def _comparable(rec) -> tuple:
 
 def test_generate_survives_injected_faults(tmp_path):
     history = laptop_history(10)
-    clean = generate_supervision(history, role_lms("generate"), tmp_path / "clean", gen_config(), progress=False)
+    clean = generate_supervision(
+        history, role_lms("generate"), tmp_path / "clean", gen_config(), progress=False
+    )
     lms = role_lms("generate", fault_seed=7)
     faulty = generate_supervision(history, lms, tmp_path / "faulty", gen_config(), progress=False)
     injected = sum(len(lm.faults) for lm in lms.values())
@@ -65,20 +67,31 @@ def test_generate_survives_injected_faults(tmp_path):
     assert injected >= 10 and set(kinds) == {"raise", "timeout", "unparseable"}
 
     clean_log, faulty_log = read_log(tmp_path / "clean"), read_log(tmp_path / "faulty")
-    raw = [json.loads(x)["index"] for x in (tmp_path / "faulty" / "candidates.jsonl").read_text().splitlines()]
+    raw = [
+        json.loads(x)["index"]
+        for x in (tmp_path / "faulty" / "candidates.jsonl").read_text().splitlines()
+    ]
     assert sorted(raw) == list(range(24)), "each candidate is logged exactly once"
     assert [r.index for r in faulty_log] == [r.index for r in clean_log] == list(range(24))
     failed = [r for r in faulty_log if r.reason == "lm_error"]
     assert failed, "with 20% faults and 2 retries some candidate exhausts its retries"
     for r in failed:
         assert r.status == "rejected" and r.stage and r.detail  # recorded with the stage and why
-    rejected = [json.loads(x) for x in (tmp_path / "faulty" / "rejected.jsonl").read_text().splitlines()]
+    rejected = [
+        json.loads(x) for x in (tmp_path / "faulty" / "rejected.jsonl").read_text().splitlines()
+    ]
     assert {r["index"] for r in rejected if r["reason"] == "lm_error"} == {r.index for r in failed}
     # a candidate no fault stopped ends exactly as without faults (retries reproduce the reply);
     # only near-duplicate verdicts may move, since they depend on which earlier items were kept
-    differ = [(c, f) for c, f in zip(clean_log, faulty_log, strict=True) if _comparable(c) != _comparable(f)]
+    differ = [
+        (c, f)
+        for c, f in zip(clean_log, faulty_log, strict=True)
+        if _comparable(c) != _comparable(f)
+    ]
     for c, f in differ:
-        assert f.reason == "lm_error" or "dedup" in (c.reason or "") or "dedup" in (f.reason or ""), (c, f)
+        assert (
+            f.reason == "lm_error" or "dedup" in (c.reason or "") or "dedup" in (f.reason or "")
+        ), (c, f)
     ids = [json.loads(x)["id"] for n in ("train.jsonl", "val.jsonl") for x in
            (tmp_path / "faulty" / n).read_text().splitlines()]  # fmt: skip
     assert len(ids) == len(set(ids)) == faulty["accepted"]
@@ -96,18 +109,27 @@ def _many_items(copies: int = 8) -> list[QAItem]:
     items = []
     for c in range(copies):
         for q in small_qa():
-            items.append(q.model_copy(update={"id": f"{q.id}-{c}", "question": f"{q.question} (asked {c})"}))
+            items.append(
+                q.model_copy(update={"id": f"{q.id}-{c}", "question": f"{q.question} (asked {c})"})
+            )
     return items
 
 
 def _evaluate(lms, out, items):
-    system = MemorySystem.from_design(MemoryDesign.base_bm25(), small_history(), lms={"answerer": lms["answerer"]})
-    return evaluate_design(system, items, metrics="all", judge_lm=lms["judge"], protocol="as_of", out_dir=out)
+    system = MemorySystem.from_design(
+        MemoryDesign.base_bm25(), small_history(), lms={"answerer": lms["answerer"]}
+    )
+    return evaluate_design(
+        system, items, metrics="all", judge_lm=lms["judge"], protocol="as_of", out_dir=out
+    )
 
 
 def test_evaluate_with_answers_survives_injected_faults(tmp_path):
     items = _many_items()
-    clean_lms = {"answerer": HandlerLM(_answer, model="scripted/answerer"), "judge": HandlerLM(_judge, model="scripted/judge")}
+    clean_lms = {
+        "answerer": HandlerLM(_answer, model="scripted/answerer"),
+        "judge": HandlerLM(_judge, model="scripted/judge"),
+    }
     faulty_lms = {"answerer": FaultyLM(_answer, seed=11, model="scripted/answerer"),
                   "judge": FaultyLM(_judge, seed=12, model="scripted/judge")}  # fmt: skip
     clean = _evaluate(clean_lms, tmp_path / "clean", items)
@@ -126,12 +148,18 @@ def test_evaluate_with_answers_survives_injected_faults(tmp_path):
     for r in faulty.items:
         if r.error is None:
             assert (r.prediction, r.correct, r.qs, r.recall_at_10) == (
-                by_id[r.qa_id].prediction, by_id[r.qa_id].correct, by_id[r.qa_id].qs, by_id[r.qa_id].recall_at_10)
+                by_id[r.qa_id].prediction,
+                by_id[r.qa_id].correct,
+                by_id[r.qa_id].qs,
+                by_id[r.qa_id].recall_at_10,
+            )
     # resuming with a healthy LM retries exactly the failed items and matches the clean run
     calls_before = clean_lms["answerer"].calls
     resumed = _evaluate(clean_lms, tmp_path / "faulty", items)
     assert clean_lms["answerer"].calls - calls_before == len(errors)
-    assert [(r.qa_id, r.correct, r.qs) for r in resumed.items] == [(r.qa_id, r.correct, r.qs) for r in clean.items]
+    assert [(r.qa_id, r.correct, r.qs) for r in resumed.items] == [
+        (r.qa_id, r.correct, r.qs) for r in clean.items
+    ]
     assert resumed.summary.accuracy == clean.summary.accuracy
     _report("evaluate", faults_injected=injected, items_compared=len(items), failed_items=len(errors), lost=0,
             duplicated=len(ids) - len(set(ids)))  # fmt: skip
@@ -146,7 +174,9 @@ def test_evaluate_with_answers_survives_injected_faults(tmp_path):
 def opt_inputs(tmp_path):
     folder = tmp_path / "hist"
     folder.mkdir()
-    (folder / "records.jsonl").write_text("".join(r.model_dump_json() + "\n" for r in small_history().records))
+    (folder / "records.jsonl").write_text(
+        "".join(r.model_dump_json() + "\n" for r in small_history().records)
+    )
     sup = tmp_path / "sup"
     sup.mkdir()
     items = _many_items(6)
@@ -194,9 +224,15 @@ def test_optimize_survives_injected_faults(opt_inputs, tmp_path, monkeypatch):
     res = CliRunner().invoke(app, optimize_argv(opt_inputs, tmp_path / "faulty", "--no-tracking"))
     assert res.exit_code == 0, res.output
     injected = sum(len(lm.faults) for lm in lms.values())
-    assert injected >= 5 and all(lm.faults for lm in lms.values()), {r: len(lm.faults) for r, lm in lms.items()}
-    traj = [json.loads(x) for x in (tmp_path / "faulty" / "trajectory.jsonl").read_text().splitlines()]
-    assert [t["iteration"] for t in traj] == [0, 1, 2, 3], "one entry per iteration, none lost or repeated"
+    assert injected >= 5 and all(lm.faults for lm in lms.values()), {
+        r: len(lm.faults) for r, lm in lms.items()
+    }
+    traj = [
+        json.loads(x) for x in (tmp_path / "faulty" / "trajectory.jsonl").read_text().splitlines()
+    ]
+    assert [t["iteration"] for t in traj] == [0, 1, 2, 3], (
+        "one entry per iteration, none lost or repeated"
+    )
     for t in traj:
         if t["status"] == "failed":
             assert t.get("reason"), t  # a failed proposal says why
@@ -210,7 +246,14 @@ def test_optimize_survives_injected_faults(opt_inputs, tmp_path, monkeypatch):
     errors = sum(1 for p in (tmp_path / "faulty").rglob("items.jsonl") for x in p.read_text().splitlines()
                  if json.loads(x)["error"])  # fmt: skip
     assert compared and errors
-    _report("optimize", faults_injected=injected, items_compared=compared, failed_items=errors, lost=0, duplicated=0)
+    _report(
+        "optimize",
+        faults_injected=injected,
+        items_compared=compared,
+        failed_items=errors,
+        lost=0,
+        duplicated=0,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -218,7 +261,9 @@ def test_optimize_survives_injected_faults(opt_inputs, tmp_path, monkeypatch):
 # --------------------------------------------------------------------------------------------
 
 
-def test_a_broken_tracking_store_is_reported_once_and_the_run_completes(opt_inputs, tmp_path, monkeypatch):
+def test_a_broken_tracking_store_is_reported_once_and_the_run_completes(
+    opt_inputs, tmp_path, monkeypatch
+):
     from typer.testing import CliRunner
 
     from memsteer_dspy.cli import app
@@ -232,14 +277,21 @@ def test_a_broken_tracking_store_is_reported_once_and_the_run_completes(opt_inpu
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        res = CliRunner().invoke(app, optimize_argv(opt_inputs, tmp_path / "run", "--tracking-uri", f"sqlite:///{broken}"))
+        res = CliRunner().invoke(
+            app,
+            optimize_argv(opt_inputs, tmp_path / "run", "--tracking-uri", f"sqlite:///{broken}"),
+        )
     assert res.exit_code == 0, res.output
     tracking_warnings = [w for w in caught if issubclass(w.category, TrackingWarning)]
     assert len(tracking_warnings) == 1, [str(w.message) for w in tracking_warnings]
     assert "file is not a database" in str(tracking_warnings[0].message)
     out = res.output
     assert out.lower().count("tracking") >= 1
-    warnings = [line for line in out.splitlines() if "tracking" in line.lower() and ("fail" in line.lower() or "warn" in line.lower())]
+    warnings = [
+        line
+        for line in out.splitlines()
+        if "tracking" in line.lower() and ("fail" in line.lower() or "warn" in line.lower())
+    ]
     assert len(warnings) == 1, out
     traj = (tmp_path / "run" / "trajectory.jsonl").read_text().splitlines()
     assert len(traj) == 4 and (tmp_path / "run" / "best_design.json").exists()
@@ -279,7 +331,9 @@ def test_disk_full_is_reported_once_and_the_folder_stays_consistent(tmp_path):
     proc = subprocess.run([sys.executable, str(script), str(scen), "40000"], env=_driver_env(), cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert proc.stderr.count("error") == 1 and "rerun the same command" in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.count("error") == 1 and "rerun the same command" in proc.stderr, proc.stderr[
+        -3000:
+    ]
     assert "Traceback" not in proc.stderr
     raw = (tmp_path / "full" / "candidates.jsonl").read_bytes()
     kept = read_log(tmp_path / "full")  # whole lines only (a torn last line is cut)

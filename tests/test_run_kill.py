@@ -37,7 +37,9 @@ def _env() -> dict[str, str]:
     return env
 
 
-def drive(tmp_path: Path, argv: list[str], lms: str, kill: dict | None = None) -> subprocess.CompletedProcess:
+def drive(
+    tmp_path: Path, argv: list[str], lms: str, kill: dict | None = None
+) -> subprocess.CompletedProcess:
     scen = tmp_path / f"scenario-{os.urandom(4).hex()}.json"
     scen.write_text(json.dumps({"argv": argv, "lms": lms, "kill": kill}))
     return subprocess.run([sys.executable, str(TESTS / "run_driver.py"), str(scen)], env=_env(), cwd=tmp_path,
@@ -84,7 +86,10 @@ def _candidates(out: Path) -> list[tuple]:
 
 
 def _items(out: Path) -> dict[str, list[str]]:
-    return {n: [json.loads(x)["id"] for x in (out / n).read_text().splitlines()] for n in ("train.jsonl", "val.jsonl")}
+    return {
+        n: [json.loads(x)["id"] for x in (out / n).read_text().splitlines()]
+        for n in ("train.jsonl", "val.jsonl")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -117,11 +122,15 @@ def test_generate_killed_and_resumed_equals_uninterrupted(gen_inputs, gen_clean,
     assert summary["candidates"] == N_CANDIDATES
     assert len(json.loads((out / "run.json").read_text())["sessions"]) == 2
     lost = N_CANDIDATES - len(set(raw))
-    print(f"KILL generate {kill}: kills {kills}, items compared {N_CANDIDATES}, lost {lost}, "
-          f"duplicated {len(raw) - len(set(raw))}")
+    print(
+        f"KILL generate {kill}: kills {kills}, items compared {N_CANDIDATES}, lost {lost}, "
+        f"duplicated {len(raw) - len(set(raw))}"
+    )
 
 
-def test_generate_resume_refuses_another_lm_and_restart_starts_over(gen_inputs, gen_clean, tmp_path):
+def test_generate_resume_refuses_another_lm_and_restart_starts_over(
+    gen_inputs, gen_clean, tmp_path
+):
     import shutil
 
     base, hist = gen_inputs
@@ -131,7 +140,9 @@ def test_generate_resume_refuses_another_lm_and_restart_starts_over(gen_inputs, 
     key["key"]["lms"]["planner"] = "another/model"
     (out / "run.json").write_text(json.dumps(key))
     res = invoke(gen_argv(hist, out), "generate")
-    assert res.exit_code == 2 and "lms.planner" in res.output and "--restart" in res.output, res.output
+    assert res.exit_code == 2 and "lms.planner" in res.output and "--restart" in res.output, (
+        res.output
+    )
     res = invoke([*gen_argv(hist, out), "--restart"], "generate")
     assert res.exit_code == 0, res.output[-3000:]
     assert _candidates(out) == _candidates(gen_clean)
@@ -147,7 +158,9 @@ def opt_inputs(tmp_path_factory):
     base = tmp_path_factory.mktemp("opt")
     folder = base / "hist"
     folder.mkdir()
-    (folder / "records.jsonl").write_text("".join(r.model_dump_json() + "\n" for r in small_history().records))
+    (folder / "records.jsonl").write_text(
+        "".join(r.model_dump_json() + "\n" for r in small_history().records)
+    )
     sup = base / "sup"
     sup.mkdir()
     items = [q.model_copy(update={"id": f"{q.id}-{c}", "question": f"{q.question} (asked {c})"})
@@ -179,7 +192,9 @@ def _item_results(out: Path) -> dict[str, list[tuple]]:
     res = {}
     for p in sorted(out.rglob("items.jsonl")):
         rows = [json.loads(x) for x in p.read_text().splitlines()]
-        res[str(p.relative_to(out))] = [(r["qa_id"], r["correct"], r["qs"], r["recall_at_10"]) for r in rows]
+        res[str(p.relative_to(out))] = [
+            (r["qa_id"], r["correct"], r["qs"], r["recall_at_10"]) for r in rows
+        ]
     return res
 
 
@@ -210,6 +225,10 @@ def test_optimize_killed_and_resumed_equals_uninterrupted(opt_inputs, opt_clean,
     compared = sum(len(v) for v in items.values())
     dup = sum(len(v) - len({r[0] for r in v}) for v in items.values())
     assert dup == 0
-    assert json.loads((out / "best_design.json").read_text()) == json.loads((opt_clean / "best_design.json").read_text())
-    print(f"KILL optimize {kill}: kills {kills}, trajectory entries {len(_trajectory(out))}, "
-          f"items compared {compared}, lost 0, duplicated {dup}")
+    assert json.loads((out / "best_design.json").read_text()) == json.loads(
+        (opt_clean / "best_design.json").read_text()
+    )
+    print(
+        f"KILL optimize {kill}: kills {kills}, trajectory entries {len(_trajectory(out))}, "
+        f"items compared {compared}, lost 0, duplicated {dup}"
+    )

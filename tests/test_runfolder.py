@@ -14,7 +14,6 @@ from memsteer_dspy.memory import MemoryDesign, MemorySystem
 from memsteer_dspy.records import History
 from memsteer_dspy.runfolder import JsonlLog, RunFolder, RunMismatchError, run_key, write_atomic
 
-
 # --------------------------------------------------------------------------------------------
 # the layer
 # --------------------------------------------------------------------------------------------
@@ -97,14 +96,18 @@ def _system(history: History | None = None) -> MemorySystem:
 
 
 def test_evaluate_resume_under_another_protocol_is_refused(tmp_path):
-    first = evaluate_design(_system(), small_qa(), metrics="recall", protocol="as_of", out_dir=tmp_path)
+    first = evaluate_design(
+        _system(), small_qa(), metrics="recall", protocol="as_of", out_dir=tmp_path
+    )
     with pytest.raises(RunMismatchError) as exc:
         evaluate_design(_system(), small_qa(), metrics="recall", protocol="full", out_dir=tmp_path)
     assert exc.value.field == "protocol"
     # --restart gives exactly what a fresh folder gives
     restarted = evaluate_design(_system(), small_qa(), metrics="recall", protocol="full", out_dir=tmp_path,
                                 restart=True)  # fmt: skip
-    fresh = evaluate_design(_system(), small_qa(), metrics="recall", protocol="full", out_dir=tmp_path / "fresh")
+    fresh = evaluate_design(
+        _system(), small_qa(), metrics="recall", protocol="full", out_dir=tmp_path / "fresh"
+    )
     assert restarted.summary.protocol == "full"
     assert restarted.summary.recall_at_10 == fresh.summary.recall_at_10
     assert [r.recall_at_10 for r in restarted.items] == [r.recall_at_10 for r in fresh.items]
@@ -140,7 +143,9 @@ def test_evaluate_cli_resume_mismatch_is_a_clear_error_and_restart_works(tmp_pat
 
     folder = tmp_path / "hist"
     folder.mkdir()
-    (folder / "records.jsonl").write_text("".join(r.model_dump_json() + "\n" for r in small_history().records))
+    (folder / "records.jsonl").write_text(
+        "".join(r.model_dump_json() + "\n" for r in small_history().records)
+    )
     (folder / "qa.jsonl").write_text("".join(q.to_json() + "\n" for q in small_qa()))
     out = tmp_path / "eval"
     base = ["evaluate", "--format", "jsonl", "--path", str(folder), "--metrics", "recall", "--out", str(out),
@@ -170,11 +175,19 @@ def test_unresolved_evidence_is_reported_and_left_out_of_recall(tmp_path):
     assert by_id["q1"].recall_at_10 is None  # nothing to find: not a miss
     assert by_id["q1"].unresolved_evidence == ["no-such-record"]
     # q2: recall over its one resolved record only
-    assert by_id["q2"].recall_at_10 == (1.0 if "s2:2" in by_id["q2"].trace.ranked_records(10) else 0.0)
+    assert by_id["q2"].recall_at_10 == (
+        1.0 if "s2:2" in by_id["q2"].trace.ranked_records(10) else 0.0
+    )
     s = report.summary
     assert s.unresolved_items == 2
-    assert {(u["qa_id"], u["evidence_id"]) for u in s.unresolved_evidence} == {("q1", "no-such-record"), ("q2", "ghost")}
-    assert json.loads((tmp_path / "summary.json").read_text())["unresolved_evidence"] == s.unresolved_evidence
+    assert {(u["qa_id"], u["evidence_id"]) for u in s.unresolved_evidence} == {
+        ("q1", "no-such-record"),
+        ("q2", "ghost"),
+    }
+    assert (
+        json.loads((tmp_path / "summary.json").read_text())["unresolved_evidence"]
+        == s.unresolved_evidence
+    )
     assert clean.summary.unresolved_evidence == [] and clean.summary.unresolved_items == 0
 
 
@@ -185,11 +198,24 @@ def test_evaluate_cli_says_evidence_is_unresolved(tmp_path):
 
     folder = tmp_path / "hist"
     folder.mkdir()
-    (folder / "records.jsonl").write_text("".join(r.model_dump_json() + "\n" for r in small_history().records))
+    (folder / "records.jsonl").write_text(
+        "".join(r.model_dump_json() + "\n" for r in small_history().records)
+    )
     items = [q.model_copy(update={"evidence_ids": ["missing-1"]}) for q in small_qa()]
     qa = tmp_path / "qa.jsonl"
     qa.write_text("".join(q.to_json() + "\n" for q in items))
-    args = ["evaluate", "--format", "jsonl", "--path", str(folder), "--qa", str(qa), "--metrics", "recall", "--no-cache"]
+    args = [
+        "evaluate",
+        "--format",
+        "jsonl",
+        "--path",
+        str(folder),
+        "--qa",
+        str(qa),
+        "--metrics",
+        "recall",
+        "--no-cache",
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "4 evidence id(s) of 4 item(s) are not in the history" in res.output

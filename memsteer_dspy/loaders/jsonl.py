@@ -22,7 +22,9 @@ from memsteer_dspy.loaders.base import Loaded, SkippedInput, UnresolvedEvidence
 from memsteer_dspy.records import History, QAItem, Record, check_record_dict
 
 
-def iter_json_lines(path: Path, on_error: str, skipped: list[SkippedInput]) -> Iterator[tuple[int, Any]]:
+def iter_json_lines(
+    path: Path, on_error: str, skipped: list[SkippedInput]
+) -> Iterator[tuple[int, Any]]:
     """Yield ``(line_number, object)`` for each non-blank line of a JSONL file, streaming (one
     line in memory at a time, whatever the file's size).
 
@@ -54,7 +56,9 @@ def iter_json_lines(path: Path, on_error: str, skipped: list[SkippedInput]) -> I
                 yield n, json.loads(line)
             except json.JSONDecodeError as exc:
                 if on_error == "skip":
-                    skipped.append(SkippedInput(str(path), n, f"invalid JSON: {exc.msg} at column {exc.colno}"))
+                    skipped.append(
+                        SkippedInput(str(path), n, f"invalid JSON: {exc.msg} at column {exc.colno}")
+                    )
                     continue
                 raise InputError(
                     f"invalid JSON: {exc.msg} at column {exc.colno}", file=path, line=n,
@@ -62,7 +66,9 @@ def iter_json_lines(path: Path, on_error: str, skipped: list[SkippedInput]) -> I
                 ) from None  # fmt: skip
 
 
-def read_records(path: Path, *, on_error: str = "raise", skipped: list[SkippedInput]) -> list[Record]:
+def read_records(
+    path: Path, *, on_error: str = "raise", skipped: list[SkippedInput]
+) -> list[Record]:
     """Records of a JSONL file. With ``on_error='skip'`` every per-line problem (not UTF-8, not
     JSON, not a valid record, a record id already seen) is recorded in ``skipped`` and left out;
     otherwise it raises naming the line (a duplicate id also names the first line)."""
@@ -73,7 +79,11 @@ def read_records(path: Path, *, on_error: str = "raise", skipped: list[SkippedIn
             record = check_record_dict(obj, file=str(path), line=n)
         except InputError as exc:
             if on_error == "skip":
-                skipped.append(SkippedInput(str(path), n, exc.message + (f" (field {exc.field!r})" if exc.field else "")))
+                skipped.append(
+                    SkippedInput(
+                        str(path), n, exc.message + (f" (field {exc.field!r})" if exc.field else "")
+                    )
+                )
                 continue
             raise
         if record.id in first_line:
@@ -85,11 +95,15 @@ def read_records(path: Path, *, on_error: str = "raise", skipped: list[SkippedIn
                                        hint="record ids must be unique within one history; "
                                        "use --on-error skip to keep the first")  # fmt: skip
         first_line[record.id] = n
-        records.append(record.model_copy(update={"metadata": {**record.metadata, "source": f"{path}:{n}"}}))
+        records.append(
+            record.model_copy(update={"metadata": {**record.metadata, "source": f"{path}:{n}"}})
+        )
     return records
 
 
-def read_qa_items(path: Path, *, on_error: str = "raise", skipped: list[SkippedInput]) -> list[QAItem]:
+def read_qa_items(
+    path: Path, *, on_error: str = "raise", skipped: list[SkippedInput]
+) -> list[QAItem]:
     """Read QAItems (one JSON object a line, the shape ``QAItem.model_dump_json`` writes).
 
     Keys that are not QAItem fields (e.g. ``facts`` written beside generated items) are moved
@@ -100,7 +114,9 @@ def read_qa_items(path: Path, *, on_error: str = "raise", skipped: list[SkippedI
     for n, obj in iter_json_lines(path, on_error, skipped):
         try:
             if not isinstance(obj, dict):
-                raise InputError(f"expected a JSON object, got {type(obj).__name__}", file=path, line=n)
+                raise InputError(
+                    f"expected a JSON object, got {type(obj).__name__}", file=path, line=n
+                )
             extra = {k: obj[k] for k in obj if k not in fields}
             core = {k: v for k, v in obj.items() if k in fields}
             if extra:
@@ -117,7 +133,9 @@ def read_qa_items(path: Path, *, on_error: str = "raise", skipped: list[SkippedI
             if on_error == "skip":
                 skipped.append(SkippedInput(str(path), n, f"{err['msg']} (field {field!r})"))
                 continue
-            raise InputError(err["msg"], file=path, line=n, field=field, record=obj.get("id")) from None
+            raise InputError(
+                err["msg"], file=path, line=n, field=field, record=obj.get("id")
+            ) from None
     return items
 
 
