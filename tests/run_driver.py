@@ -88,7 +88,6 @@ def main(path: str) -> int:
     import scripted_roles
 
     import memsteer_dspy.lm as lm_pkg
-    from memsteer_dspy.lm import LMConfig
 
     lms = scripted_roles.role_lms(scenario["lms"], fault_seed=scenario.get("fault_seed"))
     kill = scenario.get("kill")
@@ -105,13 +104,7 @@ def main(path: str) -> int:
 
         lm.reply_text = reply_text
 
-    def load(config=None, lm=None, role_lms=None):
-        cfg = LMConfig.uniform("openai/scripted")
-        for role, role_lm in lms.items():
-            cfg.set_lm(role, role_lm)
-        return cfg
-
-    lm_pkg.load_lm_config = load
+    lm_pkg.load_lm_config = scripted_roles.config_loader(lms)
     install_kill(kill)
     from memsteer_dspy.cli import app
 

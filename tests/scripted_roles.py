@@ -128,16 +128,10 @@ def role_lms(
     return out
 
 
-def invoke(argv: list[str], kind: str, *, fault_seed: int | None = None):
-    """Run ``memsteer <argv>`` in this process (typer's CliRunner) with fresh scripted LMs of
-    ``kind`` in place of whatever ``--lm``/``--config`` would load. Returns the CliRunner result."""
-    from typer.testing import CliRunner
-
-    import memsteer_dspy.lm as lm_pkg
-    from memsteer_dspy.cli import app
+def config_loader(lms: dict[str, Any]):
+    """A stand-in for ``memsteer_dspy.lm.load_lm_config``: every role in ``lms`` on its scripted
+    LM (the others keep a model string that is never called)."""
     from memsteer_dspy.lm import LMConfig
-
-    lms = role_lms(kind, fault_seed=fault_seed)
 
     def load(config=None, lm=None, role_lms=None):
         cfg = LMConfig.uniform("openai/scripted")
@@ -145,8 +139,19 @@ def invoke(argv: list[str], kind: str, *, fault_seed: int | None = None):
             cfg.set_lm(role, role_lm)
         return cfg
 
+    return load
+
+
+def invoke(argv: list[str], kind: str, *, fault_seed: int | None = None):
+    """Run ``memsteer <argv>`` in this process (typer's CliRunner) with fresh scripted LMs of
+    ``kind`` in place of whatever ``--lm``/``--config`` would load. Returns the CliRunner result."""
+    from typer.testing import CliRunner
+
+    import memsteer_dspy.lm as lm_pkg
+    from memsteer_dspy.cli import app
+
     original = lm_pkg.load_lm_config
-    lm_pkg.load_lm_config = load
+    lm_pkg.load_lm_config = config_loader(role_lms(kind, fault_seed=fault_seed))
     try:
         return CliRunner().invoke(app, argv)
     finally:

@@ -10,7 +10,7 @@ import socket
 
 import pytest
 from memory_fixtures import small_history, small_qa
-from scripted_roles import NARROW, role_lms
+from scripted_roles import NARROW, config_loader, role_lms
 from test_supervision_run import laptop_history
 from typer.testing import CliRunner
 
@@ -72,15 +72,8 @@ def no_network(monkeypatch):
 
 def _patch_lms(monkeypatch, lms):
     import memsteer_dspy.lm as lm_pkg
-    from memsteer_dspy.lm import LMConfig
 
-    def load(config=None, lm=None, role_lms=None):
-        cfg = LMConfig.uniform("openai/scripted")
-        for role, role_lm in lms.items():
-            cfg.set_lm(role, role_lm)
-        return cfg
-
-    monkeypatch.setattr(lm_pkg, "load_lm_config", load)
+    monkeypatch.setattr(lm_pkg, "load_lm_config", config_loader(lms))
 
 
 def test_blocked_connections_raise(no_network):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from fault_helpers import FaultyLM, HandlerLM
 from memory_fixtures import small_history, small_qa
-from scripted_roles import NARROW, _answer, _judge, invoke, role_lms
+from scripted_roles import NARROW, _answer, _judge, config_loader, invoke, role_lms
 from test_supervision_run import laptop_history
 
 from memsteer_dspy.bundles import BundleConfig
@@ -195,15 +195,8 @@ def optimize_argv(inputs, out, *extra) -> list[str]:
 
 def _patch_lms(monkeypatch, lms):
     import memsteer_dspy.lm as lm_pkg
-    from memsteer_dspy.lm import LMConfig
 
-    def load(config=None, lm=None, role_lms=None):
-        cfg = LMConfig.uniform("openai/scripted")
-        for role, role_lm in lms.items():
-            cfg.set_lm(role, role_lm)
-        return cfg
-
-    monkeypatch.setattr(lm_pkg, "load_lm_config", load)
+    monkeypatch.setattr(lm_pkg, "load_lm_config", config_loader(lms))
 
 
 def _item_files(out: Path) -> dict[str, list[str]]:
