@@ -317,6 +317,7 @@ def evaluate_design(
     resume: bool = True,
     restart: bool = False,
     key_options: dict[str, Any] | None = None,
+    usage: Callable[[], dict[str, Any]] | None = None,
     on_item: Callable[[ItemResult], None] | None = None,
 ) -> EvaluationReport:
     """Evaluate ``system`` on ``items`` (see the module docstring).
@@ -328,7 +329,8 @@ def evaluate_design(
     only if its same-run key (:func:`evaluation_key`: history fingerprint, protocol, design key,
     metrics, QA content, judge/answerer LMs, ``key_options``) equals the folder's, otherwise a
     :class:`~memsteer_dspy.runfolder.RunMismatchError` names the differing field; ``restart``
-    (or ``resume=False``) empties the folder first. Failed items are retried on resume.
+    (or ``resume=False``) empties the folder first. Failed items are retried on resume. ``usage``
+    (e.g. ``LMConfig.usage_by_role``) feeds the folder's usage ledger: what this session spent.
     """
     if metrics not in ("all", "recall"):
         raise ConfigError(f"metrics must be 'all' or 'recall', not {metrics!r}")
@@ -409,6 +411,8 @@ def evaluate_design(
         folder.write_text("items.jsonl", "".join(r.model_dump_json() + "\n" for r in ordered))
         folder.write_text("summary.json", summary.model_dump_json(indent=2) + "\n")
         folder.write_text("design.json", system.design.to_json() + "\n")
+        if usage is not None:
+            folder.add_usage(usage())
         folder.save()
     return report
 

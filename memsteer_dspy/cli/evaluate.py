@@ -141,7 +141,7 @@ def evaluate(
     system = MemorySystem.from_design(d, loaded.history, cache_dir=cache, lms=lms, threads=threads)
     report = evaluate_design(
         system, items, metrics=metrics, judge_lm=judge_lm, protocol=protocol, threads=threads, out_dir=out,
-        restart=restart,
+        restart=restart, usage=lm_config.usage_by_role,
     )  # fmt: skip
     result = report.as_json()
     if needs or judge_lm is not None:

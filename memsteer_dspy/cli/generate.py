@@ -154,8 +154,9 @@ def generate(
         err=True,
     )
     summary = generate_supervision(
-        loaded.history, lms, out, config, lm_description=described, restart=restart
-    )
+        loaded.history, lms, out, config, lm_description=described, restart=restart,
+        usage=lm_config.usage_by_role,
+    )  # fmt: skip
     summary["lm_usage_by_role"] = lm_config.usage_by_role()
     if as_json:
         echo_json(summary)

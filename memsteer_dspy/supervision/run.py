@@ -517,6 +517,7 @@ def generate_supervision(
     graph: RecordGraph | None = None,
     progress: bool | ProgressHook = True,
     restart: bool = False,
+    usage: Callable[[], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Generate QA–evidence supervision for ``history`` into ``out_dir`` (resuming a run there).
 
@@ -528,6 +529,8 @@ def generate_supervision(
     ``out_dir`` is a :class:`~memsteer_dspy.runfolder.RunFolder` keyed by :func:`generation_key`:
     resuming with another history, method, seed, checks, bundle/graph settings or LM raises a
     :class:`~memsteer_dspy.runfolder.RunMismatchError` naming the field; ``restart`` starts over.
+    ``usage`` (e.g. ``LMConfig.usage_by_role``) feeds the folder's usage ledger; without it the
+    ledger sums the candidates' own per-role costs.
     """
     config = config or GenerationConfig()
     lm_description = dict(
@@ -544,7 +547,7 @@ def generate_supervision(
     session_usage: dict[str, Counter[str]] = {}
 
     def save_state() -> None:
-        folder.add_usage({role: dict(c) for role, c in session_usage.items()})
+        folder.add_usage(usage() if usage is not None else {r: dict(c) for r, c in session_usage.items()})
         folder.save()
 
     save_state()
