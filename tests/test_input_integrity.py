@@ -153,7 +153,7 @@ def test_on_error_skip_skips_duplicates_and_non_utf8_lines(tmp_path):
     assert loaded.history["a"].text == "First."  # the first of the duplicates is kept
     by_line = {s.line: s.reason for s in loaded.skipped}
     assert sorted(by_line) == [3, 4, 5, 6]
-    assert "duplicate record id 'a'" in by_line[3] and "line 1" in by_line[3]
+    assert "duplicate record id 'a'" in by_line[3] and "h.jsonl:1," in by_line[3]
     assert "not UTF-8" in by_line[4]
     assert "invalid JSON" in by_line[5]
     assert "text" in by_line[6]

@@ -87,7 +87,7 @@ def read_records(
                 continue
             raise
         if record.id in first_line:
-            reason = f"duplicate record id {record.id!r} (first at line {first_line[record.id]})"
+            reason = f"duplicate record id {record.id!r} (first at {path}:{first_line[record.id]}, again at {path}:{n})"
             if on_error == "skip":
                 skipped.append(SkippedInput(str(path), n, reason))
                 continue
