@@ -15,9 +15,12 @@ For each QA item (paper, Section 3.3 and Appendix A.4):
 ``metrics="recall"`` scores retrieval only and calls no LM unless the design's own retrieval uses
 one. Protocols: ``as_of`` (RHELM: each question sees only records strictly before its
 ``question_date``; one index serves every date) or ``full`` (LoCoMo: the whole history).
-One failed item scores 0 with its error recorded; it never stops the run. With ``out_dir``, each
-item's result (with its trace) is appended to ``items.jsonl`` as it finishes, a rerun with the same
-design resumes, and ``summary.json`` and ``design.json`` are written at the end.
+One failed item scores 0 with its error recorded; it never stops the run. With ``out_dir`` (a
+:class:`~memsteer_dspy.runfolder.RunFolder`), each item's result (with its trace) is appended to
+``items.jsonl`` as it finishes; a rerun resumes only under the same key (history, protocol, design,
+metrics, LMs; each item's QA content) and otherwise raises naming the differing field; and
+``summary.json`` and ``design.json`` are written at the end. Evidence ids that are not in the
+history are left out of recall and listed in the summary's ``unresolved_evidence``.
 """
 
 from __future__ import annotations
