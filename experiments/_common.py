@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -73,6 +72,7 @@ from memsteer_dspy.optimize.loop import MemSteerOpt, OptimizeConfig, OptimizeRes
 from memsteer_dspy.optimize.search import HistoryEvaluator
 from memsteer_dspy.optimize.splits import split_official
 from memsteer_dspy.records import History, QAItem, Record
+from memsteer_dspy.runfolder import write_atomic  # re-exported for the studies
 from memsteer_dspy.tracking import Tracker, resolve_tracking_uri
 
 PRESETS = ("tiny", "small", "full")
@@ -594,13 +594,6 @@ def shared_optimizer(histories: Mapping[str, History], train: list[QAItem], val:
 # --------------------------------------------------------------------------------------------
 # outputs
 # --------------------------------------------------------------------------------------------
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def pct(v: float | None, digits: int = 1) -> str:

@@ -49,6 +49,7 @@ from _common import (  # noqa: E402
 
 from memsteer_dspy.evaluation import EvaluationReport, evaluate_design  # noqa: E402
 from memsteer_dspy.memory import MemoryDesign, MemorySystem  # noqa: E402
+from memsteer_dspy.runfolder import lm_identity  # noqa: E402
 
 LABELS = {"gepa": "GEPA", "mipro": "MIPROv2"}
 SOURCES = {"official": "Official-QA†", "memsteer": "MemSteer"}
@@ -158,7 +159,10 @@ def evaluate_tuned(study: Study, design: MemoryDesign, persona: str, instruction
                                       lms={"answerer": study.lm.lm("answerer")})  # fmt: skip
     folder = study.out / "eval" / "tuned" / condition / safe_name(persona)
     rep = evaluate_design(TunedSystem(system, instructions), study.test_items(persona), judge_lm=study.lm.lm("judge"),
-                          protocol="as_of", threads=study.cfg.budgets.threads, out_dir=folder)  # fmt: skip
+                          protocol="as_of", threads=study.cfg.budgets.threads, out_dir=folder,
+                          # the tuned prompts change answers under the same design key: part of the run's key
+                          key_options={"instructions": instructions,
+                                       "answerer": lm_identity(study.lm.lm("answerer"))})  # fmt: skip
     for r in rep.items:
         study.rows.append({"study": study.name, "condition": condition, "setting": "with", "persona": persona,
                            "design_key": design.key(), "qa_id": r.qa_id, "question_type": r.question_type,

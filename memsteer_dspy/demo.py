@@ -35,7 +35,6 @@ a size changes relative to ``full``, and the demo prints it.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -48,6 +47,7 @@ from memsteer_dspy.errors import ConfigError
 from memsteer_dspy.memory.design import DEFAULT_CONTEXT_BUDGET, MemoryDesign
 from memsteer_dspy.optimize.objectives import Objective
 from memsteer_dspy.records import QAItem
+from memsteer_dspy.runfolder import RunFolder, run_key, write_atomic
 
 __all__ = [
     "SIZES",
@@ -368,13 +368,6 @@ def _lm_summary(lm: Mapping[str, str]) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _usage(lm_config: Any) -> dict[str, int]:
     total = dict.fromkeys(USAGE_KEYS, 0)
     for u in lm_config.usage_by_role().values():
@@ -416,7 +409,7 @@ class _CostBook:
                 self.totals["seconds"] + time.perf_counter() - self._t, 3
             )
         self._mark()
-        _write_atomic(self.path, json.dumps(self.totals, indent=2) + "\n")
+        write_atomic(self.path, json.dumps(self.totals, indent=2) + "\n")
 
 
 class _Progress:
@@ -442,21 +435,11 @@ class _Progress:
         )
 
 
-def _check_folder(out: Path, identity: dict[str, Any]) -> None:
-    path = out / SETTINGS_FILE
-    if not path.exists():
-        return
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8")).get("identity", {})
-    except (json.JSONDecodeError, AttributeError):
-        return
-    diff = sorted(k for k in identity if saved.get(k) != identity[k])
-    if diff:
-        detail = "; ".join(f"{k}: {saved.get(k)!r} there, {identity[k]!r} now" for k in diff)
-        raise ConfigError(
-            f"{out} holds a demo run with other settings ({detail}); rerun with the same --size and "
-            "--lm options to resume it, or pass a new --out folder"
-        )
+def _check_folder(out: Path, identity: dict[str, Any], *, restart: bool = False) -> None:
+    """The demo's same-run check, through the run-folder layer: a folder holding a demo with
+    other settings (size, LMs, history) is a RunMismatchError naming them; ``restart`` empties it."""
+    RunFolder.open(out, run_key("demo", options=identity), restart=restart,
+                   legacy_files=(SETTINGS_FILE,)).save()  # fmt: skip
 
 
 def run_demo(
@@ -469,6 +452,7 @@ def run_demo(
     tracking_uri: str | None = None,
     tracking: bool = True,
     progress: bool | Callable[[str], None] = True,
+    restart: bool = False,
 ) -> DemoResult:
     """Run (or resume) the demo into ``out_dir`` and return its result (also in ``demo.json``).
 
@@ -483,6 +467,8 @@ def run_demo(
         tracking: False writes only the local files.
         progress: True prints stage lines and progress bars to stderr; a function receives the
             stage lines instead; False is silent.
+        restart: empty ``out_dir`` first instead of resuming (a folder holding a demo with other
+            settings is otherwise a :class:`~memsteer_dspy.runfolder.RunMismatchError`).
     """
     from memsteer_dspy.demo_data import load_demo
     from memsteer_dspy.tracking import Tracker
@@ -495,7 +481,7 @@ def run_demo(
     history = loaded.history
     described = lm_config.describe()
     identity = {**settings.identity(), "lm": described, "history_fingerprint": history.fingerprint}
-    _check_folder(out, identity)
+    _check_folder(out, identity, restart=restart)
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(cache_dir).expanduser() if cache_dir is not None else out / "indexes"
     if tracking:
@@ -551,7 +537,7 @@ def run_demo(
     result.lm_usage = lm_config.usage_by_role()
     result.seconds = round(time.perf_counter() - t_start, 1)
     _save(out, identity, result)
-    _write_atomic(out / RESULTS_FILE, _results_md(result))
+    write_atomic(out / RESULTS_FILE, _results_md(result))
     return result
 
 
@@ -561,7 +547,7 @@ def _slug(label: str) -> str:
 
 def _save(out: Path, identity: dict[str, Any], result: DemoResult) -> None:
     payload = {"identity": identity, "result": result.model_dump(mode="json")}
-    _write_atomic(out / SETTINGS_FILE, json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+    write_atomic(out / SETTINGS_FILE, json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
 
 
 def _results_md(result: DemoResult) -> str:
@@ -800,7 +786,7 @@ def _track_evaluation(tracker, folder: Path, label: str, design: MemoryDesign, r
                             tags={"memsteer.kind": "demo-evaluation", "memsteer.design": label})  # fmt: skip
     if not rid:
         return
-    _write_atomic(marker, rid + "\n")
+    write_atomic(marker, rid + "\n")
     params = {"label": label, "design_key": row.design_key, "demo_size": settings.size,
               "context_budget": settings.context_budget, "n_answered": row.n_answered, "n_recall": row.n_recall}  # fmt: skip
     params.update(

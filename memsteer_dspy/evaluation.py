@@ -15,16 +15,18 @@ For each QA item (paper, Section 3.3 and Appendix A.4):
 ``metrics="recall"`` scores retrieval only and calls no LM unless the design's own retrieval uses
 one. Protocols: ``as_of`` (RHELM: each question sees only records strictly before its
 ``question_date``; one index serves every date) or ``full`` (LoCoMo: the whole history).
-One failed item scores 0 with its error recorded; it never stops the run. With ``out_dir``, each
-item's result (with its trace) is appended to ``items.jsonl`` as it finishes, a rerun with the same
-design resumes, and ``summary.json`` and ``design.json`` are written at the end.
+One failed item scores 0 with its error recorded; it never stops the run. With ``out_dir`` (a
+:class:`~memsteer_dspy.runfolder.RunFolder`), each item's result (with its trace) is appended to
+``items.jsonl`` as it finishes; a rerun resumes only under the same key (history, protocol, design,
+metrics, LMs; each item's QA content) and otherwise raises naming the differing field; and
+``summary.json`` and ``design.json`` are written at the end. Evidence ids that are not in the
+history are left out of recall and listed in the summary's ``unresolved_evidence``.
 """
 
 from __future__ import annotations
 
 import contextvars
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -39,6 +41,7 @@ from memsteer_dspy.errors import ConfigError, InputError
 from memsteer_dspy.memory.system import MemorySystem, MemoryTrace
 from memsteer_dspy.normalize import answers_match, list_jaccard
 from memsteer_dspy.records import AnswerType, QAItem
+from memsteer_dspy.runfolder import RunFolder, RunMismatchError, qa_content_hash, run_key
 from memsteer_dspy.signatures.judge import JudgeAnswer
 
 Metrics = Literal["all", "recall"]
@@ -111,6 +114,11 @@ class ItemResult(BaseModel):
     question_date: str | None = None
     reference: str = ""
     evidence_ids: list[str] = Field(default_factory=list)
+    unresolved_evidence: list[str] = Field(
+        default_factory=list,
+        description="Evidence ids not in the history: left out of recall (an item with no "
+        "resolved evidence has no recall).",
+    )
     prediction: str | None = None
     exact: bool | None = Field(
         None, description="Agrees with the reference after type normalization."
@@ -130,6 +138,7 @@ class ItemResult(BaseModel):
     seconds: float = 0.0
     design_key: str = ""
     metrics: str = "all"
+    qa_hash: str = Field("", description="Content hash of the QA item scored (resume check).")
     trace: MemoryTrace | None = None
 
 
@@ -157,6 +166,14 @@ class EvaluationSummary(MetricSummary):
     user: str | None = None
     history_fingerprint: str | None = None
     by_type: dict[str, MetricSummary] = Field(default_factory=dict)
+    unresolved_evidence: list[dict[str, str]] = Field(
+        default_factory=list,
+        description="Evidence ids of the QA items that are not in the history ({qa_id, "
+        "evidence_id, reason}); they are left out of recall.",
+    )
+    unresolved_items: int = Field(
+        0, description="Items with at least one unresolved evidence id (recall uses the rest)."
+    )
     seconds: float = 0.0
 
 
@@ -219,9 +236,12 @@ def evaluate_item(
         qa_id=item.id, question=item.question, question_type=item.question_type,
         answer_type=str(item.answer_type), reference=item.answer, evidence_ids=list(item.evidence_ids),
         question_date=item.question_date.isoformat() if item.question_date else None,
-        design_key=system.design.key(), metrics=metrics,
+        design_key=system.design.key(), metrics=metrics, qa_hash=qa_content_hash([item]),
     )  # fmt: skip
     as_of = item.question_date if protocol == "as_of" else None
+    history = system.user_history
+    gold = [e for e in item.evidence_ids if e in history]
+    res.unresolved_evidence = [e for e in item.evidence_ids if e not in history]
     stage = "retrieve"
     try:
         if metrics == "recall":
@@ -233,9 +253,9 @@ def evaluate_item(
         res.empty_context = trace.empty_context
         for k in RECALL_KS:
             setattr(
-                res, f"recall_at_{k}", recall_at_k(trace.ranked_record_ids, item.evidence_ids, k)
+                res, f"recall_at_{k}", recall_at_k(trace.ranked_record_ids, gold, k)
             )
-        res.delivered_recall = delivered_recall(trace.delivered_record_ids, item.evidence_ids)
+        res.delivered_recall = delivered_recall(trace.delivered_record_ids, gold)
         if metrics == "all":
             res.prediction = trace.answer or ""
             res.exact = answers_match(res.prediction, item.answer, item.answer_type)
@@ -252,7 +272,7 @@ def evaluate_item(
         if metrics == "all":
             res.correct = False
             res.qs = 0.0
-        if res.trace is None and item.evidence_ids:
+        if res.trace is None and gold:
             for k in RECALL_KS:
                 setattr(res, f"recall_at_{k}", 0.0)
             res.delivered_recall = 0.0
@@ -260,19 +280,32 @@ def evaluate_item(
     return res
 
 
-def _load_done(path: Path, design_key: str, metrics: str) -> dict[str, ItemResult]:
-    done: dict[str, ItemResult] = {}
-    if not path.exists():
-        return done
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                r = ItemResult.model_validate_json(line)
-            except ValueError:
-                continue  # a line cut by an interrupted run
-            if r.design_key == design_key and r.metrics == metrics and r.error is None:
-                done[r.qa_id] = r
-    return done
+def evaluation_key(
+    system: MemorySystem, *, metrics: str, protocol: str, judge_lm: Any = None,
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The same-run key of an evaluation (see :mod:`memsteer_dspy.runfolder`): history, protocol,
+    design, metrics and the LMs whose answers enter the scores. QA content is checked per item
+    (each result carries its item's ``qa_hash``), so a run resumed with more items (a larger
+    ``--limit``) continues, and an item whose content changed is an error, never reused."""
+    design = system.design
+    lms: dict[str, Any] = {}
+    if design.lm_uses(answering=metrics == "all"):
+        lms["answerer"] = getattr(system.answerer, "lm", None)
+    if metrics == "all":
+        lms["judge"] = judge_lm
+    return run_key(
+        "evaluate", history=system.user_history, protocol=protocol, design_key=design.key(),
+        metrics=metrics, lms=lms, options=options or {},
+    )  # fmt: skip
+
+
+def unresolved_evidence(history: Any, items: Iterable[QAItem]) -> list[dict[str, str]]:
+    """Evidence ids of ``items`` that are not record ids of ``history``, one entry each."""
+    return [
+        {"qa_id": q.id, "evidence_id": e, "reason": "no record with this id in the history"}
+        for q in items for e in q.evidence_ids if e not in history
+    ]  # fmt: skip
 
 
 def evaluate_design(
@@ -285,12 +318,22 @@ def evaluate_design(
     threads: int = 1,
     out_dir: str | Path | None = None,
     resume: bool = True,
+    restart: bool = False,
+    key_options: dict[str, Any] | None = None,
+    usage: Callable[[], dict[str, Any]] | None = None,
     on_item: Callable[[ItemResult], None] | None = None,
 ) -> EvaluationReport:
     """Evaluate ``system`` on ``items`` (see the module docstring).
 
     ``judge_lm`` is required for ``metrics="all"``. ``threads`` runs items concurrently (useful
     with API LMs). ``on_item`` is called with each finished result (e.g. a progress bar).
+
+    With ``out_dir`` the folder is a :class:`~memsteer_dspy.runfolder.RunFolder`: a rerun resumes
+    only if its same-run key (:func:`evaluation_key`: history fingerprint, protocol, design key,
+    metrics, QA content, judge/answerer LMs, ``key_options``) equals the folder's, otherwise a
+    :class:`~memsteer_dspy.runfolder.RunMismatchError` names the differing field; ``restart``
+    (or ``resume=False``) empties the folder first. Failed items are retried on resume. ``usage``
+    (e.g. ``LMConfig.usage_by_role``) feeds the folder's usage ledger: what this session spent.
     """
     if metrics not in ("all", "recall"):
         raise ConfigError(f"metrics must be 'all' or 'recall', not {metrics!r}")
@@ -314,16 +357,21 @@ def evaluate_design(
         judge = Judge(judge_lm)
     t0 = time.perf_counter()
     key = system.design.key()
-    out = Path(out_dir) if out_dir is not None else None
+    folder = None
     done: dict[str, ItemResult] = {}
-    items_path = None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        items_path = out / "items.jsonl"
-        if resume:
-            done = _load_done(items_path, key, metrics)
-        elif items_path.exists():
-            items_path.unlink()
+    if out_dir is not None:
+        folder = RunFolder.open(
+            out_dir,
+            evaluation_key(system, metrics=metrics, protocol=protocol, judge_lm=judge_lm, options=key_options),
+            restart=restart or not resume, legacy_files=("items.jsonl", "summary.json"),
+        )  # fmt: skip
+        hashes = {q.id: qa_content_hash([q]) for q in items}
+        for obj in folder.log("items.jsonl").read():
+            r = ItemResult.model_validate(obj)
+            if r.qa_id in hashes and r.qa_hash != hashes[r.qa_id]:
+                raise RunMismatchError(folder.path, [(f"qa[{r.qa_id}]", r.qa_hash or "(no hash)", hashes[r.qa_id])])
+            if r.error is None and r.qa_id in hashes:
+                done[r.qa_id] = r
     todo = [q for q in items if q.id not in done]
     lock = threading.Lock()
     results: dict[str, ItemResult] = dict(done)
@@ -331,9 +379,8 @@ def evaluate_design(
     def finish(r: ItemResult) -> None:
         with lock:
             results[r.qa_id] = r
-            if items_path is not None:
-                with open(items_path, "a", encoding="utf-8") as f:
-                    f.write(r.model_dump_json() + "\n")
+            if folder is not None:
+                folder.log("items.jsonl").append(r.model_dump_json())
             if on_item is not None:
                 on_item(r)
 
@@ -358,20 +405,19 @@ def evaluate_design(
         **overall.model_dump(), design_key=key, design_name=system.design.name, metrics=metrics,
         protocol=protocol, user=system.user_history.user_id, history_fingerprint=system.user_history.fingerprint,
         by_type={t: summarize_items(rs, metrics) for t, rs in sorted(by_type.items())},
+        unresolved_evidence=unresolved_evidence(system.user_history, items),
+        unresolved_items=sum(bool(r.unresolved_evidence) for r in ordered),
         seconds=round(time.perf_counter() - t0, 3),
     )  # fmt: skip
     report = EvaluationReport(summary=summary, items=ordered)
-    if out is not None:
-        _write_atomic(items_path, "".join(r.model_dump_json() + "\n" for r in ordered))
-        _write_atomic(out / "summary.json", summary.model_dump_json(indent=2) + "\n")
-        _write_atomic(out / "design.json", system.design.to_json() + "\n")
+    if folder is not None:
+        folder.write_text("items.jsonl", "".join(r.model_dump_json() + "\n" for r in ordered))
+        folder.write_text("summary.json", summary.model_dump_json(indent=2) + "\n")
+        folder.write_text("design.json", system.design.to_json() + "\n")
+        if usage is not None:
+            folder.add_usage(usage())
+        folder.save()
     return report
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from memsteer_dspy.lm import LMConfig
 from memsteer_dspy.lm.config import RoleLM
 from memsteer_dspy.memory import MemoryDesign, MemorySystem
 from memsteer_dspy.normalize import normalize_text
+from memsteer_dspy.runfolder import RunMismatchError
 
 TINY = DemoSettings(
     size="tiny", n_supervision=4, max_candidates=8, bundle_profile="small", iterations=2,
@@ -333,7 +334,7 @@ def test_rerun_reuses_every_stage_without_lm_calls(demo_run):
 def test_other_settings_in_the_same_folder_are_refused(demo_run):
     _, out, engine, cfg, _ = demo_run
     other = TINY.model_copy(update={"iterations": 3})
-    with pytest.raises(ConfigError, match="iterations"):
+    with pytest.raises(RunMismatchError, match="iterations"):
         run_demo(out, cfg, settings=other, progress=False)
 
 

@@ -12,6 +12,7 @@ from supervision_helpers import audit_reply, endless, plan_reply
 from memsteer_dspy.bundles import BundleConfig
 from memsteer_dspy.errors import InputError
 from memsteer_dspy.records import History, QAItem, Record
+from memsteer_dspy.runfolder import RunMismatchError
 from memsteer_dspy.supervision.run import (
     GenerationConfig,
     SupervisionSet,
@@ -243,12 +244,12 @@ def test_resume_refuses_other_settings(tmp_path):
     generate_supervision(
         history, accepting_lms(), tmp_path, config(max_candidates=1), progress=False
     )
-    with pytest.raises(InputError, match="different settings"):
+    with pytest.raises(RunMismatchError, match="options.seed: folder has 0, this run has 9"):
         generate_supervision(
             history, accepting_lms(), tmp_path, config(max_candidates=1, seed=9), progress=False
         )
     other = History("laptop-user", list(history.records)[:-1])
-    with pytest.raises(InputError, match="another history"):
+    with pytest.raises(RunMismatchError, match="history_fingerprint"):
         generate_supervision(
             other, accepting_lms(), tmp_path, config(max_candidates=1), progress=False
         )

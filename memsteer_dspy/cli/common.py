@@ -13,6 +13,7 @@ Two decorators add the same option groups to every command that needs them, so `
 
 from __future__ import annotations
 
+import errno
 import functools
 import inspect
 import sys
@@ -133,8 +134,20 @@ def cli_errors(func):
         except KeyboardInterrupt:
             typer.secho("interrupted: finished work is on disk; rerun the same command to resume.", err=True)
             raise typer.Exit(130) from None
+        except OSError as exc:
+            if exc.errno not in _WRITE_ERRNOS:
+                raise
+            # disk full, file too large, read-only: one message; every file written so far is whole
+            where = f" writing {exc.filename}" if exc.filename else ""
+            typer.secho(f"error{where}: {exc.strerror or exc}. Finished work is on disk (whole files and "
+                        "log lines only); make room and rerun the same command to resume.",
+                        fg=typer.colors.RED, err=True)  # fmt: skip
+            raise typer.Exit(1) from None
 
     return wrapper
+
+
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS}
 
 
 def echo_json(obj: Any) -> None:

@@ -53,6 +53,13 @@ def demo(
         bool,
         typer.Option("--json", help="Print the result as one JSON object instead of the report."),
     ] = False,
+    restart: Annotated[
+        bool,
+        typer.Option(
+            "--restart",
+            help="Empty the --out folder and start over (a rerun otherwise resumes, and only with the same size, LMs and history).",
+        ),
+    ] = False,
 ) -> None:
     """The main job out of the box: generate supervision from the demo history, optimize the memory
     design from Base-BM25, and compare Base-BM25 with the best design on the hand-written QA set
@@ -64,7 +71,7 @@ def demo(
     settings = demo_settings(size, threads=threads)
     result = run_demo(
         out, lm_config, settings=settings, tracking_uri=tracking_uri, tracking=not no_tracking,
-        progress=True,
+        progress=True, restart=restart,
     )  # fmt: skip
     if json_out:
         echo_json(result.model_dump(mode="json"))

@@ -67,9 +67,14 @@ def evaluate(
         typer.Option(
             "--out",
             "-o",
-            help="Folder for items.jsonl (per-item results with traces), summary.json and design.json; a rerun resumes.",
+            help="Folder for items.jsonl (per-item results with traces), summary.json and design.json; a rerun "
+            "resumes only with the same history, protocol, design, metrics, QA content and LMs (else an error names the difference).",
         ),
     ] = None,
+    restart: Annotated[
+        bool,
+        typer.Option("--restart", help="Empty the --out folder and start over instead of resuming."),
+    ] = False,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (the summary) instead of a table.")
     ] = False,
@@ -153,6 +158,7 @@ def evaluate(
     system = MemorySystem.from_design(d, loaded.history, cache_dir=cache, lms=lms, threads=threads)
     report = evaluate_design(
         system, items, metrics=metrics, judge_lm=judge_lm, protocol=protocol, threads=threads, out_dir=out,
+        restart=restart, usage=lm_config.usage_by_role,
     )  # fmt: skip
     result = report.as_json()
     if needs or judge_lm is not None:
@@ -173,6 +179,13 @@ def evaluate(
     notes = []
     if s.empty_contexts:
         notes.append(f"{s.empty_contexts} item(s) retrieved nothing (empty context)")
+    if s.unresolved_evidence:
+        notes.append(
+            f"{len(s.unresolved_evidence)} evidence id(s) of {s.unresolved_items} item(s) are not in the history "
+            "(left out of recall; an item with none resolved shows '-'; see unresolved_evidence in --json): "
+            + ", ".join(f"{u['qa_id']}: {u['evidence_id']!r}" for u in s.unresolved_evidence[:5])
+            + (" ..." if len(s.unresolved_evidence) > 5 else "")
+        )
     if s.errors:
         notes.append(f"{s.errors} item(s) failed (scored 0; see 'error' in items.jsonl)")
     if out is not None:

@@ -114,6 +114,14 @@ def generate(
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    restart: Annotated[
+        bool,
+        typer.Option(
+            "--restart",
+            help="Empty the --out folder and start over (a rerun otherwise resumes, and only with the "
+            "same history, method, seed, checks, bundle settings and LMs).",
+        ),
+    ] = False,
 ) -> None:
     """Generate verified QA-evidence supervision (train.jsonl, val.jsonl, rejected.jsonl,
     summary.json, dataset/) from a user's history."""
@@ -145,7 +153,10 @@ def generate(
         f"method {method}, profile {chosen}, n {n}, at most {config.candidate_limit} candidates",
         err=True,
     )
-    summary = generate_supervision(loaded.history, lms, out, config, lm_description=described)
+    summary = generate_supervision(
+        loaded.history, lms, out, config, lm_description=described, restart=restart,
+        usage=lm_config.usage_by_role,
+    )  # fmt: skip
     summary["lm_usage_by_role"] = lm_config.usage_by_role()
     if as_json:
         echo_json(summary)

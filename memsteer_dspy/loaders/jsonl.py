@@ -17,57 +17,93 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memsteer_dspy.errors import InputError
+from memsteer_dspy.errors import DuplicateRecordError, InputError
 from memsteer_dspy.loaders.base import Loaded, SkippedInput, UnresolvedEvidence
 from memsteer_dspy.records import History, QAItem, Record, check_record_dict
 
 
-def iter_json_lines(path: Path, on_error: str, skipped: list[SkippedInput]) -> Iterator[tuple[int, Any]]:
-    """Yield ``(line_number, object)`` for each non-blank line of a JSONL file.
+def iter_json_lines(
+    path: Path, on_error: str, skipped: list[SkippedInput]
+) -> Iterator[tuple[int, Any]]:
+    """Yield ``(line_number, object)`` for each non-blank line of a JSONL file, streaming (one
+    line in memory at a time, whatever the file's size).
 
-    A line that is not valid JSON raises an :class:`InputError` naming ``file:line`` (or, with
-    ``on_error='skip'``, is recorded in ``skipped``). A file that is not UTF-8 always raises.
+    A line that is not UTF-8 or not valid JSON raises an :class:`InputError` naming ``file:line``
+    (or, with ``on_error='skip'``, is recorded in ``skipped`` and left out).
     """
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        line = path.read_bytes()[: exc.start].count(b"\n") + 1
-        raise InputError(
-            f"not UTF-8 text (byte {exc.start}: {exc.reason})", file=path, line=line,
-            hint="re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8",
-        ) from None  # fmt: skip
+        fh = open(path, "rb")  # noqa: SIM115 - closed below; a generator cannot use `with` across yields cleanly
     except FileNotFoundError:
         raise InputError("file not found", file=path) from None
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield n, json.loads(line)
-        except json.JSONDecodeError as exc:
-            if on_error == "skip":
-                skipped.append(SkippedInput(str(path), n, f"invalid JSON: {exc.msg} at column {exc.colno}"))
+    except IsADirectoryError:
+        raise InputError("expected a file, found a folder", file=path) from None
+    with fh:
+        for n, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                reason = f"not UTF-8 text (byte {exc.start} of the line: {exc.reason})"
+                if on_error == "skip":
+                    skipped.append(SkippedInput(str(path), n, reason))
+                    continue
+                raise InputError(
+                    reason, file=path, line=n,
+                    hint="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8), or use --on-error skip",
+                ) from None  # fmt: skip
+            if not line.strip():
                 continue
-            raise InputError(
-                f"invalid JSON: {exc.msg} at column {exc.colno}", file=path, line=n,
-                hint="each line must be one JSON object; use --on-error skip to skip bad lines",
-            ) from None  # fmt: skip
+            try:
+                yield n, json.loads(line)
+            except json.JSONDecodeError as exc:
+                if on_error == "skip":
+                    skipped.append(
+                        SkippedInput(str(path), n, f"invalid JSON: {exc.msg} at column {exc.colno}")
+                    )
+                    continue
+                raise InputError(
+                    f"invalid JSON: {exc.msg} at column {exc.colno}", file=path, line=n,
+                    hint="each line must be one JSON object; use --on-error skip to skip bad lines",
+                ) from None  # fmt: skip
 
 
-def read_records(path: Path, *, on_error: str = "raise", skipped: list[SkippedInput]) -> list[Record]:
+def read_records(
+    path: Path, *, on_error: str = "raise", skipped: list[SkippedInput]
+) -> list[Record]:
+    """Records of a JSONL file. With ``on_error='skip'`` every per-line problem (not UTF-8, not
+    JSON, not a valid record, a record id already seen) is recorded in ``skipped`` and left out;
+    otherwise it raises naming the line (a duplicate id also names the first line)."""
     records = []
+    first_line: dict[str, int] = {}
     for n, obj in iter_json_lines(path, on_error, skipped):
         try:
             record = check_record_dict(obj, file=str(path), line=n)
         except InputError as exc:
             if on_error == "skip":
-                skipped.append(SkippedInput(str(path), n, exc.message + (f" (field {exc.field!r})" if exc.field else "")))
+                skipped.append(
+                    SkippedInput(
+                        str(path), n, exc.message + (f" (field {exc.field!r})" if exc.field else "")
+                    )
+                )
                 continue
             raise
-        records.append(record.model_copy(update={"metadata": {**record.metadata, "source": f"{path}:{n}"}}))
+        if record.id in first_line:
+            reason = f"duplicate record id {record.id!r} (first at {path}:{first_line[record.id]}, again at {path}:{n})"
+            if on_error == "skip":
+                skipped.append(SkippedInput(str(path), n, reason))
+                continue
+            raise DuplicateRecordError(reason, file=path, line=n, record=record.id,
+                                       hint="record ids must be unique within one history; "
+                                       "use --on-error skip to keep the first")  # fmt: skip
+        first_line[record.id] = n
+        records.append(
+            record.model_copy(update={"metadata": {**record.metadata, "source": f"{path}:{n}"}})
+        )
     return records
 
 
-def read_qa_items(path: Path, *, on_error: str = "raise", skipped: list[SkippedInput]) -> list[QAItem]:
+def read_qa_items(
+    path: Path, *, on_error: str = "raise", skipped: list[SkippedInput]
+) -> list[QAItem]:
     """Read QAItems (one JSON object a line, the shape ``QAItem.model_dump_json`` writes).
 
     Keys that are not QAItem fields (e.g. ``facts`` written beside generated items) are moved
@@ -78,7 +114,9 @@ def read_qa_items(path: Path, *, on_error: str = "raise", skipped: list[SkippedI
     for n, obj in iter_json_lines(path, on_error, skipped):
         try:
             if not isinstance(obj, dict):
-                raise InputError(f"expected a JSON object, got {type(obj).__name__}", file=path, line=n)
+                raise InputError(
+                    f"expected a JSON object, got {type(obj).__name__}", file=path, line=n
+                )
             extra = {k: obj[k] for k in obj if k not in fields}
             core = {k: v for k, v in obj.items() if k in fields}
             if extra:
@@ -95,7 +133,9 @@ def read_qa_items(path: Path, *, on_error: str = "raise", skipped: list[SkippedI
             if on_error == "skip":
                 skipped.append(SkippedInput(str(path), n, f"{err['msg']} (field {field!r})"))
                 continue
-            raise InputError(err["msg"], file=path, line=n, field=field, record=obj.get("id")) from None
+            raise InputError(
+                err["msg"], file=path, line=n, field=field, record=obj.get("id")
+            ) from None
     return items
 
 

@@ -56,7 +56,9 @@ def _samples(path: Path) -> list[dict[str, Any]]:
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list) or not all(isinstance(s, dict) for s in data):
-        raise InputError("expected a list of LoCoMo samples (objects with 'conversation' and 'qa')", file=path)
+        raise InputError(
+            "expected a list of LoCoMo samples (objects with 'conversation' and 'qa')", file=path
+        )
     return data
 
 
@@ -76,29 +78,76 @@ def load_locomo(path: str | Path, *, user: str | None = None, on_error: str = "r
     elif user in ids:
         index = ids.index(user)
     else:
-        raise InputError(f"no sample {user!r}", file=path, field="sample_id", hint=f"available: {', '.join(ids)}")
+        raise InputError(
+            f"no sample {user!r}", file=path, field="sample_id", hint=f"available: {', '.join(ids)}"
+        )
     sample, user = samples[index], ids[index]
     conv = sample.get("conversation")
     if not isinstance(conv, dict):
-        raise InputError("sample has no 'conversation' object", file=path, record=user, field="conversation")
+        raise InputError(
+            "sample has no 'conversation' object", file=path, record=user, field="conversation"
+        )
 
     skipped: list[SkippedInput] = []
     records: list[Record] = []
+    seen_ids: dict[str, str] = {}
     sessions = sorted((int(m.group(1)), k) for k in conv if (m := _SESSION_KEY.match(k)))
     for n, key in sessions:
         turns = conv[key]
-        when = _parse_session_time(conv.get(f"{key}_date_time"))
+        raw_when = conv.get(f"{key}_date_time")
+        when = _parse_session_time(raw_when) if isinstance(raw_when, str) else None
+        if raw_when is not None and when is None:
+            reason = (
+                f"unparseable session date {raw_when!r} (expected like '1:56 pm on 8 May, 2023')"
+            )
+            if on_error != "skip":
+                raise InputError(reason, file=path, record=user, field=f"conversation.{key}_date_time",
+                                 hint="fix the date, or use --on-error skip to load the session undated")  # fmt: skip
+            skipped.append(
+                SkippedInput(
+                    str(path), None, f"conversation.{key}_date_time: {reason}; session left undated"
+                )
+            )
         if not isinstance(turns, list):
-            raise InputError("session is not a list of turns", file=path, record=user, field=f"conversation.{key}")
+            raise InputError(
+                "session is not a list of turns",
+                file=path,
+                record=user,
+                field=f"conversation.{key}",
+            )
         for pos, turn in enumerate(turns, start=1):
             where = f"conversation.{key}[{pos - 1}]"
+            problem = None
             if not isinstance(turn, dict) or not turn.get("dia_id") or "text" not in turn:
+                problem = ("turn lacks 'dia_id' or 'text'", where)
+            elif not isinstance(turn["text"], str):
+                problem = (
+                    f"turn text is {type(turn['text']).__name__}, not a string",
+                    f"{where}.text",
+                )
+            elif turn.get("speaker") is not None and not isinstance(turn["speaker"], str):
+                problem = (
+                    f"speaker is {type(turn['speaker']).__name__}, not a string",
+                    f"{where}.speaker",
+                )
+            if problem is not None:
                 if on_error == "skip":
-                    skipped.append(SkippedInput(str(path), None, f"{where}: turn lacks dia_id or text"))
+                    skipped.append(SkippedInput(str(path), None, f"{problem[1]}: {problem[0]}"))
                     continue
-                raise InputError("turn lacks 'dia_id' or 'text'", file=path, record=user, field=where)
+                raise InputError(problem[0], file=path, record=user, field=problem[1],
+                                 hint="fix the turn, or use --on-error skip to leave it out")  # fmt: skip
             dia = normalize_dia_ids(str(turn["dia_id"]))
             rid = dia[0] if dia else str(turn["dia_id"]).strip()
+            if rid in seen_ids:
+                reason = f"duplicate dia_id {rid!r} (first at {seen_ids[rid]})"
+                if on_error == "skip":
+                    skipped.append(
+                        SkippedInput(str(path), None, f"{where}: {reason}; turn left out")
+                    )
+                    continue
+                raise InputError(reason, file=path, record=rid, field=f"{where}.dia_id",
+                                 hint="dia ids must be unique; use --on-error skip to keep the first")  # fmt: skip
+            seen_ids[rid] = where
             text = f"{turn.get('speaker', '?')}: {turn['text']}"
             if turn.get("blip_caption"):
                 text += f" [shares an image: {turn['blip_caption']}]"
@@ -122,6 +171,16 @@ def load_locomo(path: str | Path, *, user: str | None = None, on_error: str = "r
         category = q.get("category")
         adversarial = category == 5 or ("answer" not in q and "adversarial_answer" in q)
         answer = q.get("adversarial_answer") if adversarial else q.get("answer")
+        if answer is None or isinstance(answer, bool) or not isinstance(answer, str | int | float):
+            # no reference answer: the item cannot be scored; reported, never loaded as answer ''
+            field_name = "adversarial_answer" if adversarial else "answer"
+            what = "no" if answer is None else f"a {type(answer).__name__} as"
+            skipped.append(
+                SkippedInput(
+                    str(path), None, f"qa[{i}] ({qid}): {what} '{field_name}'; item left out"
+                )
+            )
+            continue
         evidence: list[str] = []
         raw_evidence = [str(e) for e in (q.get("evidence") or [])]
         for raw in raw_evidence:
@@ -134,7 +193,7 @@ def load_locomo(path: str | Path, *, user: str | None = None, on_error: str = "r
                 else:
                     unresolved.append(UnresolvedEvidence(qid, raw, f"no turn {e}"))
         qa_items.append(QAItem(
-            id=qid, question=q["question"], answer="" if answer is None else str(answer),
+            id=qid, question=q["question"], answer=str(answer),
             answer_type=AnswerType.TEXT, evidence_ids=list(dict.fromkeys(evidence)),
             question_type=CATEGORIES.get(category, str(category)), source="official",
             metadata={"category": category, "adversarial": adversarial, "raw_evidence": raw_evidence},

@@ -21,7 +21,15 @@ import json
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from memsteer_dspy.errors import InputError
 
@@ -39,8 +47,37 @@ RerankKind = Literal["none", "cross_encoder", "llm"]
 ContextOrder = Literal["rank", "chronological", "thread"]
 
 
+_SCALARS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _scalar_type(annotation: Any) -> type | None:
+    """``int``/``float``/``bool``/``str`` for a field annotated with one (optionally ``| None``)."""
+    if annotation in _SCALARS:
+        return annotation
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    return args[0] if len(args) == 1 and args[0] in _SCALARS else None
+
+
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _strict_scalars(cls, value: Any, info: ValidationInfo) -> Any:
+        """No silent coercion in a design: ``true`` is not the integer 1, ``"10"`` is not a
+        number, ``1`` is not ``true`` (an integer is accepted where a number is expected)."""
+        kind = _scalar_type(cls.model_fields[info.field_name].annotation)
+        if kind is None or value is None:
+            return value
+        ok = (
+            isinstance(value, bool) if kind is bool
+            else isinstance(value, str) if kind is str
+            else isinstance(value, int) and not isinstance(value, bool) if kind is int
+            else isinstance(value, int | float) and not isinstance(value, bool)
+        )  # fmt: skip
+        if not ok:
+            raise ValueError(f"expected {_SCALARS[kind]}, got {type(value).__name__} {value!r}")
+        return value
 
 
 def _digest(obj: Any) -> str:

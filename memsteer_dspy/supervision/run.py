@@ -5,7 +5,7 @@
 generator on each, removes near-duplicate questions, and writes the output folder:
 
 =======================  ==========================================================================
-``run.json``             the run's settings, history fingerprint, LMs per role and sessions
+``run.json``             the same-run key (history, settings, LMs) and the sessions with their usage
 ``candidates.jsonl``     the progress log: one line per finished candidate, appended and synced
 ``train.jsonl``          accepted items (QAItem JSON + top-level ``facts``) in the train split
 ``val.jsonl``            accepted items in the validation split (disjoint bundles)
@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -44,6 +42,7 @@ from memsteer_dspy.errors import InputError
 from memsteer_dspy.graph import GraphParams, RecordGraph
 from memsteer_dspy.normalize import normalize_text
 from memsteer_dspy.records import AnswerType, History, QAItem
+from memsteer_dspy.runfolder import JsonlLog, RunFolder, run_key, write_atomic
 from memsteer_dspy.supervision.program import GENERATION_ROLES, Outcome, RoleCost, make_generator
 
 __all__ = [
@@ -204,51 +203,14 @@ class SupervisionSet:
         return len(self.train) + len(self.val)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
 def read_log(out_dir: str | Path) -> list[CandidateRecord]:
-    """The finished candidates of a run; a torn last line (a run killed mid-write) is cut off."""
-    path = Path(out_dir) / LOG_NAME
-    if not path.exists():
-        return []
-    raw = path.read_bytes()
-    records: list[CandidateRecord] = []
-    good_end = 0
-    pos = 0
-    for line in raw.splitlines(keepends=True):
-        pos += len(line)
-        if not line.endswith(b"\n"):
-            break
-        if line.strip():
-            try:
-                records.append(CandidateRecord.model_validate_json(line))
-            except ValueError:
-                break
-        good_end = pos
-    if good_end < len(raw):
-        with path.open("r+b") as fh:
-            fh.truncate(good_end)
+    """The finished candidates of a run, one per index, in index order. A torn last line (a run
+    killed mid-write) is cut off; see :class:`~memsteer_dspy.runfolder.JsonlLog`."""
     seen: dict[int, CandidateRecord] = {}
-    for r in records:
+    for obj in JsonlLog(Path(out_dir) / LOG_NAME).read():
+        r = CandidateRecord.model_validate(obj)
         seen.setdefault(r.index, r)
     return sorted(seen.values(), key=lambda r: r.index)
-
-
-class _Log:
-    def __init__(self, out_dir: Path):
-        self.path = out_dir / LOG_NAME
-        self.lock = threading.Lock()
-
-    def append(self, record: CandidateRecord) -> None:
-        line = record.model_dump_json() + "\n"
-        with self.lock, self.path.open("a", encoding="utf-8") as fh:
-            fh.write(line)
-            fh.flush()
-            os.fsync(fh.fileno())
 
 
 # --------------------------------------------------------------------------------------------
@@ -491,11 +453,11 @@ class _Outputs:
     def write(self, log: list[CandidateRecord], wall: float, *, dataset: bool) -> dict[str, Any]:
         accepted = [QAItem.model_validate(r.item) for r in log if r.status == "accepted" and r.item]
         train, val = split_by_bundle(accepted, self.config.train_fraction, self.config.seed)
-        _atomic_write(
+        write_atomic(
             self.out / "train.jsonl",
             "".join(json.dumps(item_line(i), ensure_ascii=False) + "\n" for i in train),
         )
-        _atomic_write(
+        write_atomic(
             self.out / "val.jsonl",
             "".join(json.dumps(item_line(i), ensure_ascii=False) + "\n" for i in val),
         )
@@ -505,10 +467,10 @@ class _Outputs:
                 continue
             obj = r.model_dump(mode="json", exclude={"item"})
             rejected.append(json.dumps(obj, ensure_ascii=False) + "\n")
-        _atomic_write(self.out / "rejected.jsonl", "".join(rejected))
+        write_atomic(self.out / "rejected.jsonl", "".join(rejected))
         summary = _summary(log, accepted, self.config, wall, self.lm_description)
         summary["train"], summary["val"] = len(train), len(val)
-        _atomic_write(
+        write_atomic(
             self.out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
         )
         if dataset:
@@ -532,30 +494,14 @@ class _Outputs:
 # --------------------------------------------------------------------------------------------
 
 
-def _check_resume(out: Path, history: History, config: GenerationConfig) -> dict[str, Any]:
-    path = out / "run.json"
-    identity = config.identity()
-    if not path.exists():
-        return {
-            "user": history.user_id,
-            "history_fingerprint": history.fingerprint,
-            "identity": identity,
-            "sessions": [],
-        }
-    state = json.loads(path.read_text(encoding="utf-8"))
-    if state.get("history_fingerprint") != history.fingerprint:
-        raise InputError(
-            f"{out} holds a run over another history (fingerprint {state.get('history_fingerprint')}, "
-            f"this one {history.fingerprint})", file=path, field="history_fingerprint",
-            hint="use a new --out folder, or the same history to resume",
-        )  # fmt: skip
-    if state.get("identity") != identity:
-        diff = sorted(k for k in identity if state.get("identity", {}).get(k) != identity[k])
-        raise InputError(
-            f"{out} holds a run with different settings ({', '.join(diff)})", file=path, field=diff[0] if diff else None,
-            hint="rerun with the same --method/--seed/--no-checks/bundle options to resume, or use a new --out",
-        )  # fmt: skip
-    return state
+def generation_key(history: History, config: GenerationConfig, lms: Mapping[str, Any]) -> dict[str, Any]:
+    """The same-run key of a ``generate`` run: the history, the settings that decide candidates
+    and verdicts (:meth:`GenerationConfig.identity`) and the LM of each generation role (model
+    and sampling settings, :func:`~memsteer_dspy.runfolder.lm_identity`)."""
+    return run_key(
+        "generate", history=history, options=config.identity(),
+        lms={r: lms[r] for r in GENERATION_ROLES if r in lms},
+    )  # fmt: skip
 
 
 ProgressHook = Callable[[CandidateRecord, dict[str, int]], None]
@@ -570,6 +516,8 @@ def generate_supervision(
     lm_description: Mapping[str, str] | None = None,
     graph: RecordGraph | None = None,
     progress: bool | ProgressHook = True,
+    restart: bool = False,
+    usage: Callable[[], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Generate QA–evidence supervision for ``history`` into ``out_dir`` (resuming a run there).
 
@@ -577,23 +525,30 @@ def generate_supervision(
     ``config.n`` items are accepted or ``config.candidate_limit`` candidates are done. Returns the
     summary (also written to ``summary.json``). Ctrl-C stops the run with a consistent folder and
     re-raises ``KeyboardInterrupt``.
+
+    ``out_dir`` is a :class:`~memsteer_dspy.runfolder.RunFolder` keyed by :func:`generation_key`:
+    resuming with another history, method, seed, checks, bundle/graph settings or LM raises a
+    :class:`~memsteer_dspy.runfolder.RunMismatchError` naming the field; ``restart`` starts over.
+    ``usage`` (e.g. ``LMConfig.usage_by_role``) feeds the folder's usage ledger; without it the
+    ledger sums the candidates' own per-role costs.
     """
     config = config or GenerationConfig()
     lm_description = dict(
         lm_description or {r: getattr(lm, "model", type(lm).__name__) for r, lm in lms.items()}
     )
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    state = _check_resume(out, history, config)
+    folder = RunFolder.open(
+        out, generation_key(history, config, lms), restart=restart,
+        legacy_files=(LOG_NAME, "train.jsonl"), extra={"user": history.user_id},
+    )  # fmt: skip
     started = time.perf_counter()
-    prior_wall = sum(s.get("wall_seconds", 0.0) for s in state.get("sessions", []))
-    session = {"started": datetime.now(UTC).isoformat(timespec="seconds"), "wall_seconds": 0.0,
-               "n": config.n, "max_candidates": config.candidate_limit, "lm": lm_description}  # fmt: skip
-    state.setdefault("sessions", []).append(session)
+    prior_wall = sum(s.get("wall_seconds", 0.0) for s in folder.state["sessions"][:-1])
+    folder.session.update(n=config.n, max_candidates=config.candidate_limit, lm=lm_description)
+    session_usage: dict[str, Counter[str]] = {}
 
     def save_state() -> None:
-        session["wall_seconds"] = round(time.perf_counter() - started, 2)
-        _atomic_write(out / "run.json", json.dumps(state, indent=2, ensure_ascii=False) + "\n")
+        folder.add_usage(usage() if usage is not None else {r: dict(c) for r, c in session_usage.items()})
+        folder.save()
 
     save_state()
     if graph is None:
@@ -613,7 +568,7 @@ def generate_supervision(
             cand = sampler.candidate(r.index) if r.index < len(sampler) else None
             if cand is not None and cand.bundle is not None and r.outcome:
                 generator.add_demo(cand.bundle, cand.task, Outcome.model_validate(r.outcome))
-    writer = _Log(out)
+    writer = folder.log(LOG_NAME)
     outputs = _Outputs(out, history, config, lm_description)
     counts: Counter[str] = Counter()
     for r in log:
@@ -692,8 +647,14 @@ def generate_supervision(
             else:
                 rec = CandidateRecord(status="rejected", stage=outcome.stage, reason=outcome.reason,
                                       detail=outcome.detail, outcome=outcome.model_dump(mode="json"), **base)  # fmt: skip
-        writer.append(rec)
+        writer.append(rec.model_dump_json())
         log.append(rec)
+        for role, cost in rec.usage.items():
+            c = session_usage.setdefault(role, Counter())
+            c["calls"] += cost.calls
+            c["failed_calls"] += cost.failed_calls
+            c["prompt_tokens"] += cost.prompt_tokens
+            c["completion_tokens"] += cost.completion_tokens
         counts["accepted" if rec.status == "accepted" else (rec.stage or rec.status)] += 1
         if bar is not None:
             bar.update(1)
@@ -707,7 +668,7 @@ def generate_supervision(
             )
             last_write = now
 
-    interrupted = False
+    interrupted = failed = False
     try:
         if config.threads <= 1:
             queue = list(pending)
@@ -744,13 +705,22 @@ def generate_supervision(
     except KeyboardInterrupt:
         interrupted = True
         raise
+    except BaseException:
+        failed = True
+        raise
     finally:
         if bar is not None:
             bar.close()
-        save_state()
-        final = sorted(log, key=lambda r: r.index)
-        summary = outputs.write(final, prior_wall + time.perf_counter() - started, dataset=True)
-        summary["interrupted"] = interrupted
+        try:
+            save_state()
+            final = sorted(log, key=lambda r: r.index)
+            summary = outputs.write(final, prior_wall + time.perf_counter() - started, dataset=not failed)
+            summary["interrupted"] = interrupted
+        except OSError:
+            if not failed:
+                raise
+            # the error already propagating (e.g. disk full) is the one reported; every derived file
+            # is rebuilt from the log on the next run, and atomic writes left none half-written
     return summary
 
 
