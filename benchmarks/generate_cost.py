@@ -9,7 +9,9 @@ Usage::
 For one RHELM persona (external sources on), seed and candidate count, runs ``memsteer generate``'s
 pipeline (:func:`~memsteer_dspy.supervision.run.generate_supervision`, the MemSteer method, every
 check on) once per configuration, each into a fresh folder under ``--out``, on the same LM (loaded
-once, before any timing; the DSPy cache off, so nothing is answered from an earlier run):
+once, before any timing; the DSPy cache off, so nothing is answered from an earlier run). The
+configurations take turns, ``--chunk`` candidates at a time, so other work on a shared machine
+slows both alike:
 
 - ``v1``   — the earlier pipeline: DSPy's JSONAdapter prompts, audit before blind read, the small
   bundle profile's 80/20 one-/two-record draw without answer-type targets;
@@ -29,9 +31,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +47,11 @@ from memsteer_dspy.bundles import small_lm_bundle_config  # noqa: E402
 from memsteer_dspy.lm import DEFAULT_LM  # noqa: E402
 from memsteer_dspy.lm.config import LMSpec, build_lm  # noqa: E402
 from memsteer_dspy.loaders import load_history  # noqa: E402
+from memsteer_dspy.records import QAItem  # noqa: E402
 from memsteer_dspy.supervision.program import GENERATION_ROLES  # noqa: E402
 from memsteer_dspy.supervision.run import (  # noqa: E402
     GenerationConfig,
+    accepted_distribution,
     generate_supervision,
     read_log,
 )
@@ -81,29 +87,34 @@ def role_costs(out: Path) -> dict[str, Any]:
         k: sum(t[k] for t in roles.values())
         for k in ("calls", "prompt", "evaluated", "completion", "seconds")
     }
-    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    accepted = summary["accepted"]
+    tried = [r for r in log if r.status != "skipped"]
+    accepted_items = [
+        QAItem.model_validate(r.item) for r in tried if r.status == "accepted" and r.item
+    ]
+    accepted = len(accepted_items)
+    state = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    wall = sum(s.get("wall_seconds", 0.0) for s in state.get("sessions", []))
     per = None
     if accepted:
         per = {
             "tokens": (total["prompt"] + total["completion"]) / accepted,
             "evaluated_tokens": (total["evaluated"] + total["completion"]) / accepted,
             "lm_seconds": total["seconds"] / accepted,
-            "wall_seconds": summary["wall_seconds"] / accepted,
+            "wall_seconds": wall / accepted,
             "calls": total["calls"] / accepted,
         }
     return {
         "roles": {r: roles[r] for r in GENERATION_ROLES if r in roles},
         "total": total,
-        "candidates": summary["candidates"],
+        "candidates": len(tried),
         "accepted": accepted,
-        "kept_fraction": summary["kept_fraction"],
-        "rejected_by_reason": summary["rejected_by_reason"],
-        "wall_seconds": summary["wall_seconds"],
+        "kept_fraction": round(accepted / len(tried), 4) if tried else 0.0,
+        "rejected_by_reason": dict(
+            Counter(r.reason or "?" for r in tried if r.status == "rejected")
+        ),
+        "wall_seconds": wall,
         "per_accepted": per,
-        "accepted_by_answer_type": summary.get("accepted_by_answer_type", {}),
-        "accepted_by_question_word": summary.get("accepted_by_question_word", {}),
-        "accepted_by_evidence_count": summary.get("accepted_by_evidence_count", {}),
+        **accepted_distribution(accepted_items),
     }
 
 
@@ -143,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--candidates", type=int, default=40)
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated: v1, lean")
+    ap.add_argument(
+        "--chunk", type=int, default=8, help="candidates per turn of each configuration"
+    )
     ap.add_argument("--lm", default=DEFAULT_LM, help="LM for every generation role")
     ap.add_argument(
         "--out", type=Path, default=None, help="output folder (default: a new temp folder)"
@@ -159,22 +173,42 @@ def main(argv: list[str] | None = None) -> int:
     history = load_history("rhelm", args.path, user=args.user).history
     lm = build_lm(LMSpec(model=args.lm, cache=False), role="generation")
     t0 = time.perf_counter()
-    lm(messages=[{"role": "user", "content": "Say ok."}], max_tokens=2)  # load the model untimed
+    lm(
+        messages=[{"role": "user", "content": "Reply with the word ok."}], max_tokens=16
+    )  # load untimed
     print(f"{args.user}: {len(history)} records; seed {args.seed}, {args.candidates} candidates per "
           f"configuration; LM {args.lm} (loaded in {time.perf_counter() - t0:.1f}s, {os.cpu_count()} cores); "
           f"folders under {out}", flush=True)  # fmt: skip
-    results: dict[str, Any] = {}
     for name in names:
         folder = out / name
         if folder.exists() and any(folder.iterdir()):
             sys.exit(f"{folder} is not empty: pass a new --out (a cost run never resumes)")
-        generate_supervision(history, dict.fromkeys(GENERATION_ROLES, lm), folder,
-                             generation_config(name, args.candidates, args.seed),
-                             lm_description=dict.fromkeys(GENERATION_ROLES, args.lm), progress=True)  # fmt: skip
-        results[name] = role_costs(folder)
-        print_costs(name, results[name])
+    # the configurations take turns, --chunk candidates at a time (each turn resumes its run), so
+    # a machine shared with other work slows both alike and the ratios stay fair
+    # stopped early (Ctrl-C, or `timeout -s INT`): report what both configurations finished
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    done = 0
+    stopped = False
+    try:
+        while done < args.candidates:
+            done = min(args.candidates, done + args.chunk)
+            for name in names:
+                generate_supervision(history, dict.fromkeys(GENERATION_ROLES, lm), out / name,
+                                     generation_config(name, done, args.seed),
+                                     lm_description=dict.fromkeys(GENERATION_ROLES, args.lm), progress=True)  # fmt: skip
+    except KeyboardInterrupt:
+        stopped = True
+        print(
+            f"\nstopped during the turn up to candidate {done}: the report covers what was finished"
+        )
+    results: dict[str, Any] = {}
+    for name in names:
+        if (out / name / "run.json").exists():
+            results[name] = role_costs(out / name)
+            print_costs(name, results[name])
     report: dict[str, Any] = {"user": args.user, "seed": args.seed, "candidates": args.candidates,
-                              "lm": args.lm, "cores": os.cpu_count(), "configs": results}  # fmt: skip
+                              "stopped_early": stopped, "lm": args.lm, "cores": os.cpu_count(),
+                              "configs": results}  # fmt: skip
     if "v1" in results and "lean" in results:
         report["ratios_lean_over_v1"] = ratios(results["lean"], results["v1"])
         print("\n== lean / v1, measured in this run:")

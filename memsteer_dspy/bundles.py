@@ -46,6 +46,7 @@ __all__ = [
     "Candidate",
     "Task",
     "expand_bundle",
+    "concrete_records",
     "informativeness",
     "random_bundle",
     "sample_seeds",
@@ -332,6 +333,16 @@ def informativeness(spans: Iterable[Span]) -> float:
     return float(sum(scores[:3]))
 
 
+MIN_CONCRETE_DETAIL = 2.0
+
+
+def concrete_records(bundle: Bundle, min_detail: float = MIN_CONCRETE_DETAIL) -> list[str]:
+    """The bundle's records with something a concrete question can name: names, numbers, dates
+    or places worth at least ``min_detail`` points of :func:`informativeness` over the spans the
+    roles see."""
+    return [r.id for r in bundle.records if informativeness(r.spans) >= min_detail]
+
+
 def _visible_spans(record: Record, cap: int | None) -> tuple[list[Span], bool]:
     """The leading spans of ``record`` that fit ``cap`` tokens (all of them without a cap)."""
     spans = record.spans
@@ -459,12 +470,21 @@ class AcceptedMix:
     evidence_counts: dict[int, int]
 
 
-def steered_task(rng: random.Random, config: BundleConfig, mix: AcceptedMix | None = None) -> Task:
+def steered_task(
+    rng: random.Random,
+    config: BundleConfig,
+    mix: AcceptedMix | None = None,
+    max_evidence: int | None = None,
+) -> Task:
     """A task aimed at the profile's target mix (``answer_type_weights`` and ``evidence_weights``),
-    steered toward the kinds ``mix`` (the accepted items so far) lacks: first the evidence count,
-    then an answer type that suits a question type for that count, then that question type."""
+    steered toward the kinds ``mix`` (the accepted items so far) lacks: first the evidence count
+    (at most ``max_evidence``), then an answer type that suits a question type for that count, then
+    that question type."""
     assert config.answer_type_weights is not None
-    counts = steered(config.evidence_weights, mix.evidence_counts if mix else None)
+    weights = config.evidence_weights
+    if max_evidence is not None and any(c <= max_evidence for c, w in weights.items() if w > 0):
+        weights = {c: w for c, w in weights.items() if c <= max_evidence}
+    counts = steered(weights, mix.evidence_counts if mix else None)
     keys = sorted(counts)
     count = rng.choices(keys, weights=[counts[c] for c in keys])[0]
     types = [t for t in _TYPES_BY_COUNT.get(count, ("aggregation",))
@@ -641,16 +661,26 @@ class BundleSampler:
         on the index and the evidence count; pass the logged ``task`` to rebuild a candidate."""
         rng = random.Random(f"candidate:{self.seed}:{index}")
         seed_id = self.seeds[index]
+        steer = task is None and self.config.answer_type_weights is not None
         if self.config.answer_type_weights is None:
             drawn = sample_task(rng, self.config)  # drawn even when given: the bundle's rng follows
             task = task or drawn
         elif task is None:
-            task = steered_task(random.Random(f"task:{self.seed}:{index}"), self.config, mix)
+            task_rng = random.Random(f"task:{self.seed}:{index}")
+            task = steered_task(task_rng, self.config, mix)
         size = bundle_size(task, self.config)
         if self.method == "random":
             bundle, reason = random_bundle(self.history, seed_id, size, rng, self.config)
         else:
             bundle, reason = expand_bundle(self.graph, seed_id, size, rng, self.config)
+        if steer and bundle is not None and task.evidence_count > 1:
+            # ask for no more evidence records than the bundle has records with concrete detail
+            concrete = len(concrete_records(bundle))
+            if 1 <= concrete < task.evidence_count:
+                fewer = steered_task(task_rng, self.config, mix, max_evidence=concrete)
+                # only where the bundle stays the same: a resumed run rebuilds it from this task
+                if bundle_size(fewer, self.config) == size:
+                    task = fewer
         if bundle is not None and len(bundle.records) < task.evidence_count:
             bundle, reason = None, "too_few_records"
         return Candidate(index=index, seed_id=seed_id, task=task, bundle=bundle, skip_reason=reason)

@@ -39,7 +39,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel
 
-from memsteer_dspy.bundles import Bundle, BundleView, Task, informativeness
+from memsteer_dspy.bundles import MIN_CONCRETE_DETAIL, Bundle, BundleView, Task, concrete_records
 from memsteer_dspy.normalize import AnswerParseError, list_items, normalize_text, parse_answer
 from memsteer_dspy.records import AnswerType
 from memsteer_dspy.signatures.plan import AnswerPlan, EvidenceUse, Fact
@@ -52,7 +52,6 @@ __all__ = [
     "check_plan",
     "topic_words",
     "check_question",
-    "concrete_records",
     "prefilter_bundle",
     "user_display_name",
     "detail_terms",
@@ -577,16 +576,6 @@ def check_question(
 # --------------------------------------------------------------------------------------------
 # the pre-filter: before any LM call
 # --------------------------------------------------------------------------------------------
-
-MIN_CONCRETE_DETAIL = 2.0
-
-
-def concrete_records(bundle: Bundle, min_detail: float = MIN_CONCRETE_DETAIL) -> list[str]:
-    """The bundle's records with something a concrete question can name: names, numbers, dates
-    or places worth at least ``min_detail`` points of :func:`~memsteer_dspy.bundles.informativeness`
-    over the spans the roles see."""
-    return [r.id for r in bundle.records if informativeness(r.spans) >= min_detail]
-
 
 def prefilter_bundle(bundle: Bundle, task: Task, min_detail: float = MIN_CONCRETE_DETAIL) -> str | None:
     """Why a bundle cannot give the task a concrete question (``nothing_concrete``), or None.
