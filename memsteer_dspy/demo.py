@@ -159,10 +159,12 @@ class DemoSettings(BaseModel):
 
 SIZES: dict[str, DemoSettings] = {
     # Fits 15 minutes on a 2-core CPU with the embedded 1.5B model (see the README for timings).
+    # Supervision: 8 accepted items (about 5 train / 3 validation, enough for the validation set to
+    # separate designs) from at most 20 candidates of the lean pipeline (about a third are kept).
     "small": DemoSettings(
         size="small",
-        n_supervision=4,
-        max_candidates=8,
+        n_supervision=8,
+        max_candidates=20,
         bundle_profile="auto",
         iterations=3,
         objective="recall",

@@ -64,7 +64,7 @@ def _field_line(name: str, info: Any) -> str:
     extra = info.json_schema_extra or {}
     desc = extra.get("desc", "")
     desc = "" if desc == f"${{{name}}}" else desc
-    return f"- {name} ({brief_type(info.annotation)})" + (f": {desc}" if desc else "")
+    return f"- `{name}` ({brief_type(info.annotation)})" + (f": {desc}" if desc else "")
 
 
 class CompactJSONAdapter(dspy.JSONAdapter):
@@ -91,7 +91,7 @@ class CompactJSONAdapter(dspy.JSONAdapter):
         )
 
     def user_message_output_requirements(self, signature: type[dspy.Signature]) -> str:
-        return "Reply with the JSON object: " + ", ".join(signature.output_fields) + "."
+        return "Respond with the JSON object: " + ", ".join(signature.output_fields) + "."
 
     def format_field_with_value(
         self, fields_with_values: dict[Any, Any], role: str = "user"
