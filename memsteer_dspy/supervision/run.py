@@ -1,8 +1,10 @@
 """Running supervision construction end to end, resumably: ``memsteer generate``.
 
 :func:`generate_supervision` plans candidates with a :class:`~memsteer_dspy.bundles.BundleSampler`
-(candidate ``i`` is a pure function of the history, config, seed and ``i``), runs the chosen
-generator on each, removes near-duplicate questions, and writes the output folder:
+(candidate ``i`` is a pure function of the history, config, seed and ``i`` — with a steered
+profile its task also follows the items accepted before its batch, read back from the log on a
+resume), runs the chosen generator on each, removes near-duplicate questions, and writes the
+output folder:
 
 =======================  ==========================================================================
 ``run.json``             the run's settings, history fingerprint, LMs per role and sessions
