@@ -46,10 +46,12 @@ __all__ = [
     "Candidate",
     "Task",
     "expand_bundle",
+    "concrete_records",
     "informativeness",
     "random_bundle",
     "sample_seeds",
     "sample_task",
+    "steered_task",
     "small_lm_bundle_config",
 ]
 
@@ -67,6 +69,26 @@ _TYPES_BY_COUNT: dict[int, tuple[str, ...]] = {
     2: ("multi-hop", "temporal", "comparison", "aggregation"),
     3: ("aggregation", "multi-hop"),
     4: ("aggregation",),
+}
+
+
+# Which answer types suit each question type (a task that targets an answer type draws its
+# question type among these).
+ANSWER_TYPES_BY_QUESTION: dict[str, tuple[str, ...]] = {
+    "fact": ("entity", "number"),
+    "temporal": ("date",),
+    "aggregation": ("number", "list"),
+    "multi-hop": ("entity",),
+    "comparison": ("entity",),
+}
+# How the planner is told the answer type a task targets.
+ANSWER_TYPE_TEXT: dict[str, str] = {
+    "entity": "a name of a person, place, organisation or thing",
+    "number": "a number (a count, amount, price, duration or quantity)",
+    "date": "a date",
+    "list": "a list of two or more names or things",
+    "text": "a short phrase",
+    "boolean": "yes or no",
 }
 
 
@@ -93,28 +115,49 @@ class BundleConfig(BaseModel):
     question_types: list[str] | None = None
     edge_types: list[EdgeType] = Field(default_factory=lambda: list(EdgeType))
     min_seed_informativeness: float = 1.0
+    answer_type_weights: dict[str, float] | None = Field(
+        default=None,
+        description="Target mix of answer types (entity, number, date, list, …). Set, each task "
+        "targets an answer type, and the sampler steers tasks toward the kinds (and evidence "
+        "counts) the accepted items lack; None: no target, tasks as drawn from evidence_weights.",
+    )
 
 
 def small_lm_bundle_config(**overrides) -> BundleConfig:
-    """Bundles a small embedded LM handles: three records of at most ~150 tokens each, and
-    mostly one- or two-record tasks (measured on RHELM with the 1.5B model)."""
+    """Bundles a small embedded LM handles: three records of at most ~150 tokens each, and one-
+    or two-record tasks (measured on RHELM with the 1.5B model). ``steered=True`` (default) aims
+    the tasks at :data:`STEERED_MIX` (every answer type, a third two-record items) and steers toward
+    the kinds the accepted items lack; ``steered=False`` is the earlier 80/20 one-/two-record draw
+    without answer-type targets."""
     values = {"record_token_cap": 150, "min_records": 3, "max_records": 3,
               "evidence_weights": {1: 0.8, 2: 0.2}}  # fmt: skip
+    if overrides.pop("steered", True):
+        values.update(STEERED_MIX)
     values.update(overrides)
     return BundleConfig(**values)
 
 
+# The small profile's target mix when steered: every answer kind, and a third multi-record items.
+STEERED_MIX: dict = {"evidence_weights": {1: 0.65, 2: 0.35},
+                     "answer_type_weights": {"entity": 0.35, "number": 0.25, "date": 0.25, "list": 0.15}}  # fmt: skip
+
+
 class Task(BaseModel):
-    """What the planner is asked for: a question type and how many evidence records it needs."""
+    """What the planner is asked for: a question type, how many evidence records it needs, and
+    (optionally) the answer type it should aim for."""
 
     model_config = ConfigDict(frozen=True)
 
     question_type: str
     evidence_count: int = Field(ge=1, le=4)
+    answer_type: str | None = None
 
     @property
     def description(self) -> str:
-        return QUESTION_TYPES.get(self.question_type, self.question_type)
+        text = QUESTION_TYPES.get(self.question_type, self.question_type)
+        if self.answer_type:
+            text += f"; the answer should be {ANSWER_TYPE_TEXT.get(self.answer_type, self.answer_type)}"
+        return text
 
 
 class BundleRecord(BaseModel):
@@ -290,6 +333,16 @@ def informativeness(spans: Iterable[Span]) -> float:
     return float(sum(scores[:3]))
 
 
+MIN_CONCRETE_DETAIL = 2.0
+
+
+def concrete_records(bundle: Bundle, min_detail: float = MIN_CONCRETE_DETAIL) -> list[str]:
+    """The bundle's records with something a concrete question can name: names, numbers, dates
+    or places worth at least ``min_detail`` points of :func:`informativeness` over the spans the
+    roles see."""
+    return [r.id for r in bundle.records if informativeness(r.spans) >= min_detail]
+
+
 def _visible_spans(record: Record, cap: int | None) -> tuple[list[Span], bool]:
     """The leading spans of ``record`` that fit ``cap`` tokens (all of them without a cap)."""
     spans = record.spans
@@ -390,6 +443,58 @@ def sample_task(rng: random.Random, config: BundleConfig | None = None) -> Task:
     if not types:
         types = list(config.question_types or ["fact"])
     return Task(question_type=rng.choice(types), evidence_count=count)
+
+
+def steered(target: dict, accepted: dict | None) -> dict:
+    """``target`` weights (normalised) raised for kinds the ``accepted`` counts lack: each weight
+    is multiplied by ``exp(4 · (target share − accepted share))``, so a kind that falls behind is
+    drawn more often until it catches up, and one ahead less."""
+    total_w = sum(w for w in target.values() if w > 0)
+    counts = accepted or {}
+    n = sum(counts.get(k, 0) for k in target)
+    out = {}
+    for k, w in target.items():
+        if w <= 0:
+            continue
+        want = w / total_w
+        have = counts.get(k, 0) / n if n else want
+        out[k] = want * math.exp(4 * (want - have))
+    return out
+
+
+@dataclass(frozen=True)
+class AcceptedMix:
+    """What the accepted items so far cover: counts by answer type and by evidence count."""
+
+    answer_types: dict[str, int]
+    evidence_counts: dict[int, int]
+
+
+def steered_task(
+    rng: random.Random,
+    config: BundleConfig,
+    mix: AcceptedMix | None = None,
+    max_evidence: int | None = None,
+) -> Task:
+    """A task aimed at the profile's target mix (``answer_type_weights`` and ``evidence_weights``),
+    steered toward the kinds ``mix`` (the accepted items so far) lacks: first the evidence count
+    (at most ``max_evidence``), then an answer type that suits a question type for that count, then
+    that question type."""
+    assert config.answer_type_weights is not None
+    weights = config.evidence_weights
+    if max_evidence is not None and any(c <= max_evidence for c, w in weights.items() if w > 0):
+        weights = {c: w for c, w in weights.items() if c <= max_evidence}
+    counts = steered(weights, mix.evidence_counts if mix else None)
+    keys = sorted(counts)
+    count = rng.choices(keys, weights=[counts[c] for c in keys])[0]
+    types = [t for t in _TYPES_BY_COUNT.get(count, ("aggregation",))
+             if config.question_types is None or t in config.question_types] or ["fact"]  # fmt: skip
+    suited = {a for t in types for a in ANSWER_TYPES_BY_QUESTION.get(t, ())}
+    weights = steered(config.answer_type_weights, mix.answer_types if mix else None)
+    options = sorted(a for a in weights if a in suited) or sorted(suited) or ["entity"]
+    answer = rng.choices(options, weights=[weights.get(a, 1.0) for a in options])[0]
+    fitting = [t for t in types if answer in ANSWER_TYPES_BY_QUESTION.get(t, ())] or types
+    return Task(question_type=rng.choice(fitting), evidence_count=count, answer_type=answer)
 
 
 # --------------------------------------------------------------------------------------------
@@ -548,15 +653,34 @@ class BundleSampler:
     def __len__(self) -> int:
         return len(self.seeds)
 
-    def candidate(self, index: int) -> Candidate:
+    def candidate(
+        self, index: int, mix: AcceptedMix | None = None, task: Task | None = None
+    ) -> Candidate:
+        """Candidate ``index``. With a target mix in the config its task is steered by ``mix``
+        (the accepted items so far) and drawn from its own generator, so the bundle depends only
+        on the index and the evidence count; pass the logged ``task`` to rebuild a candidate."""
         rng = random.Random(f"candidate:{self.seed}:{index}")
         seed_id = self.seeds[index]
-        task = sample_task(rng, self.config)
+        steer = task is None and self.config.answer_type_weights is not None
+        if self.config.answer_type_weights is None:
+            drawn = sample_task(rng, self.config)  # drawn even when given: the bundle's rng follows
+            task = task or drawn
+        elif task is None:
+            task_rng = random.Random(f"task:{self.seed}:{index}")
+            task = steered_task(task_rng, self.config, mix)
         size = bundle_size(task, self.config)
         if self.method == "random":
             bundle, reason = random_bundle(self.history, seed_id, size, rng, self.config)
         else:
             bundle, reason = expand_bundle(self.graph, seed_id, size, rng, self.config)
+        if steer and bundle is not None and task.evidence_count > 1:
+            # ask for no more evidence records than the bundle has records with concrete detail
+            concrete = len(concrete_records(bundle))
+            if 1 <= concrete < task.evidence_count:
+                fewer = steered_task(task_rng, self.config, mix, max_evidence=concrete)
+                # only where the bundle stays the same: a resumed run rebuilds it from this task
+                if bundle_size(fewer, self.config) == size:
+                    task = fewer
         if bundle is not None and len(bundle.records) < task.evidence_count:
             bundle, reason = None, "too_few_records"
         return Candidate(index=index, seed_id=seed_id, task=task, bundle=bundle, skip_reason=reason)

@@ -159,10 +159,12 @@ class DemoSettings(BaseModel):
 
 SIZES: dict[str, DemoSettings] = {
     # Fits 15 minutes on a 2-core CPU with the embedded 1.5B model (see the README for timings).
+    # Supervision: 8 accepted items (about 5 train / 3 validation, enough for the validation set to
+    # separate designs) from at most 20 candidates of the lean pipeline (about a third are kept).
     "small": DemoSettings(
         size="small",
-        n_supervision=4,
-        max_candidates=8,
+        n_supervision=8,
+        max_candidates=20,
         bundle_profile="auto",
         iterations=3,
         objective="recall",
@@ -253,6 +255,14 @@ class DesignRow(BaseModel):
     errors: int = 0
     same_as: str | None = Field(
         None, description="The row this one repeats (the best design is the initial one)."
+    )
+    item_correct: dict[str, float | None] = Field(
+        default_factory=dict,
+        description="Per answered hand-written item (qa id): 1 correct, 0 not, None failed; for a "
+        "paired comparison of two designs on the same items.",
+    )
+    item_recall: dict[str, float | None] = Field(
+        default_factory=dict, description="Per hand-written item (qa id): its R@10."
     )
 
 
@@ -749,6 +759,8 @@ def _evaluate(
         n_answered=a.n, recall_at_10=rs.recall_at_10, delivered_recall=rs.delivered_recall, n_recall=rs.n,
         lm_calls=int(cost["calls"]), cache_hits=int(cost["cache_hits"]), tokens=int(cost["total_tokens"]),
         seconds=round(float(cost["seconds"]), 1), errors=rs.errors + a.errors,
+        item_correct={i.qa_id: None if i.correct is None else float(i.correct) for i in answer.items},
+        item_recall={i.qa_id: i.recall_at_10 for i in recall.items},
     )  # fmt: skip
     result.rows.append(row)
     if row.errors:

@@ -25,6 +25,7 @@ KNOWN_REASON_PREFIXES = (
     "dedup:",
     "lm_error",
     "bundle:",
+    "prefilter:",
 )
 
 

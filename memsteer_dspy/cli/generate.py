@@ -113,6 +113,15 @@ def generate(
             "embedded model, which copies a real demo's answer into other bundles).",
         ),
     ] = None,
+    lean: Annotated[
+        bool,
+        typer.Option(
+            "--lean/--no-lean",
+            help="The cheaper pipeline (same stages): compact prompts, bundles with nothing concrete "
+            "rejected before any LM call, the blind read before the audit, tight output caps; "
+            "--no-lean: the earlier prompts and order.",
+        ),
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     restart: Annotated[
         bool,
@@ -144,7 +153,7 @@ def generate(
     )
     config = GenerationConfig(
         n=n, max_candidates=max_candidates, method=method, checks=checks, seed=seed, threads=threads,
-        batch_size=batch_size, max_demos=max_demos, bundle=bundle_config, bounded=bounded,
+        batch_size=batch_size, max_demos=max_demos, bundle=bundle_config, bounded=bounded, lean=lean,
     )  # fmt: skip
     lms = {role: lm_config.lm(role) for role in GENERATION_ROLES}
     described = lm_config.describe()

@@ -139,6 +139,17 @@ def _llama_response_format(response_format: dict | None) -> dict | None:
     return None
 
 
+def _with_cached_tokens(usage: Any, evaluated: int) -> Any:
+    """``usage`` with ``prompt_tokens_details.cached_tokens``: the prompt tokens llama.cpp did not
+    evaluate because they were the longest common prefix with the previous call on this instance
+    (its KV cache), as OpenAI-compatible servers report prompt caching. DSPy passes it on in every
+    call's usage, so a cost report can show the prompt tokens actually evaluated."""
+    if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
+        return usage
+    cached = max(0, usage["prompt_tokens"] - int(evaluated))
+    return {**usage, "prompt_tokens_details": {**(usage.get("prompt_tokens_details") or {}), "cached_tokens": cached}}
+
+
 class LlamaCppEngine:
     """A DSPy engine that answers requests with a GGUF model run in-process by llama.cpp.
 
@@ -255,7 +266,7 @@ class LlamaCppEngine:
                     provider="llamacpp",
                 ) from exc
             perf = llama_cpp.llama_perf_context(ctx)
-            shared.last_timings = Timings(
+            timings = shared.last_timings = Timings(
                 prompt_tokens=int(perf.n_p_eval),
                 prompt_ms=float(perf.t_p_eval_ms),
                 generated_tokens=int(perf.n_eval),
@@ -263,6 +274,7 @@ class LlamaCppEngine:
             )
         body = dict(body)
         body["model"] = self.label
+        body["usage"] = _with_cached_tokens(body.get("usage"), timings.prompt_tokens)
         return response_from_openai_chat(body, model=self.label)
 
     def stream(self, request: Any) -> Any:

@@ -39,7 +39,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel
 
-from memsteer_dspy.bundles import BundleView, Task
+from memsteer_dspy.bundles import MIN_CONCRETE_DETAIL, Bundle, BundleView, Task, concrete_records
 from memsteer_dspy.normalize import AnswerParseError, list_items, normalize_text, parse_answer
 from memsteer_dspy.records import AnswerType
 from memsteer_dspy.signatures.plan import AnswerPlan, EvidenceUse, Fact
@@ -52,6 +52,7 @@ __all__ = [
     "check_plan",
     "topic_words",
     "check_question",
+    "prefilter_bundle",
     "user_display_name",
     "detail_terms",
     "expand_name",
@@ -569,6 +570,23 @@ def check_question(
         items = [i for i in list_items(answer) if len(i) >= 3]
         if items and all(_contains(q, i) for i in items):
             return "leaks_answer"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# the pre-filter: before any LM call
+# --------------------------------------------------------------------------------------------
+
+def prefilter_bundle(bundle: Bundle, task: Task, min_detail: float = MIN_CONCRETE_DETAIL) -> str | None:
+    """Why a bundle cannot give the task a concrete question (``nothing_concrete``), or None.
+
+    A task needs ``evidence_count`` records; when fewer of the bundle's records carry concrete
+    detail (:func:`concrete_records`), the planner can only ask about moods and chat — on the
+    embedded model the source of most ``question:vague`` rejections on conversation turns — so the
+    candidate is rejected before it costs an LM call."""
+    found = concrete_records(bundle, min_detail)
+    if len(found) < task.evidence_count:
+        return "nothing_concrete"
     return None
 
 

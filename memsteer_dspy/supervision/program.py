@@ -53,6 +53,7 @@ from memsteer_dspy.signatures.baselines import PlanAndWriteQuestion, WriteQAPair
 from memsteer_dspy.signatures.blind_read import BlindRead
 from memsteer_dspy.signatures.plan import AnswerPlan, EvidenceUse, Fact, PlanAnswer
 from memsteer_dspy.signatures.question import WriteQuestion
+from memsteer_dspy.supervision.adapter import CompactJSONAdapter
 from memsteer_dspy.supervision.checks import (
     _RELATIVE_TIME,
     PlanIssue,
@@ -61,6 +62,7 @@ from memsteer_dspy.supervision.checks import (
     check_plan,
     check_question,
     detail_terms,
+    prefilter_bundle,
     spans_by_id,
     user_display_name,
 )
@@ -83,6 +85,8 @@ __all__ = [
 GENERATION_ROLES = ("planner", "question_writer", "auditor", "blind_reader")
 # Output-token caps per call: enough for the fields, short enough that a small LM cannot ramble.
 MAX_TOKENS = {"plan": 400, "question": 100, "audit": 600, "blind": 160, "joint": 500, "direct": 300}
+# lean: what the bounded roles were measured to need in one-line JSON (plan ~120 tokens, audit ~250)
+LEAN_MAX_TOKENS = {**MAX_TOKENS, "plan": 300, "question": 80, "audit": 400, "blind": 100}
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 
@@ -93,6 +97,9 @@ class RoleCost(BaseModel):
     calls: int = 0
     failed_calls: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = Field(
+        default=0, description="Prompt tokens the backend reused from its prompt (KV) cache."
+    )
     completion_tokens: int = 0
     estimated: bool = False
     seconds: float = 0.0
@@ -100,6 +107,11 @@ class RoleCost(BaseModel):
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def evaluated_tokens(self) -> int:
+        """Prompt tokens the backend actually processed (all of them when it reports no cache)."""
+        return self.prompt_tokens - self.cached_tokens
 
 
 class AuditResult(BaseModel):
@@ -173,13 +185,15 @@ class _Request:
 Pipeline = Generator[_Request, dspy.Prediction, Outcome]
 
 
-def _usage_tokens(tracker: Any) -> tuple[int, int]:
-    prompt = completion = 0
+def _usage_tokens(tracker: Any) -> tuple[int, int, int]:
+    """Prompt, completion and cached prompt tokens of the calls ``tracker`` saw."""
+    prompt = completion = cached = 0
     for entries in tracker.usage_data.values():
         for e in entries:
             prompt += int(e.get("prompt_tokens") or 0)
             completion += int(e.get("completion_tokens") or 0)
-    return prompt, completion
+            cached += int((e.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    return prompt, completion, cached
 
 
 def _estimate_tokens(lm: Any, before: int) -> tuple[int, int]:
@@ -227,8 +241,11 @@ class _Generator(dspy.Module):
         question_rewrites: int = 2,
         plan_retries: int = 1,
         user_name: str | None = None,
+        lean: bool = False,
     ):
         super().__init__()
+        self.lean = lean
+        self.max_tokens = LEAN_MAX_TOKENS if lean else MAX_TOKENS
         self.user_name = user_name
         self.question_rewrites = question_rewrites
         self.plan_retries = plan_retries
@@ -237,7 +254,7 @@ class _Generator(dspy.Module):
         self.checks = checks
         self.max_retries = max_retries
         self.max_demos = max_demos
-        self.adapter = adapter or dspy.JSONAdapter()
+        self.adapter = adapter or (CompactJSONAdapter() if lean else dspy.JSONAdapter())
         self.max_answer_words = max_answer_words
         self.audit = dspy.Predict(AuditQA)
         self.blind_read = dspy.Predict(BlindRead)
@@ -275,7 +292,7 @@ class _Generator(dspy.Module):
         cost = request.usage.setdefault(self.role_of[request.predictor], RoleCost())
         last: BaseException | None = None
         for attempt in range(self.max_retries + 1):
-            config: dict[str, Any] = {"max_tokens": MAX_TOKENS.get(request.stage, 600)}
+            config: dict[str, Any] = {"max_tokens": self.max_tokens.get(request.stage, 600)}
             if attempt or request.resample:
                 config.update(rollout_id=attempt + 10 * request.resample, temperature=0.7)
             before = len(getattr(lm, "history", None) or [])
@@ -288,11 +305,12 @@ class _Generator(dspy.Module):
                     last = exc
             cost.calls += 1
             cost.seconds = round(cost.seconds + time.perf_counter() - start, 3)
-            prompt, completion = _usage_tokens(tracker)
+            prompt, completion, cached = _usage_tokens(tracker)
             if prompt == 0 and completion == 0 and lm is not None:
                 prompt, completion = _estimate_tokens(lm, before)
                 cost.estimated = cost.estimated or bool(prompt or completion)
             cost.prompt_tokens += prompt
+            cost.cached_tokens += min(cached, prompt)
             cost.completion_tokens += completion
             if out is not None:
                 return out
@@ -479,45 +497,53 @@ class _Generator(dspy.Module):
             problem = self._question_problem(question, plan, view)
         if problem:
             return _rejected("question", f"question:{problem}", question, usage, **base)
-        facts = _fact_lines(view, bundle, plan)
-        evidence = [f"{view.label_of(e.record_id) or e.record_id}: {e.contribution or 'part of the answer'}"
-                    for e in plan.evidence]  # fmt: skip
-        try:
-            out = yield _Request("audit", "audit", {
-                "records": view.text, "question": question, "answer": plan.answer,
-                "answer_type": str(plan.answer_type), "ask": plan.ask or question, "facts": facts,
-                "evidence": evidence,
-            }, usage)  # fmt: skip
-        except _LMFailure as exc:
-            return _rejected(exc.stage, "lm_error", exc.detail, usage, **base)
-        audit = _audit_result(out, view, plan)
-        if audit.failures:
-            return _rejected("audit", f"audit:{audit.failures[0]}", ", ".join(audit.failures), usage,
-                             audit=audit, **base)  # fmt: skip
-        order = _shuffled(bundle.record_ids, shuffle_seed)
-        blind_view = bundle.view(order)
-        try:
-            out = yield _Request("blind_read", "blind", {
-                "question": question, "answer_type": plan.answer_type, "records": blind_view.text,
-            }, usage)  # fmt: skip
-        except _LMFailure as exc:
-            return _rejected(exc.stage, "lm_error", exc.detail, usage, audit=audit, **base)
-        blind = _blind_result(out, blind_view, bundle, plan, order, repairs)
-        if not blind.answerable:
-            reason, detail = (
-                "blind:unanswerable",
-                "the blind reader found the question unanswerable",
-            )
-        elif not blind.matched:
-            reason, detail = (
-                "blind:mismatch",
-                f"blind answer {blind.answer!r} vs reference {plan.answer!r}",
-            )
-        elif blind.missing_evidence:
-            reason, detail = "blind:citation", f"evidence not cited: {blind.missing_evidence}"
-        else:
-            return Outcome(status="accepted", audit=audit, blind=blind, usage=usage, **base)
-        return _rejected("blind", reason, detail, usage, audit=audit, blind=blind, **base)
+        # lean: the blind read (short answer, the check that rejects corrupted items) before the
+        # audit (long verdicts), so only candidates the blind reader confirms pay for an audit
+        stages = ("blind", "audit") if self.lean else ("audit", "blind")
+        audit = blind = None
+        for stage in stages:
+            if stage == "audit":
+                try:
+                    out = yield _Request("audit", "audit", _audit_inputs(view, bundle, plan, question), usage)
+                except _LMFailure as exc:
+                    return _rejected(exc.stage, "lm_error", exc.detail, usage, blind=blind, **base)
+                audit = _audit_result(out, view, plan)
+                if audit.failures:
+                    return _rejected("audit", f"audit:{audit.failures[0]}", ", ".join(audit.failures), usage,
+                                     audit=audit, blind=blind, **base)  # fmt: skip
+                continue
+            order = _shuffled(bundle.record_ids, shuffle_seed)
+            blind_view = bundle.view(order)
+            try:
+                out = yield _Request("blind_read", "blind", {
+                    "question": question, "answer_type": plan.answer_type, "records": blind_view.text,
+                }, usage)  # fmt: skip
+            except _LMFailure as exc:
+                return _rejected(exc.stage, "lm_error", exc.detail, usage, audit=audit, **base)
+            blind = _blind_result(out, blind_view, bundle, plan, order, repairs)
+            problem = _blind_problem(blind, plan)
+            if problem is not None:
+                return _rejected("blind", *problem, usage, audit=audit, blind=blind, **base)
+        return Outcome(status="accepted", audit=audit, blind=blind, usage=usage, **base)
+
+
+def _audit_inputs(view: BundleView, bundle: Bundle, plan: AnswerPlan, question: str) -> dict[str, Any]:
+    evidence = [f"{view.label_of(e.record_id) or e.record_id}: {e.contribution or 'part of the answer'}"
+                for e in plan.evidence]  # fmt: skip
+    return {"records": view.text, "question": question, "answer": plan.answer,
+            "answer_type": str(plan.answer_type), "ask": plan.ask or question,
+            "facts": _fact_lines(view, bundle, plan), "evidence": evidence}  # fmt: skip
+
+
+def _blind_problem(blind: BlindResult, plan: AnswerPlan) -> tuple[str, str] | None:
+    """Why the blind read rejects the candidate (reason, detail), or None when it confirms it."""
+    if not blind.answerable:
+        return "blind:unanswerable", "the blind reader found the question unanswerable"
+    if not blind.matched:
+        return "blind:mismatch", f"blind answer {blind.answer!r} vs reference {plan.answer!r}"
+    if blind.missing_evidence:
+        return "blind:citation", f"evidence not cited: {blind.missing_evidence}"
+    return None
 
 
 _REWRITE_HINTS = {
@@ -708,6 +734,9 @@ class MemSteerGenerator(_Generator):
 
     def _pipeline(self, bundle: Bundle, task: Task, shuffle_seed: int) -> Pipeline:
         usage: dict[str, RoleCost] = {}
+        if self.lean and self.checks and (why := prefilter_bundle(bundle, task)):
+            return _rejected("prefilter", f"prefilter:{why}", "fewer records with a name, number, date "
+                             f"or place than the task's {task.evidence_count} evidence records", usage)  # fmt: skip
         view = bundle.view()
         try:
             _, plan, issues, repairs = yield from self._planned(

@@ -1,8 +1,10 @@
 """Running supervision construction end to end, resumably: ``memsteer generate``.
 
 :func:`generate_supervision` plans candidates with a :class:`~memsteer_dspy.bundles.BundleSampler`
-(candidate ``i`` is a pure function of the history, config, seed and ``i``), runs the chosen
-generator on each, removes near-duplicate questions, and writes the output folder:
+(candidate ``i`` is a pure function of the history, config, seed and ``i`` — with a steered
+profile its task also follows the items accepted before its batch, read back from the log on a
+resume), runs the chosen generator on each, removes near-duplicate questions, and writes the
+output folder:
 
 =======================  ==========================================================================
 ``run.json``             the same-run key (history, settings, LMs) and the sessions with their usage
@@ -37,7 +39,7 @@ from typing import Any, Literal
 import dspy
 from pydantic import BaseModel, ConfigDict, Field
 
-from memsteer_dspy.bundles import Bundle, BundleConfig, BundleSampler, Candidate, Task
+from memsteer_dspy.bundles import AcceptedMix, Bundle, BundleConfig, BundleSampler, Candidate, Task
 from memsteer_dspy.errors import InputError
 from memsteer_dspy.graph import GraphParams, RecordGraph
 from memsteer_dspy.normalize import normalize_text
@@ -93,6 +95,12 @@ class GenerationConfig(BaseModel):
     cold_start: bool = Field(
         default=True, description="A fictional demonstration until real ones exist."
     )
+    lean: bool = Field(
+        default=True,
+        description="The cheaper pipeline for small LMs (same stages): compact prompts, a "
+        "pre-filter of bundles with nothing concrete before any LM call, the blind read before "
+        "the audit, tight output caps. False: the earlier prompts and order.",
+    )
     dedup_threshold: float = Field(default=0.8, gt=0, le=1)
     bundle: BundleConfig = Field(default_factory=BundleConfig)
     graph: dict[str, Any] = Field(default_factory=lambda: asdict(GraphParams()))
@@ -109,7 +117,7 @@ class GenerationConfig(BaseModel):
 
     def identity(self) -> dict[str, Any]:
         """The settings a resumed run must share with the run it continues."""
-        return {"method": self.method, "checks": self.checks, "seed": self.seed,
+        return {"method": self.method, "checks": self.checks, "seed": self.seed, "lean": self.lean,
                 "bundle": self.bundle.model_dump(mode="json"), "graph": self.graph}  # fmt: skip
 
 
@@ -423,6 +431,7 @@ def _summary(
         "skipped_by_reason": dict(
             Counter(r.reason or "?" for r in log if r.status == "skipped").most_common()
         ),
+        **accepted_distribution(accepted),
         "repairs": sum(
             len((r.outcome or {}).get("repairs", [])) for r in log if r.status == "accepted"
         ),
@@ -507,6 +516,56 @@ def generation_key(history: History, config: GenerationConfig, lms: Mapping[str,
 ProgressHook = Callable[[CandidateRecord, dict[str, int]], None]
 
 
+def _question_word(question: str) -> str:
+    """The question's form: its wh-word ("how many" / "how much" kept whole), else "other"."""
+    words = normalize_text(question).split()
+    for i, w in enumerate(words[:4]):
+        if w == "how" and i + 1 < len(words) and words[i + 1] in ("many", "much", "long", "old"):
+            return f"how {words[i + 1]}"
+        if w in ("who", "whom", "whose", "what", "when", "where", "which", "why", "how"):
+            return w
+    return "other"
+
+
+def accepted_distribution(items: list[QAItem]) -> dict[str, dict[str, int]]:
+    """The accepted items by answer type, question type (the task's), question form (wh-word) and
+    evidence count (number of evidence records)."""
+
+    def count(values) -> dict[str, int]:
+        return dict(Counter(values).most_common())
+
+    return {
+        "accepted_by_answer_type": count(str(i.answer_type) for i in items),
+        "accepted_by_question_type": count(i.question_type or "?" for i in items),
+        "accepted_by_question_word": count(_question_word(i.question) for i in items),
+        "accepted_by_evidence_count": count(str(len(i.evidence_ids)) for i in items),
+    }
+
+
+def _accepted_items(log: list[CandidateRecord]) -> list[dict[str, Any]]:
+    return [r.item for r in log if r.status == "accepted" and r.item]
+
+
+def _mix(log: list[CandidateRecord]) -> AcceptedMix:
+    """What the accepted items so far cover (the sampler steers toward what they lack)."""
+    items = _accepted_items(log)
+    return AcceptedMix(answer_types=dict(Counter(str(i["answer_type"]) for i in items)),
+                       evidence_counts=dict(Counter(len(i["evidence_ids"]) for i in items)))  # fmt: skip
+
+
+_SHORT = {"entity": "ent", "number": "num", "date": "date", "list": "list", "text": "text", "boolean": "bool"}
+
+
+def _progress_text(counts: Mapping[str, int], log: list[CandidateRecord]) -> str:
+    """The progress line: outcomes so far, then the accepted items by answer type and evidence count."""
+    text = ", ".join(f"{k} {v}" for k, v in counts.items())
+    mix = _mix(log)
+    if mix.answer_types:
+        text += " | " + " ".join(f"{_SHORT.get(k, k)} {v}" for k, v in sorted(mix.answer_types.items()))
+        text += " | " + " ".join(f"{k}rec {v}" for k, v in sorted(mix.evidence_counts.items()))
+    return text
+
+
 def generate_supervision(
     history: History,
     lms: Mapping[str, dspy.BaseLM],
@@ -557,7 +616,7 @@ def generate_supervision(
                             method="random" if config.method == "naive" else "graph")  # fmt: skip
     generator = make_generator(
         config.method, lms, checks=config.checks, max_retries=config.max_retries, max_demos=config.demo_limit,
-        bounded=config.bounded, cold_start=config.cold_start, user_name=history.user_id,
+        bounded=config.bounded, cold_start=config.cold_start, user_name=history.user_id, lean=config.lean,
     )  # fmt: skip
     log = read_log(out)
     done = {r.index for r in log}
@@ -565,7 +624,7 @@ def generate_supervision(
     for r in log:
         if r.status == "accepted" and r.item:
             deduper.add(r.item["id"], r.item["question"], r.item["answer"], r.item["evidence_ids"])
-            cand = sampler.candidate(r.index) if r.index < len(sampler) else None
+            cand = sampler.candidate(r.index, task=r.task) if r.index < len(sampler) else None
             if cand is not None and cand.bundle is not None and r.outcome:
                 generator.add_demo(cand.bundle, cand.task, Outcome.model_validate(r.outcome))
     writer = folder.log(LOG_NAME)
@@ -583,11 +642,11 @@ def generate_supervision(
 
         bar = tqdm(total=len(sampler), initial=len(done), desc=f"generate ({config.method})", unit="cand",
                    dynamic_ncols=True)  # fmt: skip
-        bar.set_postfix(dict(counts))
+        bar.set_postfix_str(_progress_text(counts, log))
 
     def run_batch(indices: list[int]) -> None:
         """Run candidates stage by stage; each is recorded as soon as it is finished."""
-        cands = [sampler.candidate(i) for i in indices]
+        cands = [sampler.candidate(i, mix=_mix(log)) for i in indices]
         ready = [c for c in cands if c.bundle is not None]
         for c in cands:
             if c.bundle is None:
@@ -595,9 +654,7 @@ def generate_supervision(
 
         def on_call(stage: str, done: int, total: int) -> None:
             if bar is not None:
-                bar.set_postfix_str(
-                    f"{stage} {done}/{total} | " + ", ".join(f"{k} {v}" for k, v in counts.items())
-                )
+                bar.set_postfix_str(f"{stage} {done}/{total} | {_progress_text(counts, log)}")
 
         def on_done(i: int, outcome: Outcome) -> None:
             # a candidate's own time: the seconds of its LM calls (batch-mates interleave)
@@ -608,7 +665,7 @@ def generate_supervision(
 
     def run_one(index: int) -> tuple[Candidate, Outcome | None, float]:
         t0 = time.perf_counter()
-        cand = sampler.candidate(index)
+        cand = sampler.candidate(index, mix=_mix(list(log)))
         if cand.bundle is None:
             return cand, None, time.perf_counter() - t0
         outcome = generator(
@@ -658,7 +715,7 @@ def generate_supervision(
         counts["accepted" if rec.status == "accepted" else (rec.stage or rec.status)] += 1
         if bar is not None:
             bar.update(1)
-            bar.set_postfix(dict(counts))
+            bar.set_postfix_str(_progress_text(counts, log))
         if hook is not None:
             hook(rec, dict(counts))
         now = time.perf_counter()
@@ -744,6 +801,10 @@ def format_summary(summary: Mapping[str, Any]) -> str:
             "rejected by reason: "
             + ", ".join(f"{k} {v}" for k, v in summary["rejected_by_reason"].items())
         )
+    for key, label in (("accepted_by_answer_type", "answer type"), ("accepted_by_question_word", "question form"),
+                       ("accepted_by_evidence_count", "evidence records")):  # fmt: skip
+        if summary.get(key):
+            lines.append(f"accepted by {label}: " + ", ".join(f"{k} {v}" for k, v in summary[key].items()))
     per_calls = summary.get("lm_calls_per_accepted", {})
     per_tokens = summary.get("tokens_per_accepted", {})
     if per_tokens:

@@ -1,0 +1,223 @@
+"""Cost of supervision construction per verified item: two pipeline configurations, one run.
+
+Usage::
+
+    flock /tmp/memsteer-lm.lock python benchmarks/generate_cost.py \\
+        --user Elena_Morales --seed 1 --candidates 40          # earlier pipeline vs the lean one
+    python benchmarks/generate_cost.py --candidates 8 --configs lean   # one configuration only
+
+For one RHELM persona (external sources on), seed and candidate count, runs ``memsteer generate``'s
+pipeline (:func:`~memsteer_dspy.supervision.run.generate_supervision`, the MemSteer method, every
+check on) once per configuration, each into a fresh folder under ``--out``, on the same LM (loaded
+once, before any timing; the DSPy cache off, so nothing is answered from an earlier run). The
+configurations take turns, ``--chunk`` candidates at a time, so other work on a shared machine
+slows both alike:
+
+- ``v1``   — the earlier pipeline: DSPy's JSONAdapter prompts, audit before blind read, the small
+  bundle profile's 80/20 one-/two-record draw without answer-type targets;
+- ``lean`` — the default now: compact prompts, the pre-filter of bundles with nothing concrete,
+  blind read before the audit, tight output caps, and tasks steered toward the profile's mix.
+
+Prints per role and in total: LM calls, prompt tokens, prompt tokens actually evaluated (llama.cpp
+reuses the longest common prefix with the previous call; reported as ``cached_tokens``),
+completion tokens and seconds; the kept fraction; tokens, evaluated tokens and seconds per accepted
+item; the accepted items' answer types and evidence counts; then the ratios lean / v1 measured in
+this run. Writes ``cost.json`` (everything printed) and each configuration's generate folder
+(``train.jsonl``, ``val.jsonl``, ``rejected.jsonl``, ``summary.json``) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import dspy  # noqa: E402
+
+from memsteer_dspy.bundles import small_lm_bundle_config  # noqa: E402
+from memsteer_dspy.lm import DEFAULT_LM  # noqa: E402
+from memsteer_dspy.lm.config import LMSpec, build_lm  # noqa: E402
+from memsteer_dspy.loaders import load_history  # noqa: E402
+from memsteer_dspy.records import QAItem  # noqa: E402
+from memsteer_dspy.supervision.program import GENERATION_ROLES  # noqa: E402
+from memsteer_dspy.supervision.run import (  # noqa: E402
+    GenerationConfig,
+    accepted_distribution,
+    generate_supervision,
+    read_log,
+)
+
+CONFIGS = ("v1", "lean")
+
+
+def generation_config(name: str, candidates: int, seed: int) -> GenerationConfig:
+    """The named configuration, every check on, stopping only when ``candidates`` are done."""
+    lean = name == "lean"
+    return GenerationConfig(
+        n=candidates, max_candidates=candidates, seed=seed, lean=lean, bounded=True,
+        bundle=small_lm_bundle_config(steered=lean),
+    )  # fmt: skip
+
+
+def role_costs(out: Path) -> dict[str, Any]:
+    """Per role and in total, from the run's log: calls, prompt / evaluated / completion tokens,
+    seconds; the kept fraction and the costs per accepted item."""
+    log = read_log(out)
+    roles: dict[str, dict[str, float]] = {}
+    for r in log:
+        for role, c in r.usage.items():
+            t = roles.setdefault(
+                role, dict.fromkeys(("calls", "prompt", "evaluated", "completion", "seconds"), 0)
+            )
+            t["calls"] += c.calls
+            t["prompt"] += c.prompt_tokens
+            t["evaluated"] += c.evaluated_tokens
+            t["completion"] += c.completion_tokens
+            t["seconds"] += c.seconds
+    total = {
+        k: sum(t[k] for t in roles.values())
+        for k in ("calls", "prompt", "evaluated", "completion", "seconds")
+    }
+    tried = [r for r in log if r.status != "skipped"]
+    accepted_items = [
+        QAItem.model_validate(r.item) for r in tried if r.status == "accepted" and r.item
+    ]
+    accepted = len(accepted_items)
+    state = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    wall = sum(s.get("wall_seconds", 0.0) for s in state.get("sessions", []))
+    per = None
+    if accepted:
+        per = {
+            "tokens": (total["prompt"] + total["completion"]) / accepted,
+            "evaluated_tokens": (total["evaluated"] + total["completion"]) / accepted,
+            "lm_seconds": total["seconds"] / accepted,
+            "wall_seconds": wall / accepted,
+            "calls": total["calls"] / accepted,
+        }
+    return {
+        "roles": {r: roles[r] for r in GENERATION_ROLES if r in roles},
+        "total": total,
+        "candidates": len(tried),
+        "accepted": accepted,
+        "kept_fraction": round(accepted / len(tried), 4) if tried else 0.0,
+        "rejected_by_reason": dict(
+            Counter(r.reason or "?" for r in tried if r.status == "rejected")
+        ),
+        "wall_seconds": wall,
+        "per_accepted": per,
+        **accepted_distribution(accepted_items),
+    }
+
+
+def print_costs(name: str, cost: dict[str, Any]) -> None:
+    print(f"\n== {name}: accepted {cost['accepted']} of {cost['candidates']} candidates "
+          f"(kept {100 * cost['kept_fraction']:.1f}%), wall {cost['wall_seconds']:.0f}s")  # fmt: skip
+    print(
+        f"  {'role':<16}{'calls':>7}{'prompt':>10}{'evaluated':>11}{'completion':>12}{'seconds':>10}"
+    )
+    for role, t in [*cost["roles"].items(), ("total", cost["total"])]:
+        print(f"  {role:<16}{t['calls']:>7.0f}{t['prompt']:>10.0f}{t['evaluated']:>11.0f}"
+              f"{t['completion']:>12.0f}{t['seconds']:>10.1f}")  # fmt: skip
+    per = cost["per_accepted"]
+    if per:
+        print(f"  per accepted item: {per['tokens']:.0f} tokens ({per['evaluated_tokens']:.0f} evaluated), "
+              f"{per['calls']:.1f} calls, {per['lm_seconds']:.1f} s of LM time, {per['wall_seconds']:.1f} s wall")  # fmt: skip
+    print(f"  accepted by answer type {cost['accepted_by_answer_type']}, by question form "
+          f"{cost['accepted_by_question_word']}, by evidence records {cost['accepted_by_evidence_count']}")  # fmt: skip
+    print(f"  rejected by reason {cost['rejected_by_reason']}")
+
+
+def ratios(new: dict[str, Any], old: dict[str, Any]) -> dict[str, float | None]:
+    a, b = new["per_accepted"], old["per_accepted"]
+    if not a or not b:
+        return {}
+    out = {f"{k}_per_accepted": round(a[k] / b[k], 3) if b[k] else None for k in a}
+    out["kept_fraction"] = (
+        round(new["kept_fraction"] / old["kept_fraction"], 3) if old["kept_fraction"] else None
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--user", default="Elena_Morales", help="RHELM persona")
+    ap.add_argument("--path", default=None, help="RHELM root (default ../shared/benchmarks/rhelm)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--candidates", type=int, default=40)
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated: v1, lean")
+    ap.add_argument(
+        "--chunk", type=int, default=8, help="candidates per turn of each configuration"
+    )
+    ap.add_argument("--lm", default=DEFAULT_LM, help="LM for every generation role")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="output folder (default: a new temp folder)"
+    )
+    args = ap.parse_args(argv)
+    names = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in names if c not in CONFIGS]
+    if unknown:
+        ap.error(f"unknown configuration(s) {unknown}; choose from {', '.join(CONFIGS)}")
+    out = args.out or Path(tempfile.mkdtemp(prefix="generate-cost-"))
+    out.mkdir(parents=True, exist_ok=True)
+    dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
+
+    history = load_history("rhelm", args.path, user=args.user).history
+    lm = build_lm(LMSpec(model=args.lm, cache=False), role="generation")
+    t0 = time.perf_counter()
+    lm(
+        messages=[{"role": "user", "content": "Reply with the word ok."}], max_tokens=16
+    )  # load untimed
+    print(f"{args.user}: {len(history)} records; seed {args.seed}, {args.candidates} candidates per "
+          f"configuration; LM {args.lm} (loaded in {time.perf_counter() - t0:.1f}s, {os.cpu_count()} cores); "
+          f"folders under {out}", flush=True)  # fmt: skip
+    for name in names:
+        folder = out / name
+        if folder.exists() and any(folder.iterdir()):
+            sys.exit(f"{folder} is not empty: pass a new --out (a cost run never resumes)")
+    # the configurations take turns, --chunk candidates at a time (each turn resumes its run), so
+    # a machine shared with other work slows both alike and the ratios stay fair
+    # stopped early (Ctrl-C, or `timeout -s INT`): report what both configurations finished
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    done = 0
+    stopped = False
+    try:
+        while done < args.candidates:
+            done = min(args.candidates, done + args.chunk)
+            for name in names:
+                generate_supervision(history, dict.fromkeys(GENERATION_ROLES, lm), out / name,
+                                     generation_config(name, done, args.seed),
+                                     lm_description=dict.fromkeys(GENERATION_ROLES, args.lm), progress=True)  # fmt: skip
+    except KeyboardInterrupt:
+        stopped = True
+        print(
+            f"\nstopped during the turn up to candidate {done}: the report covers what was finished"
+        )
+    results: dict[str, Any] = {}
+    for name in names:
+        if (out / name / "run.json").exists():
+            results[name] = role_costs(out / name)
+            print_costs(name, results[name])
+    report: dict[str, Any] = {"user": args.user, "seed": args.seed, "candidates": args.candidates,
+                              "stopped_early": stopped, "lm": args.lm, "cores": os.cpu_count(),
+                              "configs": results}  # fmt: skip
+    if "v1" in results and "lean" in results:
+        report["ratios_lean_over_v1"] = ratios(results["lean"], results["v1"])
+        print("\n== lean / v1, measured in this run:")
+        for k, v in report["ratios_lean_over_v1"].items():
+            print(f"  {k:<28} {v}")
+    (out / "cost.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(f"\nwrote {out}/cost.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,247 @@
+"""The lean supervision pipeline: compact prompts, the pre-filter before any LM call, the blind read
+before the audit, prompt-cache accounting, and tasks steered toward the profile's mix."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from datetime import datetime
+
+import dspy
+from supervision_helpers import (
+    audit_reply,
+    blind_reply,
+    plan_reply,
+    question_reply,
+    role_lms,
+    scripted,
+    small_bundle,
+)
+
+from memsteer_dspy.bundles import (
+    AcceptedMix,
+    BundleConfig,
+    Task,
+    bundle_from_records,
+    small_lm_bundle_config,
+    steered,
+    steered_task,
+)
+from memsteer_dspy.lm.local import _with_cached_tokens
+from memsteer_dspy.records import AnswerType, History, QAItem, Record
+from memsteer_dspy.signatures.plan import PlanAnswer
+from memsteer_dspy.supervision.adapter import CompactJSONAdapter, brief_type
+from memsteer_dspy.supervision.checks import prefilter_bundle
+from memsteer_dspy.supervision.limits import bounded_signature
+from memsteer_dspy.supervision.program import MemSteerGenerator, RoleCost, _usage_tokens
+from memsteer_dspy.supervision.run import _question_word, accepted_distribution
+
+FACT = Task(question_type="fact", evidence_count=1)
+
+
+def lean_run(lms, bundle=None, task=FACT):
+    gen = MemSteerGenerator(lms, max_retries=1, lean=True)
+    return gen(bundle=bundle or small_bundle(), task=task, shuffle_seed=0).outcome
+
+
+# ---- compact prompts -----------------------------------------------------------------------
+
+
+def test_compact_system_message_states_the_task_and_fields_without_json_schemas():
+    sig = bounded_signature(PlanAnswer)
+    full = dspy.JSONAdapter().format_system_message(sig)
+    compact = CompactJSONAdapter().format_system_message(sig)
+    assert compact.startswith("Plan one question about the user's own life")  # instruction first
+    assert "- `evidence` (list of {record_id, contribution})" in compact
+    assert "- `answer_type` (one of entity|number|date|text|list|boolean)" in compact
+    assert "JSON schema" in full and "JSON schema" not in compact
+    assert len(compact) < 0.6 * len(full)
+
+
+def test_compact_demo_answers_are_one_line_json_and_parse_back():
+    adapter = CompactJSONAdapter()
+    sig = dspy.Signature("question -> answer: str, cited_ids: list[str]")
+    text = adapter.format_assistant_message_content(sig, {"answer": "Maya", "cited_ids": ["R1.2"]})
+    assert "\n" not in text
+    assert adapter.parse(sig, text) == {"answer": "Maya", "cited_ids": ["R1.2"]}
+
+
+def test_brief_types():
+    assert brief_type(list[str]) == "list of text"
+    assert brief_type(bool) == "true/false"
+    assert brief_type(int) == "integer"
+    assert brief_type(str | None) == "text"
+
+
+# ---- order of the checks and the pre-filter ------------------------------------------------
+
+
+def test_lean_blind_rejection_costs_no_audit():
+    lms = role_lms([plan_reply()], [question_reply()], [], [blind_reply(answer="an iPad")])
+    out = lean_run(lms)
+    assert out.status == "rejected" and out.reason == "blind:mismatch"
+    assert "auditor" not in out.usage and out.usage["blind_reader"].calls == 1
+
+
+def test_lean_accepted_item_passed_the_blind_read_then_the_audit():
+    lms = role_lms([plan_reply()], [question_reply()], [audit_reply()], [blind_reply()])
+    out = lean_run(lms)
+    assert out.status == "accepted", out.detail
+    assert out.blind.matched and out.audit.passed
+    assert out.usage["blind_reader"].calls == out.usage["auditor"].calls == 1
+
+
+def test_lean_audit_rejection_keeps_the_blind_result():
+    lms = role_lms(
+        [plan_reply()], [question_reply()], [audit_reply(answer="unsupported")], [blind_reply()]
+    )
+    out = lean_run(lms)
+    assert out.reason == "audit:answer_support" and out.blind is not None and out.blind.matched
+
+
+def test_lean_run_batch_serves_blind_reads_before_audits():
+    shared = scripted(plan_reply(), question_reply(), blind_reply(), audit_reply())
+    gen = MemSteerGenerator(dict.fromkeys(["planner", "question_writer", "auditor", "blind_reader"], shared),
+                            lean=True)  # fmt: skip
+    stages = []
+    outcomes = gen.run_batch([(small_bundle(), FACT, 0)], lambda s, d, t: stages.append(s))
+    assert outcomes[0].status == "accepted", outcomes[0].detail
+    assert stages == ["plan", "question", "blind", "audit"]
+
+
+def chatty(i: int) -> Record:
+    return Record(id=f"chat:{i}", kind="conversation_turn", thread_id="chat", position=i,
+                  timestamp=datetime(2024, 5, 1, 9, i),
+                  text="User: honestly i feel a bit tired today and just want to relax for a while.")  # fmt: skip
+
+
+def test_prefilter_rejects_a_bundle_with_nothing_concrete_before_any_lm_call():
+    history = History("tester", [chatty(i) for i in range(3)])
+    bundle = bundle_from_records(history, [r.id for r in history.records], BundleConfig())
+    assert prefilter_bundle(bundle, FACT) == "nothing_concrete"
+    lms = role_lms()  # nothing scripted: any call would fail
+    out = lean_run(lms, bundle=bundle)
+    assert out.status == "rejected" and out.stage == "prefilter"
+    assert out.reason == "prefilter:nothing_concrete" and out.usage == {}
+
+
+def test_prefilter_counts_concrete_records_against_the_evidence_count():
+    bundle = small_bundle()
+    assert prefilter_bundle(bundle, FACT) is None
+    assert (
+        prefilter_bundle(bundle, Task(question_type="multi-hop", evidence_count=4))
+        == "nothing_concrete"
+    )
+
+
+def test_the_earlier_pipeline_has_no_prefilter():
+    history = History("tester", [chatty(i) for i in range(3)])
+    bundle = bundle_from_records(history, [r.id for r in history.records], BundleConfig())
+    gen = MemSteerGenerator(role_lms(), max_retries=0)
+    out = gen(bundle=bundle, task=FACT, shuffle_seed=0).outcome
+    assert out.stage != "prefilter" and out.usage["planner"].calls == 1
+
+
+# ---- prompt-cache accounting ---------------------------------------------------------------
+
+
+def test_cached_prompt_tokens_are_booked_and_evaluated_tokens_derived():
+    class Tracker:
+        usage_data = {"m": [{"prompt_tokens": 900, "completion_tokens": 40,
+                             "prompt_tokens_details": {"cached_tokens": 700}},
+                            {"prompt_tokens": 100, "completion_tokens": 5, "prompt_tokens_details": None}]}  # fmt: skip
+
+    assert _usage_tokens(Tracker()) == (1000, 45, 700)
+    cost = RoleCost(prompt_tokens=1000, cached_tokens=700, completion_tokens=45)
+    assert cost.evaluated_tokens == 300 and cost.total_tokens == 1045
+
+
+def test_llama_cpp_usage_reports_the_reused_prefix_as_cached_tokens():
+    usage = {"prompt_tokens": 820, "completion_tokens": 30, "total_tokens": 850}
+    assert _with_cached_tokens(usage, 120)["prompt_tokens_details"] == {"cached_tokens": 700}
+    assert _with_cached_tokens(usage, 900)["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert _with_cached_tokens(None, 5) is None
+
+
+# ---- steering the task mix -----------------------------------------------------------------
+
+
+def test_a_kind_that_falls_behind_is_drawn_more_often():
+    target = {"entity": 0.4, "date": 0.3, "number": 0.3}
+    even = steered(target, None)
+    assert abs(even["entity"] / even["date"] - 4 / 3) < 1e-9  # nothing accepted yet: the target mix
+    behind = steered(target, {"date": 6, "entity": 0})
+    assert behind["entity"] > even["entity"] and behind["date"] < even["date"]
+
+
+def test_steered_tasks_follow_the_profile_and_move_away_from_an_overfull_kind():
+    config = small_lm_bundle_config()
+    assert config.answer_type_weights
+
+    def draw(mix, n=400):
+        rng = random.Random(7)
+        return [steered_task(rng, config, mix) for _ in range(n)]
+
+    plain = draw(None)
+    kinds = Counter(t.answer_type for t in plain)
+    assert set(kinds) == {"entity", "number", "date", "list"}
+    assert all(
+        t.answer_type in ("number", "list") for t in plain if t.question_type == "aggregation"
+    )
+    assert all(t.answer_type == "date" for t in plain if t.question_type == "temporal")
+    full_of_dates = draw(AcceptedMix(answer_types={"date": 8}, evidence_counts={1: 8}))
+    assert Counter(t.answer_type for t in full_of_dates)["date"] < kinds["date"] / 2
+    assert sum(t.evidence_count == 2 for t in full_of_dates) > sum(
+        t.evidence_count == 2 for t in plain
+    )
+
+
+def test_a_targeted_task_tells_the_planner_the_answer_type():
+    task = Task(question_type="fact", evidence_count=1, answer_type="number")
+    assert "the answer should be a number" in task.description
+    assert "answer should" not in FACT.description
+
+
+def test_the_earlier_profile_draws_no_answer_type():
+    assert small_lm_bundle_config(steered=False).answer_type_weights is None
+
+
+# ---- the accepted items' distribution ------------------------------------------------------
+
+
+def test_accepted_distribution_by_answer_type_question_and_evidence_count():
+    def item(i, q, at, ev, qt):
+        return QAItem(id=f"q{i}", question=q, answer="x", answer_type=AnswerType(at), evidence_ids=ev,
+                      question_type=qt)  # fmt: skip
+
+    items = [item(1, "When did I visit Lila?", "date", ["a"], "temporal"),
+             item(2, "How many seed trays will Lila bring?", "number", ["a", "b"], "aggregation"),
+             item(3, "Who sent the compost order?", "entity", ["b"], "fact")]  # fmt: skip
+    dist = accepted_distribution(items)
+    assert dist["accepted_by_answer_type"] == {"date": 1, "number": 1, "entity": 1}
+    assert dist["accepted_by_question_word"] == {"when": 1, "how many": 1, "who": 1}
+    assert dist["accepted_by_evidence_count"] == {"1": 2, "2": 1}
+    assert dist["accepted_by_question_type"] == {"temporal": 1, "aggregation": 1, "fact": 1}
+    assert _question_word("Is the workshop on Friday?") == "other"
+
+
+def test_steered_candidates_never_ask_for_more_records_than_have_concrete_detail():
+    # one concrete record among chatty ones: a two-record task is re-drawn as a one-record task
+    from memsteer_dspy.bundles import BundleSampler, concrete_records
+    from memsteer_dspy.graph import RecordGraph
+    from supervision_helpers import RECORDS
+
+    history = History("tester", [RECORDS[0], *[chatty(i) for i in range(4)]])
+    config = small_lm_bundle_config(evidence_weights={2: 1.0, 1: 0.0001})
+    sampler = BundleSampler(RecordGraph.build(history), config, seed=0, max_candidates=6)
+    seen = 0
+    for i in range(len(sampler)):
+        cand = sampler.candidate(i)
+        if cand.bundle is None:
+            continue
+        concrete = len(concrete_records(cand.bundle))
+        seen += 1
+        assert cand.task.evidence_count <= max(1, concrete)
+        # the logged task rebuilds the same bundle (a resumed run's demos)
+        assert sampler.candidate(i, task=cand.task).bundle == cand.bundle
+    assert seen
