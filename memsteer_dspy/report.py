@@ -500,9 +500,10 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Report:
 
 def log_report(
     report: Report, run_dir: str | Path, *, tracking_uri: str | None = None
-) -> str | None:
+) -> dict[str, str] | None:
     """Add the report's files to the run's MLflow parent run under ``report/``. Returns the parent
-    run id, or None when the run has no tracked parent run or tracking failed (a warning says why)."""
+    run id, the ``mlflow ui`` command and the runs page address, or None when the run has no
+    tracked parent run or tracking failed (a warning says why)."""
     from memsteer_dspy.tracking import Tracker
 
     run = load_run(run_dir).run
@@ -515,4 +516,10 @@ def log_report(
     for path in sorted(report.folder.iterdir()):
         if path.is_file():
             tracker.log_artifact(parent, path, REPORT_DIR)
-    return parent if tracker.active else None
+    if not tracker.active:
+        return None
+    return {
+        "parent_run_id": parent,
+        "ui_command": tracker.ui_command(),
+        "ui_url": tracker.ui_url() or "",
+    }

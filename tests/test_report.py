@@ -118,6 +118,7 @@ def test_report_is_logged_to_the_mlflow_parent_run(run_dir, tmp_path):
     r = CliRunner().invoke(app, ["report", str(run_dir), "--out", str(tmp_path / "rep")])
     assert r.exit_code == 0, r.output
     assert "added to MLflow parent run" in r.output
+    assert "runs?workflowType=machine_learning&viewStateShareKey=memsteer" in r.output
     run = load_run(run_dir).run
     client = MlflowClient(tracking_uri=run["tracking_uri"])
     arts = {a.path for a in client.list_artifacts(run["parent_run_id"], "report")}

@@ -40,16 +40,20 @@ def report(
     from memsteer_dspy.report import log_report, write_report
 
     rep = write_report(run_dir, out)
-    parent = None if no_tracking else log_report(rep, run_dir, tracking_uri=tracking_uri)
+    tracked = None if no_tracking else log_report(rep, run_dir, tracking_uri=tracking_uri)
     if json_out:
         echo_json({"html": str(rep.html), "figures": {k: str(v) for k, v in rep.figures.items()},
-                   "mlflow_parent_run_id": parent, **rep.data})  # fmt: skip
+                   "mlflow_parent_run_id": tracked and tracked["parent_run_id"],
+                   "mlflow_ui_url": tracked and tracked["ui_url"], **rep.data})  # fmt: skip
         return
     typer.echo(f"wrote {rep.html}")
     for name, path in rep.figures.items():
         typer.echo(f"  {name:<10} {path}")
-    if parent:
-        typer.echo(f"added to MLflow parent run {parent} (artifacts under report/)")
+    if tracked:
+        typer.echo(
+            f"added to MLflow parent run {tracked['parent_run_id']} (artifacts under report/)"
+        )
+        typer.echo(f"MLflow runs: {tracked['ui_command']}\n  then open {tracked['ui_url']}")
     elif not no_tracking:
         typer.echo(
             "not added to MLflow: the run has no tracked parent run, or its store could not be opened"
