@@ -11,7 +11,13 @@ Tracking never stops an optimization: the first failure of the tracking store (u
 server, locked or unwritable database, MLflow not importable) is reported once as a warning, and
 the run goes on writing only its local files (``trajectory.jsonl``, ``summary.md``, ...).
 
-Open the runs with ``mlflow ui --backend-store-uri sqlite:///<out>/mlflow.db``.
+Open the runs with ``mlflow ui --backend-store-uri sqlite:///<out>/mlflow.db``. What the UI shows
+first is set here: every experiment is tagged ``mlflow.experimentKind = custom_model_development``
+(MLflow 3 opens an experiment without that tag on its GenAI overview of traces, which stays empty
+for these runs), and each run records the process that writes it (``memsteer.pid``,
+``memsteer.host``), so a run whose process was killed, left "running" by MLflow, is marked
+``KILLED`` the next time a tracker on that host opens the experiment, and a resumed run is tagged
+``memsteer.resumed`` with a note saying from what.
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -33,6 +41,23 @@ DB_FILE = "mlflow.db"
 ARTIFACT_DIR = "mlartifacts"
 MAX_PARAM_CHARS = 500  # MLflow 3 accepts 6000; 500 keeps params readable in the UI and portable
 PARENT_TAG = "mlflow.parentRunId"
+NOTE_TAG = "mlflow.note.content"  # the run's description in the UI (markdown)
+# MLflow 3.x reads this experiment tag to choose the experiment's first page: the runs table for
+# "custom_model_development", the GenAI overview (traces) when it is missing or "genai_development".
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+# A saved view of the runs table (MLflow 3's "Save view": an experiment tag holding the table's
+# state), opened by ``#/experiments/<id>/runs?viewStateShareKey=<key>``: the key metrics and tags
+# as columns, newest first (MLflow keeps expanded rows out of a saved view: click a parent's "+").
+VIEW_KEY = "memsteer"
+VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+KEY_METRICS = (
+    "val_accuracy", "val_delivered_recall", "val_recall_at_10",
+    "test_accuracy", "test_delivered_recall", "test_recall_at_10", "best_score",
+)  # fmt: skip
+KEY_TAGS = ("accepted", "status", "test_verdict", "memsteer.resumed")
+PID_TAG, HOST_TAG, PID_START_TAG = "memsteer.pid", "memsteer.host", "memsteer.pid_start"
+RESUMED_TAG, ENDED_TAG = "memsteer.resumed", "memsteer.end_reason"
 
 
 class TrackingWarning(UserWarning):
@@ -95,6 +120,54 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _process_start(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, Linux ``/proc``); None if unknown.
+    With the pid it tells a live writer from a new process that reuses a dead one's pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+def process_alive(pid: int, started: str | None = None) -> bool:
+    """Whether process ``pid`` (started at ``started``, when known) still runs on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    except OSError:
+        return True
+    if started:
+        now = _process_start(pid)
+        return now is None or now == started
+    return True
+
+
+def _writer_tags() -> dict[str, str]:
+    pid = os.getpid()
+    return {
+        PID_TAG: str(pid),
+        HOST_TAG: socket.gethostname(),
+        PID_START_TAG: _process_start(pid) or "",
+    }
+
+
+def runs_view() -> str:
+    """The value of the ``mlflow.sharedViewState.memsteer`` experiment tag (see ``VIEW_KEY``)."""
+    now = int(time.time() * 1000)
+    state = {
+        "searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False, "startTime": "ALL",
+        "lifecycleFilter": "Active", "modelVersionFilter": "All Runs", "datasetsFilter": [],
+        "selectedColumns": [f"metrics.`{m}`" for m in KEY_METRICS] + [f"tags.`{t}`" for t in KEY_TAGS],
+        "runsHiddenMode": "SHOW_ALL",
+    }  # fmt: skip
+    return json.dumps({"name": "memsteer: candidates and key metrics", "createdAt": now, "updatedAt": now,
+                       "state": json.dumps(state)})  # fmt: skip
+
+
 def _param_value(v: Any) -> str:
     text = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)
     return text if len(text) <= MAX_PARAM_CHARS else text[: MAX_PARAM_CHARS - 3] + "..."
@@ -119,11 +192,20 @@ class Tracker:
         self._failed: str | None = None
         self._lock = threading.Lock()
         self._enabled = True
+        self._run_for_experiment: str | None = None
 
     @classmethod
     def disabled(cls) -> Tracker:
         t = cls("disabled", "disabled")
         t._enabled = False
+        return t
+
+    @classmethod
+    def for_run(cls, uri: str, run_id: str) -> Tracker:
+        """A tracker on the experiment that holds ``run_id`` (to add to a finished run, e.g.
+        ``memsteer report``). Tracking fails (one warning) if the run is not in the store."""
+        t = cls(uri, "")
+        t._run_for_experiment = run_id
         return t
 
     @classmethod
@@ -183,7 +265,13 @@ class Tracker:
             if db is not None:
                 db.parent.mkdir(parents=True, exist_ok=True)
             client = MlflowClient(tracking_uri=self.uri)
-            exp = client.get_experiment_by_name(self.experiment)
+            if self._run_for_experiment:
+                exp = client.get_experiment(
+                    client.get_run(self._run_for_experiment).info.experiment_id
+                )
+                self.experiment = exp.name
+            else:
+                exp = client.get_experiment_by_name(self.experiment)
             if exp is None:
                 location = self._artifact_root
                 if location is None and db is not None:
@@ -193,12 +281,51 @@ class Tracker:
                     if location is not None
                     else {}
                 )
-                exp_id = client.create_experiment(self.experiment, **kwargs)
+                exp_id = client.create_experiment(
+                    self.experiment, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}, **kwargs
+                )
             else:
                 exp_id = exp.experiment_id
+                if EXPERIMENT_KIND_TAG not in exp.tags:  # made before memsteer set it
+                    client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+            if exp is None or VIEW_TAG_PREFIX + VIEW_KEY not in exp.tags:
+                client.set_experiment_tag(exp_id, VIEW_TAG_PREFIX + VIEW_KEY, runs_view())
             self._experiment_id = exp_id
             self._client = client
-            return client
+            try:
+                self._close_dead_runs(client)
+            except Exception as exc:  # tidying the table is a courtesy: it never stops tracking
+                logger.debug("could not check for runs of dead processes: %s", exc)
+        return client
+
+    def _close_dead_runs(self, client) -> None:
+        """Mark ``KILLED`` the runs of this experiment that are still "running" although the
+        process that wrote them (on this host) is gone; runs of other hosts are left alone."""
+        from mlflow.entities import RunTag
+
+        host = socket.gethostname()
+        runs = client.search_runs(
+            [self._experiment_id],
+            filter_string=f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'",
+            max_results=1000,
+        )
+        for run in runs:
+            tags = run.data.tags
+            try:
+                pid = int(tags.get(PID_TAG, ""))
+            except ValueError:
+                continue
+            if process_alive(pid, tags.get(PID_START_TAG) or None):
+                continue
+            metrics = getattr(run.data, "_metric_objs", None) or []  # latest value of each metric
+            last = max([m.timestamp for m in metrics] + [run.info.start_time or 0])
+            reason = (f"process {pid} on {host} ended without closing the run (killed); "
+                      f"marked KILLED at {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC")  # fmt: skip
+            note = (tags.get(NOTE_TAG, "") + f"\n\nKilled: {reason}.").strip()
+            client.log_batch(
+                run.info.run_id, tags=[RunTag(ENDED_TAG, reason), RunTag(NOTE_TAG, note)]
+            )
+            client.set_terminated(run.info.run_id, status="KILLED", end_time=last or None)
 
     def connect(self) -> bool:
         """Open the store and the experiment now (otherwise on first use); False if that failed."""
@@ -220,15 +347,50 @@ class Tracker:
                 except Exception:
                     run = None
                 if run is not None and run.info.experiment_id == self._experiment_id:
-                    client.update_run(resume_run_id, status="RUNNING")
+                    self._mark_resumed(client, run)
                     return resume_run_id
-            all_tags = {k: str(v) for k, v in (tags or {}).items()}
+            all_tags = {k: str(v) for k, v in (tags or {}).items()} | _writer_tags()
             if parent_run_id:
                 all_tags[PARENT_TAG] = parent_run_id
             run = client.create_run(self._experiment_id, run_name=name, tags=all_tags)
             return run.info.run_id
 
         return self._call(f"starting run {name!r}", go)
+
+    def ui_url(self, base: str = "http://127.0.0.1:5000") -> str | None:
+        """The experiment's runs table in the saved memsteer view, on the Model-training side of
+        the UI (MLflow 3.17 opens experiments on the GenAI overview unless told otherwise)."""
+        if self._experiment_id is None:
+            return None
+        return f"{base}/#/experiments/{self._experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
+
+    @staticmethod
+    def _mark_resumed(client, run) -> None:
+        """A run continued by a new process: running again, tagged with how often it was
+        resumed and from what state, its description saying so, and the new writer recorded."""
+        from mlflow.entities import RunTag
+
+        tags, run_id = run.data.tags, run.info.run_id
+        was = run.info.status
+        if was == "RUNNING":  # the old writer is gone or this is a second writer; say which
+            pid = tags.get(PID_TAG, "")
+            alive = (
+                pid.isdigit()
+                and tags.get(HOST_TAG) == socket.gethostname()
+                and process_alive(int(pid), tags.get(PID_START_TAG) or None)
+            )
+            was = "RUNNING (another process is still writing it)" if alive else "KILLED"  # fmt: skip
+        n = int(tags.get(RESUMED_TAG, "0") or 0) + 1
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+        note = tags.get(NOTE_TAG, "")
+        line = f"Resumed at {when} UTC (resume {n}; the run was {was})."
+        new = {
+            RESUMED_TAG: str(n),
+            "memsteer.resumed_from": was,
+            NOTE_TAG: (note + "\n\n" + line).strip(),
+        }
+        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in (new | _writer_tags()).items()])
+        client.update_run(run_id, status="RUNNING")
 
     def end_run(self, run_id: str | None, status: str = "FINISHED") -> None:
         if run_id:
@@ -362,5 +524,5 @@ class Tracker:
         return bool(self._call("enabling mlflow.dspy.autolog", go))
 
     def ui_command(self) -> str:
-        """How to open these runs."""
+        """How to open these runs (then go to :meth:`ui_url`)."""
         return f"mlflow ui --backend-store-uri {self.uri}"

@@ -4,13 +4,26 @@ artifacts/tables, and a failing store that warns once and lets the run go on."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import threading
 import warnings
 
 import pytest
 
 from memsteer_dspy.errors import ConfigError
-from memsteer_dspy.tracking import Tracker, TrackingWarning, flatten, resolve_tracking_uri
+from memsteer_dspy.tracking import (
+    ENDED_TAG,
+    EXPERIMENT_KIND_TAG,
+    HOST_TAG,
+    NOTE_TAG,
+    PID_TAG,
+    RESUMED_TAG,
+    Tracker,
+    TrackingWarning,
+    flatten,
+    resolve_tracking_uri,
+)
 
 
 def test_tracking_uri_default_flag_and_environment(tmp_path):
@@ -147,3 +160,86 @@ def test_disabled_tracker_logs_nothing(tmp_path):
     assert t.start_run("x") is None and not t.active
     t.log_metrics("x", {"m": 1.0})
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_experiments_open_on_their_runs_table(tmp_path):
+    """MLflow 3 opens an experiment tagged custom_model_development on its runs, not the GenAI
+    overview; an experiment made before memsteer set the tag gets it when next opened."""
+    from mlflow import MlflowClient
+
+    t = Tracker.for_history(tmp_path, "kind", "f1")
+    assert t.connect(), t.failure
+    client = MlflowClient(tracking_uri=t.uri)
+    assert (
+        client.get_experiment(t.experiment_id).tags[EXPERIMENT_KIND_TAG]
+        == "custom_model_development"
+    )
+    old = client.create_experiment("memsteer/kind/f2")
+    assert EXPERIMENT_KIND_TAG not in client.get_experiment(old).tags
+    t2 = Tracker.for_history(tmp_path, "kind", "f2")
+    assert t2.connect() and t2.experiment_id == old
+    assert client.get_experiment(old).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+
+
+def test_a_run_whose_process_died_is_marked_killed_then_resumed(tmp_path):
+    from mlflow import MlflowClient
+    from tracked_run import dead_pid
+
+    t = Tracker.for_history(tmp_path, "killed", "f")
+    dead = t.start_run("optimize-killed")
+    child = t.start_run("iter-003", parent_run_id=dead)
+    live = t.start_run("optimize-live")  # this process: alive, left alone
+    t.log_metrics(dead, {"best_score": 0.5}, step=3)
+    client = MlflowClient(tracking_uri=t.uri)
+    tags = client.get_run(dead).data.tags
+    assert tags[PID_TAG] == str(os.getpid()) and tags[HOST_TAG] == socket.gethostname()
+    pid = dead_pid()
+    for rid in (dead, child):  # as if another process, since killed, had written them
+        client.set_tag(rid, PID_TAG, str(pid))
+    other_host = t.start_run("optimize-elsewhere")
+    client.set_tag(other_host, HOST_TAG, "another-host")
+    client.set_tag(other_host, PID_TAG, str(pid))
+
+    t2 = Tracker.for_history(tmp_path, "killed", "f")  # the next process to open the experiment
+    assert t2.connect()
+    for rid in (dead, child):
+        run = client.get_run(rid)
+        assert run.info.status == "KILLED", rid
+        assert f"process {pid}" in run.data.tags[ENDED_TAG] and "Killed:" in run.data.tags[NOTE_TAG]
+    assert (
+        client.get_run(dead).info.end_time
+        == client.get_metric_history(dead, "best_score")[0].timestamp
+    )
+    assert client.get_run(live).info.status == "RUNNING"  # its process (this one) runs
+    assert client.get_run(other_host).info.status == "RUNNING"  # cannot tell: left alone
+
+    assert t2.start_run("optimize-killed", resume_run_id=dead) == dead
+    run = client.get_run(dead)
+    assert run.info.status == "RUNNING" and run.data.tags[RESUMED_TAG] == "1"
+    assert run.data.tags["memsteer.resumed_from"] == "KILLED"
+    assert "Resumed at" in run.data.tags[NOTE_TAG] and run.data.tags[PID_TAG] == str(os.getpid())
+    t2.end_run(dead, status="KILLED")
+    t2.start_run("optimize-killed", resume_run_id=dead)
+    assert client.get_run(dead).data.tags[RESUMED_TAG] == "2"
+
+
+def test_tracker_for_an_existing_run_adds_to_it(tracker, tmp_path):
+    from mlflow import MlflowClient
+
+    rid = tracker.start_run("optimize-for-run")
+    tracker.end_run(rid)
+    (tmp_path / "report.html").write_text("<html></html>")
+    t = Tracker.for_run(tracker.uri, rid)
+    assert (
+        t.connect()
+        and t.experiment_id == tracker.experiment_id
+        and t.experiment == tracker.experiment
+    )
+    t.log_artifact(rid, tmp_path / "report.html", "report")
+    assert [
+        a.path for a in MlflowClient(tracking_uri=tracker.uri).list_artifacts(rid, "report")
+    ] == ["report/report.html"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TrackingWarning)
+        missing = Tracker.for_run(tracker.uri, "0" * 32)
+        assert not missing.connect() and "0000" in missing.failure

@@ -10,6 +10,7 @@ from memsteer_dspy.cli.generate import assess, generate
 from memsteer_dspy.cli.ingest import ingest
 from memsteer_dspy.cli.lm import lm_app
 from memsteer_dspy.cli.optimize import optimize, tune_prompts
+from memsteer_dspy.cli.report import report
 
 app = typer.Typer(
     name="memsteer",
@@ -28,6 +29,7 @@ app.command()(assess)
 app.command()(evaluate)
 app.command()(optimize)
 app.command("tune-prompts")(tune_prompts)
+app.command()(report)
 app.add_typer(lm_app, name="lm")
 
 
