@@ -76,8 +76,10 @@ def sqlite_path(uri: str) -> Path | None:
 
 
 def experiment_name(user_id: str, fingerprint: str) -> str:
-    """One experiment per history: the user and the history's content fingerprint."""
-    return f"memsteer/{user_id}/{fingerprint}"
+    """One experiment per history: the user and the history's content fingerprint; or, when
+    ``MEMSTEER_MLFLOW_EXPERIMENT`` is set (``memsteer batch optimize`` sets it), that one experiment
+    for every user, whose parent runs are told apart by their ``memsteer.user`` tag."""
+    return os.environ.get("MEMSTEER_MLFLOW_EXPERIMENT") or f"memsteer/{user_id}/{fingerprint}"
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
