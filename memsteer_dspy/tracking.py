@@ -16,6 +16,8 @@ Open the runs with ``mlflow ui --backend-store-uri sqlite:///<out>/mlflow.db``.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -75,11 +77,27 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri.removeprefix("sqlite:///"))
 
 
+_SHARED_EXPERIMENT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "memsteer_shared_experiment", default=None
+)
+
+
+@contextlib.contextmanager
+def shared_experiment(name: str | None):
+    """Inside, every history's runs go to the one experiment ``name`` (``memsteer batch optimize``:
+    users side by side, told apart by the ``memsteer.user`` tag); per context, so parallel batches
+    in one process do not mix."""
+    token = _SHARED_EXPERIMENT.set(name)
+    try:
+        yield
+    finally:
+        _SHARED_EXPERIMENT.reset(token)
+
+
 def experiment_name(user_id: str, fingerprint: str) -> str:
-    """One experiment per history: the user and the history's content fingerprint; or, when
-    ``MEMSTEER_MLFLOW_EXPERIMENT`` is set (``memsteer batch optimize`` sets it), that one experiment
-    for every user, whose parent runs are told apart by their ``memsteer.user`` tag."""
-    return os.environ.get("MEMSTEER_MLFLOW_EXPERIMENT") or f"memsteer/{user_id}/{fingerprint}"
+    """One experiment per history: the user and the history's content fingerprint (or the
+    :func:`shared_experiment` in force)."""
+    return _SHARED_EXPERIMENT.get() or f"memsteer/{user_id}/{fingerprint}"
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:

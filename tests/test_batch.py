@@ -9,7 +9,7 @@ import json
 import threading
 
 import pytest
-from batch_fixtures import USERS, jsonl_rows, scripted_lm_config, write_users
+from batch_fixtures import USERS, item_keys, jsonl_rows, scripted_lm_config, write_users
 from typer.testing import CliRunner
 
 from memsteer_dspy.batch import (
@@ -67,8 +67,11 @@ def test_users_from_all_a_file_or_a_list(users_root, tmp_path):
     assert resolve_users("ben, ana", "jsonl", users_root) == ["ben", "ana"]
     with pytest.raises(InputError, match="cannot name a folder"):
         resolve_users("ana,../x", "jsonl", users_root)
+    with pytest.raises(InputError, match="one user's history"):
+        resolve_users("all", "jsonl", users_root / "ana")
+    (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="no user histories"):
-        resolve_users("all", "jsonl", tmp_path / "users" / "ana")
+        resolve_users("all", "jsonl", tmp_path / "empty")
     with pytest.raises(InputError, match="not supported"):
         resolve_users("all", "hf", users_root)
 
@@ -89,10 +92,8 @@ def test_batch_generate_writes_what_the_single_user_command_writes(scripted, use
     res = invoke(["generate", "--format", "jsonl", "--path", str(users_root / "ben"), "--user", "ben",
                   "--out", str(single), *GEN])  # fmt: skip
     assert res.exit_code == 0, res.output
-    for name in ("train.jsonl", "val.jsonl", "rejected.jsonl"):
-        ours = [(r["id"], r.get("question"), r.get("answer")) for r in jsonl_rows(out / "ben" / name)]
-        theirs = [(r["id"], r.get("question"), r.get("answer")) for r in jsonl_rows(single / name)]
-        assert ours == theirs, name
+    assert item_keys(out / "ben") == item_keys(single)
+    assert item_keys(out / "ben")["train.jsonl"]
     # the table and the pooled figures come from the users' own summaries
     per_user = {u: json.loads((out / u / "summary.json").read_text()) for u in USERS}
     assert summary["pooled"]["candidates"] == sum(s["candidates"] for s in per_user.values())
@@ -118,8 +119,13 @@ def test_rerun_skips_finished_users_and_reruns_changed_settings(scripted, users_
     tasks = build_tasks("generate", USERS, out, format="jsonl", path=users_root, extra=more)
     assert all(len(attempts(t)) == 2 for t in tasks)
     for u in USERS:  # resumed, never duplicated
-        ids = [r["id"] for name in ("train.jsonl", "val.jsonl", "rejected.jsonl") for r in jsonl_rows(out / u / name)]
+        ids = [k[0] for rows in item_keys(out / u).values() for k in rows]
         assert len(ids) == len(set(ids))
+    # another seed: each user's command refuses the folder; that is the batch's fault, not the users'
+    res = batch("generate", users_root, out, *GEN, "--seed", "2", "--json")
+    assert res.exit_code == 1
+    refused = json.loads(res.stdout[res.stdout.index("{") :])
+    assert refused["statuses"] == {"failed": 3} and "different settings" in refused["users"]["ana"]["error"]
 
 
 def test_a_users_bad_input_is_reported_without_failing_the_batch(scripted, users_root, tmp_path):
@@ -248,7 +254,7 @@ def test_max_concurrent_lm_bounds_calls_in_flight(monkeypatch, users_root, tmp_p
     summary = run_batch(tasks, executor, progress=False)
     assert summary["statuses"] == {"ok": 3}
     assert len(seen) >= 2  # calls came from several users' threads ...
-    assert executor.slots.peak == {"openai/scripted-demo": 1}  # ... never two at once
+    assert executor.slots.peak == {"scripted/demo": 1}  # ... never two at once
 
 
 def test_gate_releases_a_slot_when_the_call_fails():

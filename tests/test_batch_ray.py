@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from batch_fixtures import USERS, jsonl_rows, scripted_lm_config, write_users
+from batch_fixtures import USERS, item_keys, jsonl_rows, scripted_lm_config, write_users
 from typer.testing import CliRunner
 
 from memsteer_dspy.batch import CrossUserScorer, RayExecutor, UserSource, attempts, build_tasks, run_batch
@@ -70,12 +70,6 @@ def _batch(command, root, out, executor, *extra):
                                     "--out", str(out), "--executor", executor, *extra])  # fmt: skip
 
 
-def _items(folder: Path) -> dict[str, list[tuple]]:
-    return {name: [(r["id"], r.get("question"), r.get("answer"), r.get("stage"), r.get("reason"))
-                   for r in jsonl_rows(folder / name)]
-            for name in ("train.jsonl", "val.jsonl", "rejected.jsonl")}  # fmt: skip
-
-
 def test_killed_worker_mid_batch_user_is_rerun_and_results_equal_local(cluster, users_root, local_runs, tmp_path):
     out = tmp_path / "gen"
     tasks = build_tasks("generate", USERS, out, format="jsonl", path=users_root, extra=GEN)
@@ -104,7 +98,7 @@ def test_killed_worker_mid_batch_user_is_rerun_and_results_equal_local(cluster, 
     assert len(held) == 2 and held[0]["pid"] == pid and held[1]["pid"] != pid
     assert all(len(attempts(t)) == 1 for t in tasks if t.user != victim.user)
     for u in USERS:
-        ours, ref = _items(out / u), _items(local_runs / "gen" / u)
+        ours, ref = item_keys(out / u), item_keys(local_runs / "gen" / u)
         assert ours == ref, u  # nothing lost, nothing duplicated, same items as the local executor
         ids = [i[0] for rows in ours.values() for i in rows]
         assert len(ids) == len(set(ids))

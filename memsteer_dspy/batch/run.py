@@ -11,12 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from memsteer_dspy.batch.summary import collect, markdown
-from memsteer_dspy.batch.task import UserTask, finished
+from memsteer_dspy.batch.task import EXIT, USAGE, UserTask, cli_group, finished
 from memsteer_dspy.batch.users import BATCH_DIR, history_argv
 from memsteer_dspy.errors import ConfigError
 
 COMMANDS = ("ingest", "generate", "evaluate", "optimize")
-EXPERIMENT_ENV = "MEMSTEER_MLFLOW_EXPERIMENT"
 
 
 def build_tasks(
@@ -29,7 +28,7 @@ def build_tasks(
     external: bool = True,
     on_error: str = "raise",
     extra: Sequence[str] = (),
-    env: Sequence[tuple[str, str]] = (),
+    experiment: str | None = None,
 ) -> list[UserTask]:
     """The single-user command line of every user: history options, ``--out <out>/<user>`` and
     ``extra`` (the command's own options; ``{user}`` in them becomes the user)."""
@@ -41,26 +40,21 @@ def build_tasks(
         argv = [command, *history_argv(format, path, user, external=external, on_error=on_error)]
         argv += ["--json"] if command == "ingest" else ["--out", str(out / user)]
         argv += [a.replace("{user}", user) for a in extra]
-        tasks.append(UserTask(command=command, user=user, argv=tuple(argv), out=str(out), env=tuple(env)))
+        tasks.append(UserTask(command=command, user=user, argv=tuple(argv), out=str(out), experiment=experiment))
     return tasks
 
 
 def check_command_line(task: UserTask) -> None:
     """Parse one user's command line without running it: a wrong option fails the batch before
     any user starts (it is the batch's fault, not a user's)."""
-    import click
-    import typer
-
-    from memsteer_dspy.cli import app
-
-    group = typer.main.get_command(app)
+    group = cli_group()
     try:
         with group.make_context("memsteer", list(task.argv), resilient_parsing=False) as ctx:
             sub = group.get_command(ctx, task.command)
             sub.make_context(task.command, list(task.argv[1:]), parent=ctx)
-    except click.exceptions.Exit:  # --help among the options
+    except EXIT:  # --help among the options
         raise ConfigError(f"the options given for `memsteer {task.command}` ask for help; run it alone") from None
-    except click.ClickException as exc:
+    except USAGE as exc:
         raise ConfigError(f"the options for `memsteer {task.command}` do not parse: {exc.format_message()}",
                           ) from None  # fmt: skip
 

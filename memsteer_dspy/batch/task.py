@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import hashlib
 import io
 import json
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from memsteer_dspy.batch.users import BATCH_DIR
+from memsteer_dspy.tracking import shared_experiment
 
 STATUSES = ("ok", "skipped", "bad_input", "failed")
 
@@ -43,8 +45,7 @@ class UserTask:
     user: str
     argv: tuple[str, ...]
     out: str  # the batch folder; the user's folder is out/user
-    # settings the command reads from the environment (the MLflow experiment); never a secret
-    env: tuple[tuple[str, str], ...] = ()
+    experiment: str | None = None  # the one MLflow experiment of a batch's optimize runs
 
     @property
     def user_dir(self) -> Path:
@@ -172,33 +173,55 @@ def attempts(task: UserTask) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
 
 
-def invoke_command(argv: list[str]) -> tuple[int, BaseException | None]:
-    """Run ``memsteer <argv>`` in this process: (exit status, the error behind a non-zero one)."""
-    import click
+@functools.lru_cache(maxsize=1)
+def cli_group():
+    """The ``memsteer`` click group (built once per process)."""
     import typer
 
     from memsteer_dspy.cli import app
 
-    command = typer.main.get_command(app)
+    return typer.main.get_command(app)
+
+
+def invoke_command(argv: list[str]) -> tuple[int, BaseException | None]:
+    """Run ``memsteer <argv>`` in this process: (exit status, the error behind a non-zero one)."""
+    command = cli_group()
     try:
         with command.make_context("memsteer", list(argv)) as ctx:
             command.invoke(ctx)
-    except click.exceptions.Exit as exc:
+    except EXIT as exc:
         # cli_errors turns the project's own errors into Exit(2) "from None": the error is its context
         return exc.exit_code, exc.__context__ if exc.exit_code else None
-    except click.ClickException as exc:
+    except USAGE as exc:
         return exc.exit_code, exc
     return 0, None
 
 
-def classify(code: int, error: BaseException | None) -> tuple[str, str | None]:
-    """(status, message) of a finished command."""
+def _cli_exceptions() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """(exit, usage error) classes of typer, which vendors its own click, and of click itself."""
+    import click
+    import typer
+
+    usage = {c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"} | {click.ClickException}
+    return (typer.Exit, click.exceptions.Exit), tuple(usage)
+
+
+EXIT, USAGE = _cli_exceptions()
+
+
+def classify(code: int, error: BaseException | None, out: str | Path | None = None) -> tuple[str, str | None]:
+    """(status, message) of a finished command. An ``InputError`` is the user's own bad input,
+    unless it is about the batch's output folder (a run there under other settings): that is the
+    batch's command line at fault, and fails."""
     from memsteer_dspy.errors import InputError
 
     if code == 0:
         return "ok", None
     if isinstance(error, InputError):
-        return "bad_input", str(error)
+        about_out = out is not None and error.file is not None and Path(error.file).resolve().is_relative_to(
+            Path(out).resolve()
+        )
+        return ("failed" if about_out else "bad_input"), str(error)
     if error is None:
         return "failed", f"exit status {code}"
     message = error.format_message() if hasattr(error, "format_message") else str(error)
@@ -223,19 +246,19 @@ def run_user(task: UserTask, callbacks: list[Any] | None = None) -> dict[str, An
     with open(task.batch_file("attempts.jsonl"), "a", encoding="utf-8") as f:
         f.write(json.dumps(start) + "\n")
     t0 = time.perf_counter()
-    os.environ.update(dict(task.env))
     captured = io.StringIO()
     with open(task.batch_file("log"), "a", encoding="utf-8") as log:
         log.write(f"=== attempt {attempt} pid {os.getpid()}: memsteer {' '.join(task.argv)}\n")
         log.flush()
         stdout = captured if task.command == "ingest" else log
-        with routed_output(stdout, log), dspy.context(callbacks=[*dspy.settings.callbacks, *(callbacks or [])]):
+        gate = dspy.context(callbacks=[*dspy.settings.callbacks, *(callbacks or [])])
+        with routed_output(stdout, log), gate, shared_experiment(task.experiment):
             try:
                 code, error = invoke_command(list(task.argv))
             except Exception as exc:  # a crash inside the command: this user fails, the batch goes on
                 traceback.print_exc(file=log)
                 code, error = 1, exc
-    status, message = classify(code, error)
+    status, message = classify(code, error, task.out)
     outcome = UserOutcome(user=task.user, status=status, exit_code=code, error=message, attempt=attempt,
                           seconds=round(time.perf_counter() - t0, 3), pid=os.getpid(), host=start["host"],
                           key=task.key)  # fmt: skip

@@ -37,6 +37,9 @@ def list_users(format: str, path: str | Path | None) -> list[str]:
         if not path.is_dir():
             raise InputError("--users all with --format jsonl needs a folder of users", file=path,
                              hint="one sub-folder per user holding records.jsonl (and qa.jsonl), or one <user>.jsonl file each")  # fmt: skip
+        if (path / "records.jsonl").exists():
+            raise InputError("this folder is one user's history, not a folder of users", file=path,
+                             hint="point --path at the folder above it, or pass --users with --format jsonl per user")  # fmt: skip
         users = [p.name for p in sorted(path.iterdir()) if p.is_dir() and (p / "records.jsonl").exists()]
         users += [p.stem for p in sorted(path.glob("*.jsonl")) if p.stem not in users]
         if not users:

@@ -31,21 +31,21 @@ def _run(ctx: typer.Context, command: str, *, users: str, out: Path, format: str
          ray_retries: int, ray_setup_hook: str | None, max_concurrent_lm: int | None, json_out: bool,
          tracking_uri: str | None = None, experiment: str | None = None) -> None:  # fmt: skip
     from memsteer_dspy.batch import build_tasks, make_executor, resolve_users, run_batch
-    from memsteer_dspy.batch.run import EXPERIMENT_ENV
 
     if format not in FORMATS:
         raise typer.BadParameter(f"choose one of {', '.join(FORMATS)}", param_hint="--format")
     if executor not in ("local", "ray"):
         raise typer.BadParameter("choose 'local' or 'ray'", param_hint="--executor")
     extra = list(ctx.args)
-    env: tuple = ()
-    if command == "optimize":
-        if "--no-tracking" not in extra:
-            extra += ["--tracking-uri", tracking_uri or f"sqlite:///{out.resolve() / 'mlflow.db'}"]
-        env = ((EXPERIMENT_ENV, experiment or f"memsteer-batch/{out.resolve().name}"),)
+    shared = None
+    if command == "optimize" and "--no-tracking" not in extra:
+        uri = tracking_uri or f"sqlite:///{out.resolve() / 'mlflow.db'}"
+        extra += ["--tracking-uri", uri]
+        shared = experiment or f"memsteer-batch/{out.resolve().name}"
+        _open_tracking(uri, shared, out)
     names = resolve_users(users, format, path)
     tasks = build_tasks(command, names, out, format=format, path=path, external=external, on_error=on_error,
-                        extra=extra, env=env)  # fmt: skip
+                        extra=extra, experiment=shared)  # fmt: skip
     ex = make_executor(executor, workers=workers, ray_address=ray_address, max_concurrent_lm=max_concurrent_lm,
                        retries=ray_retries, setup_hook=ray_setup_hook)  # fmt: skip
     typer.echo(f"batch {command}: {len(tasks)} user(s) -> {out} on {executor}", err=True)
@@ -60,6 +60,15 @@ def _run(ctx: typer.Context, command: str, *, users: str, out: Path, format: str
         typer.echo(f"wrote {out / 'batch_summary.json'} and {out / 'batch_summary.md'}; per-user logs in {out / '_batch'}")
     if summary["statuses"].get("failed"):
         raise typer.Exit(1)
+
+
+def _open_tracking(uri: str, experiment: str, out: Path) -> None:
+    """Create the store and the experiment once, before the users' runs open it in parallel."""
+    from memsteer_dspy.tracking import Tracker
+
+    out.mkdir(parents=True, exist_ok=True)
+    if not Tracker(uri, experiment).connect():
+        typer.echo(f"warning: MLflow tracking store {uri} could not be opened; users keep their local files", err=True)
 
 
 def _command(name: str, doc: str):
