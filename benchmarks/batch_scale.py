@@ -52,12 +52,10 @@ class FixedLatencyEngine:
         self._lock = threading.Lock()
 
     def complete(self, request):
-        system = request.system if isinstance(request.system, str) else "".join(p.text for p in request.system)
-        outputs = {"correct": False} if "`correct`" in system else {"answer": "unknown"}
-        if "[[ ## completed ## ]]" in system:
-            text = "".join(f"[[ ## {k} ## ]]\n{v}\n\n" for k, v in outputs.items()) + "[[ ## completed ## ]]"
-        else:
-            text = json.dumps(outputs)
+        # the answerer and judge run under DSPy's JSONAdapter: a JSON object of the output fields
+        text = request.messages[0].text if request.messages else ""
+        judge = "`correct`" in str(request.system) or "`correct`" in text
+        text = json.dumps({"correct": False} if judge else {"answer": "unknown"})
         time.sleep(self.latency)
         with self._lock:
             self.calls += 1
@@ -131,7 +129,9 @@ def main() -> None:
             assert code == 0, err
     direct = time.perf_counter() - t0
     t0 = time.perf_counter()
-    summary = run_batch(tasks_for(tmp / "users", users, tmp / "overhead"), LocalExecutor(1), progress=False)
+    summary = run_batch(
+        tasks_for(tmp / "users", users, tmp / "overhead"), LocalExecutor(1), progress=False
+    )
     batched = time.perf_counter() - t0
     assert summary["statuses"] == {"ok": args.users}, summary["statuses"]
     print(f"\ncommands back to back: {direct:.2f} s; as a batch on 1 worker: {batched:.2f} s; "
@@ -141,7 +141,9 @@ def main() -> None:
     rows = []
     for w in args.workers:
         t0 = time.perf_counter()
-        summary = run_batch(tasks_for(tmp / "users", users, tmp / f"w{w}"), LocalExecutor(w), progress=False)
+        summary = run_batch(
+            tasks_for(tmp / "users", users, tmp / f"w{w}"), LocalExecutor(w), progress=False
+        )
         wall = time.perf_counter() - t0
         assert summary["statuses"] == {"ok": args.users}, summary["statuses"]
         rows.append(("local", w, wall))
@@ -150,14 +152,18 @@ def main() -> None:
 
         import ray
 
-        path = os.pathsep.join([str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)])
+        path = os.pathsep.join(
+            [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+        )
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
                  runtime_env={"worker_process_setup_hook": "batch_scale.ray_worker_setup",
                               "env_vars": {"PYTHONPATH": path, "BATCH_SCALE_LATENCY": str(args.latency)}})  # fmt: skip
         from memsteer_dspy.batch import RayExecutor
 
         ex = RayExecutor()
-        run_batch(tasks_for(tmp / "users", users[:4], tmp / "ray-warm"), ex, progress=False)  # start the workers
+        run_batch(
+            tasks_for(tmp / "users", users[:4], tmp / "ray-warm"), ex, progress=False
+        )  # start the workers
         t0 = time.perf_counter()
         summary = run_batch(tasks_for(tmp / "users", users, tmp / "ray"), ex, progress=False)
         rows.append(("ray", 4, time.perf_counter() - t0))

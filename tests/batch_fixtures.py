@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -62,10 +63,29 @@ class BatchEngine(DemoEngine):
                 change = "retrieve.expand_neighbors=1"
             else:
                 retrieve["top_k"] = max(1, int(retrieve.get("top_k", 10)) - 2)
-                retrieve["pool"] = max(retrieve["top_k"], int(retrieve.get("pool", retrieve["top_k"])))
+                retrieve["pool"] = max(
+                    retrieve["top_k"], int(retrieve.get("pool", retrieve["top_k"]))
+                )
                 change = f"retrieve.top_k={retrieve['top_k']}"
             return "proposer", {"rationale": f"scripted: {change}", "design": design}
         return super().reply(system, user)
+
+    def question(self, user: str) -> dict:
+        """As the demo engine's, but naming words of the answer's own sentence, so no two
+        candidates share a question (the demo's hint is empty when every record is evidence, and
+        equal questions make the duplicate checks depend on the order candidates finish in)."""
+        from memory_fixtures import field_value
+        from test_demo import LABEL, WORD, _contains
+
+        answer = field_value(user, "answer")
+        texts = dict((label, text) for label, text in LABEL.findall(field_value(user, "records")))
+        fact_labels = re.findall(r"R\d+\.\d+", field_value(user, "facts"))
+        holder = next((t for t in texts.values() if _contains(t, answer)), "")
+        hint = [w for w in WORD.findall(holder) if not _contains(w, answer)][:4]
+        question = f"Which word did I note beside '{' '.join(hint)}'?"
+        sentences = [holder] + [texts[f] for f in fact_labels if f in texts and texts[f] != holder]
+        self.planned[question] = (answer, sentences)
+        return {"question": question}
 
 
 def scripted_lm_config(*_args, **_kwargs):

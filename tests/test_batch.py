@@ -125,7 +125,10 @@ def test_rerun_skips_finished_users_and_reruns_changed_settings(scripted, users_
     res = batch("generate", users_root, out, *GEN, "--seed", "2", "--json")
     assert res.exit_code == 1
     refused = json.loads(res.stdout[res.stdout.index("{") :])
-    assert refused["statuses"] == {"failed": 3} and "different settings" in refused["users"]["ana"]["error"]
+    assert (
+        refused["statuses"] == {"failed": 3}
+        and "different settings" in refused["users"]["ana"]["error"]
+    )
 
 
 def test_a_users_bad_input_is_reported_without_failing_the_batch(scripted, users_root, tmp_path):
@@ -136,7 +139,10 @@ def test_a_users_bad_input_is_reported_without_failing_the_batch(scripted, users
     summary = json.loads((out / "batch_summary.json").read_text())
     assert summary["users"]["ben"]["status"] == "bad_input"
     assert "records.jsonl:1" in summary["users"]["ben"]["error"]
-    assert summary["users"]["ana"]["status"] == "ok" and summary["statuses"] == {"ok": 2, "bad_input": 1}
+    assert summary["users"]["ana"]["status"] == "ok" and summary["statuses"] == {
+        "ok": 2,
+        "bad_input": 1,
+    }
     assert "ben** (bad_input)" in (out / "batch_summary.md").read_text()
     assert "records.jsonl:1" in (out / "_batch" / "ben.log").read_text()
 
@@ -184,7 +190,9 @@ def test_batch_evaluate_pools_over_items(users_root, tmp_path):
     for u in USERS:  # recompute each user's items directly
         loaded = load_history("jsonl", users_root / u, user=u)
         system = MemorySystem.from_design(MemoryDesign.base_bm25(), loaded.history)
-        report = evaluate_design(system, read_qa_jsonl(users_root / u / "qa.jsonl"), metrics="recall")
+        report = evaluate_design(
+            system, read_qa_jsonl(users_root / u / "qa.jsonl"), metrics="recall"
+        )
         assert summary["users"][u]["recall_at_10"] == report.summary.recall_at_10
         items += report.items
     pooled = summarize_items(items, "recall")
@@ -209,22 +217,31 @@ def test_batch_optimize_one_experiment_parent_run_per_user(scripted, users_root,
         assert summary["users"][u]["val_best"] == traj[-1]["best_score"]
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     exp = client.get_experiment_by_name("pop-1")
-    parents = client.search_runs([exp.experiment_id], filter_string="tags.`memsteer.kind` = 'optimize'")
+    parents = client.search_runs(
+        [exp.experiment_id], filter_string="tags.`memsteer.kind` = 'optimize'"
+    )
     assert sorted(r.data.tags["memsteer.user"] for r in parents) == sorted(USERS)
-    assert "no held-out test" in (out / "batch_summary.md").read_text() or "verdict" in summary["users"]["ana"].get("test", {})
+    assert "no held-out test" in (out / "batch_summary.md").read_text() or "verdict" in summary[
+        "users"
+    ]["ana"].get("test", {})
 
 
 def test_optimize_summary_reads_held_out_figures(tmp_path):
     from memsteer_dspy.batch.summary import collect, markdown
 
-    for user, n, init, best, verdict in (("a", 10, 0.4, 0.5, "better"), ("b", 30, 0.6, 0.6, "no difference")):
+    for user, n, init, best, verdict in (
+        ("a", 10, 0.4, 0.5, "better"),
+        ("b", 30, 0.6, 0.6, "no difference"),
+    ):
         (tmp_path / user).mkdir()
         (tmp_path / user / "summary.json").write_text(json.dumps({"test": {
             "n": n, "source": "official", "initial": {"recall_at_10": init}, "best": {"recall_at_10": best},
             "diff": {"recall_at_10": best - init}, "ci95": {"recall_at_10": [-0.05, 0.2]}, "verdict": verdict}}))  # fmt: skip
     s = collect("optimize", tmp_path, {"a": {"status": "ok"}, "b": {"status": "ok"}})
     assert s["pooled"]["test"]["n"] == 40
-    assert s["pooled"]["test"]["initial"]["recall_at_10"] == pytest.approx((10 * 0.4 + 30 * 0.6) / 40)
+    assert s["pooled"]["test"]["initial"]["recall_at_10"] == pytest.approx(
+        (10 * 0.4 + 30 * 0.6) / 40
+    )
     assert s["pooled"]["test"]["best"]["recall_at_10"] == pytest.approx((10 * 0.5 + 30 * 0.6) / 40)
     assert s["pooled"]["test"]["verdicts"] == {"better": 1, "no difference": 1}
     table = markdown(s)
@@ -250,7 +267,9 @@ def test_max_concurrent_lm_bounds_calls_in_flight(monkeypatch, users_root, tmp_p
         real_acquire(ep)
 
     executor.slots.acquire = acquire
-    tasks = build_tasks("generate", USERS, tmp_path / "gen", format="jsonl", path=users_root, extra=GEN)
+    tasks = build_tasks(
+        "generate", USERS, tmp_path / "gen", format="jsonl", path=users_root, extra=GEN
+    )
     summary = run_batch(tasks, executor, progress=False)
     assert summary["statuses"] == {"ok": 3}
     assert len(seen) >= 2  # calls came from several users' threads ...
@@ -270,15 +289,22 @@ def test_gate_releases_a_slot_when_the_call_fails():
     gate.on_lm_end("c1", None, exception=RuntimeError("boom"))
     gate.on_lm_start("c2", FakeLM(), {})  # would block forever if the slot had leaked
     gate.on_lm_end("c2", None)
-    assert slots.peak == {"openai/x@http://h:1": 1} and slots.in_flight == {"openai/x@http://h:1": 0}
+    assert slots.peak == {"openai/x@http://h:1": 1} and slots.in_flight == {
+        "openai/x@http://h:1": 0
+    }
 
 
 def test_cross_user_scorer_matches_per_user_evaluation_and_reuses_systems(users_root):
-    sources = {u: UserSource("jsonl", str(users_root / u), u, qa=str(users_root / u / "qa.jsonl")) for u in USERS}
+    sources = {
+        u: UserSource("jsonl", str(users_root / u), u, qa=str(users_root / u / "qa.jsonl"))
+        for u in USERS
+    }
     scorer = CrossUserScorer(sources, executor="local", shards=2)
     try:
         base = MemoryDesign.base_bm25()
-        other = base.model_copy(update={"retrieve": base.retrieve.model_copy(update={"top_k": 3, "pool": 3})})
+        other = base.model_copy(
+            update={"retrieve": base.retrieve.model_copy(update={"top_k": 3, "pool": 3})}
+        )
         scores = scorer.score(base)
         assert set(scores) == set(USERS)
         for u in USERS:

@@ -17,15 +17,29 @@ import pytest
 from batch_fixtures import USERS, item_keys, jsonl_rows, scripted_lm_config, write_users
 from typer.testing import CliRunner
 
-from memsteer_dspy.batch import CrossUserScorer, RayExecutor, UserSource, attempts, build_tasks, run_batch
+from memsteer_dspy.batch import (
+    CrossUserScorer,
+    RayExecutor,
+    UserSource,
+    attempts,
+    build_tasks,
+    run_batch,
+)
 from memsteer_dspy.cli import app
 from memsteer_dspy.memory import MemoryDesign
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'memsteer-dspy[ray]')")
 
 TESTS = Path(__file__).resolve().parent
-GEN = ["--n", "3", "--max-candidates", "4", "--profile", "small", "--seed", "1"]
-LATENCY = "0.15"  # seconds per scripted LM call under Ray: a user takes long enough to be killed mid-run
+# --batch-size 1: a candidate redone after the kill then sees exactly the accepted items
+# (de-duplication) it saw in the uninterrupted run; with staged batches of several candidates,
+# `generate` resumed mid-batch gives batch-mates other demos, so its items may differ. --max-demos 0:
+# the scripted questions share one template, which the copied-demo check rejects once demos exist.
+GEN = ["--n", "3", "--max-candidates", "5", "--profile", "small", "--seed", "1", "--batch-size", "1",
+       "--max-demos", "0"]  # fmt: skip
+LATENCY = (
+    "0.15"  # seconds per scripted LM call under Ray: a user takes long enough to be killed mid-run
+)
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +76,10 @@ def local_runs(users_root, tmp_path_factory):
         assert res.exit_code == 0, res.output
     finally:
         mp.undo()
+    for step in ("gen", "opt"):
+        assert json.loads((root / step / "batch_summary.json").read_text())["statuses"] == {
+            "ok": 3
+        }, step
     return root
 
 
@@ -70,12 +88,16 @@ def _batch(command, root, out, executor, *extra):
                                     "--out", str(out), "--executor", executor, *extra])  # fmt: skip
 
 
-def test_killed_worker_mid_batch_user_is_rerun_and_results_equal_local(cluster, users_root, local_runs, tmp_path):
+def test_killed_worker_mid_batch_user_is_rerun_and_results_equal_local(
+    cluster, users_root, local_runs, tmp_path
+):
     out = tmp_path / "gen"
     tasks = build_tasks("generate", USERS, out, format="jsonl", path=users_root, extra=GEN)
     executor = RayExecutor()
     result: dict = {}
-    runner = threading.Thread(target=lambda: result.update(summary=run_batch(tasks, executor, progress=False)))
+    runner = threading.Thread(
+        target=lambda: result.update(summary=run_batch(tasks, executor, progress=False))
+    )
     runner.start()
     # wait until some user's worker has written part of its folder, then kill that worker
     victim, pid = None, None
@@ -84,7 +106,11 @@ def test_killed_worker_mid_batch_user_is_rerun_and_results_equal_local(cluster, 
         for t in tasks:
             started = attempts(t)
             logs = list(t.user_dir.glob("*.jsonl")) if t.user_dir.exists() else []
-            if started and any(p.stat().st_size for p in logs) and not (out / "_batch" / f"{t.user}.done.json").exists():
+            if (
+                started
+                and any(p.stat().st_size for p in logs)
+                and not (out / "_batch" / f"{t.user}.done.json").exists()
+            ):
                 victim, pid = t, started[-1]["pid"]
                 break
         time.sleep(0.05)
@@ -102,7 +128,10 @@ def test_killed_worker_mid_batch_user_is_rerun_and_results_equal_local(cluster, 
         assert ours == ref, u  # nothing lost, nothing duplicated, same items as the local executor
         ids = [i[0] for rows in ours.values() for i in rows]
         assert len(ids) == len(set(ids))
-    assert summary["pooled"] == json.loads((local_runs / "gen" / "batch_summary.json").read_text())["pooled"]
+    assert (
+        summary["pooled"]
+        == json.loads((local_runs / "gen" / "batch_summary.json").read_text())["pooled"]
+    )
 
 
 def test_batch_optimize_on_ray_equals_local(cluster, users_root, local_runs, tmp_path):
@@ -110,11 +139,15 @@ def test_batch_optimize_on_ray_equals_local(cluster, users_root, local_runs, tmp
     res = _batch("optimize", users_root, out, "ray", "--supervision", str(local_runs / "gen" / "{user}"),
                  "--objective", "recall", "--iterations", "2", "--no-cache", "--max-concurrent-lm", "1")  # fmt: skip
     assert res.exit_code == 0, res.output
+    assert json.loads((out / "batch_summary.json").read_text())["statuses"] == {"ok": 3}
     for u in USERS:
         ours = json.loads((out / u / "best_design.json").read_text())
         ref = json.loads((local_runs / "opt" / u / "best_design.json").read_text())
         assert ours == ref, u
-        steps = [(e["iteration"], e["status"], e.get("best_key")) for e in jsonl_rows(out / u / "trajectory.jsonl")]
+        steps = [
+            (e["iteration"], e["status"], e.get("best_key"))
+            for e in jsonl_rows(out / u / "trajectory.jsonl")
+        ]
         ref_steps = [(e["iteration"], e["status"], e.get("best_key"))
                      for e in jsonl_rows(local_runs / "opt" / u / "trajectory.jsonl")]  # fmt: skip
         assert steps == ref_steps
@@ -122,12 +155,17 @@ def test_batch_optimize_on_ray_equals_local(cluster, users_root, local_runs, tmp
 
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     exp = client.get_experiment_by_name(f"memsteer-batch/{out.name}")
-    parents = client.search_runs([exp.experiment_id], filter_string="tags.`memsteer.kind` = 'optimize'")
+    parents = client.search_runs(
+        [exp.experiment_id], filter_string="tags.`memsteer.kind` = 'optimize'"
+    )
     assert sorted(r.data.tags["memsteer.user"] for r in parents) == sorted(USERS)
 
 
 def test_cross_user_scorer_on_ray_actors_equals_local(cluster, users_root):
-    sources = {u: UserSource("jsonl", str(users_root / u), u, qa=str(users_root / u / "qa.jsonl")) for u in USERS}
+    sources = {
+        u: UserSource("jsonl", str(users_root / u), u, qa=str(users_root / u / "qa.jsonl"))
+        for u in USERS
+    }
     base = MemoryDesign.base_bm25()
     local = CrossUserScorer(sources, executor="local", shards=2)
     remote = CrossUserScorer(sources, executor="ray", shards=2)
@@ -138,7 +176,9 @@ def test_cross_user_scorer_on_ray_actors_equals_local(cluster, users_root):
             u: [r.model_dump(exclude={"seconds"}) for r in v] for u, v in want.items()
         }
         remote.score(base, ["ben"])
-        assert sum(s["builds"] for s in remote.stats()) == 3  # each user's memory built once, in its actor
+        assert (
+            sum(s["builds"] for s in remote.stats()) == 3
+        )  # each user's memory built once, in its actor
     finally:
         local.close()
         remote.close()

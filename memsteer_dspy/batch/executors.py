@@ -43,7 +43,9 @@ class LocalExecutor:
 
     def run(self, tasks: Sequence[UserTask]) -> Iterator[dict[str, Any]]:
         callbacks = [LMGate(self.slots)] if self.slots else []
-        with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="memsteer-batch") as pool:
+        with ThreadPoolExecutor(
+            max_workers=self.workers, thread_name_prefix="memsteer-batch"
+        ) as pool:
             futures = {pool.submit(run_user, t, callbacks): t for t in tasks}
             for fut in as_completed(futures):
                 yield fut.result()

@@ -20,7 +20,11 @@ from dspy.utils.callback import BaseCallback
 def endpoint_of(lm: Any) -> str:
     kwargs = getattr(lm, "kwargs", None) or {}
     base = kwargs.get("api_base") or kwargs.get("base_url") or ""
-    return f"{getattr(lm, 'model', type(lm).__name__)}@{base}" if base else str(getattr(lm, "model", lm))
+    return (
+        f"{getattr(lm, 'model', type(lm).__name__)}@{base}"
+        if base
+        else str(getattr(lm, "model", lm))
+    )
 
 
 class LocalSlots:

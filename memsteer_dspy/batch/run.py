@@ -40,7 +40,11 @@ def build_tasks(
         argv = [command, *history_argv(format, path, user, external=external, on_error=on_error)]
         argv += ["--json"] if command == "ingest" else ["--out", str(out / user)]
         argv += [a.replace("{user}", user) for a in extra]
-        tasks.append(UserTask(command=command, user=user, argv=tuple(argv), out=str(out), experiment=experiment))
+        tasks.append(
+            UserTask(
+                command=command, user=user, argv=tuple(argv), out=str(out), experiment=experiment
+            )
+        )
     return tasks
 
 
@@ -53,7 +57,9 @@ def check_command_line(task: UserTask) -> None:
             sub = group.get_command(ctx, task.command)
             sub.make_context(task.command, list(task.argv[1:]), parent=ctx)
     except EXIT:  # --help among the options
-        raise ConfigError(f"the options given for `memsteer {task.command}` ask for help; run it alone") from None
+        raise ConfigError(
+            f"the options given for `memsteer {task.command}` ask for help; run it alone"
+        ) from None
     except USAGE as exc:
         raise ConfigError(f"the options for `memsteer {task.command}` do not parse: {exc.format_message()}",
                           ) from None  # fmt: skip
@@ -101,7 +107,9 @@ def run_batch(tasks: Sequence[UserTask], executor: Any, *, progress: bool = True
             log.write(json.dumps(outcome) + "\n")
             log.flush()
             if bar is not None:
-                bar.update(bar_task, advance=1, description=f"{outcome['user']}: {outcome['status']}")
+                bar.update(
+                    bar_task, advance=1, description=f"{outcome['user']}: {outcome['status']}"
+                )
     finally:
         if bar is not None:
             bar.stop()
@@ -110,6 +118,8 @@ def run_batch(tasks: Sequence[UserTask], executor: Any, *, progress: bool = True
     summary = collect(command, out, ordered)
     summary["executor"] = getattr(executor, "name", type(executor).__name__)
     summary["wall_seconds"] = round(time.perf_counter() - t0, 3)
-    _write_atomic(out / "batch_summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    _write_atomic(
+        out / "batch_summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
+    )
     _write_atomic(out / "batch_summary.md", markdown(summary))
     return summary

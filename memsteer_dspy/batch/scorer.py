@@ -42,7 +42,12 @@ class UserShard:
         from memsteer_dspy.evaluation import read_qa_jsonl
         from memsteer_dspy.loaders import load_history
 
-        self.metrics, self.cache_dir, self.threads, self.keep = metrics, cache_dir, threads, keep_designs
+        self.metrics, self.cache_dir, self.threads, self.keep = (
+            metrics,
+            cache_dir,
+            threads,
+            keep_designs,
+        )
         self.histories, self.items, self.protocols = {}, {}, {}
         for name, s in sources.items():
             loaded = load_history(s.format, s.path, user=s.user, external=s.external)
@@ -68,7 +73,11 @@ class UserShard:
 
         key = (design.key(), user)
         if key not in self._systems:
-            lms = {"answerer": self._lm("answerer")} if design.lm_uses(answering=self.metrics == "all") else {}
+            lms = (
+                {"answerer": self._lm("answerer")}
+                if design.lm_uses(answering=self.metrics == "all")
+                else {}
+            )
             self._systems[key] = MemorySystem.from_design(design, self.histories[user], cache_dir=self.cache_dir,
                                                           lms=lms, threads=self.threads)  # fmt: skip
             self.builds += 1
@@ -78,7 +87,9 @@ class UserShard:
                     del self._systems[k]
         return self._systems[key]
 
-    def score(self, design_json: str, users: Sequence[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+    def score(
+        self, design_json: str, users: Sequence[str] | None = None
+    ) -> dict[str, list[dict[str, Any]]]:
         from memsteer_dspy.evaluation import evaluate_design
         from memsteer_dspy.memory import MemoryDesign
 
@@ -114,7 +125,12 @@ class CrossUserScorer:
 
             ray = require_ray()
             if not ray.is_initialized():
-                ray.init(address=ray_address, log_to_driver=False, namespace="memsteer", configure_logging=False)
+                ray.init(
+                    address=ray_address,
+                    log_to_driver=False,
+                    namespace="memsteer",
+                    configure_logging=False,
+                )
             actor = ray.remote(UserShard).options(num_cpus=1)
             self.shards = [actor.remote({u: sources[u] for u in g}, **kwargs) for g in groups]
         elif executor == "local":
@@ -138,7 +154,9 @@ class CrossUserScorer:
 
             parts = ray.get([self.shards[i].score.remote(text, us) for i, us in by_shard.items()])
         else:
-            parts = list(self._pool.map(lambda kv: self.shards[kv[0]].score(text, kv[1]), by_shard.items()))
+            parts = list(
+                self._pool.map(lambda kv: self.shards[kv[0]].score(text, kv[1]), by_shard.items())
+            )
         merged = {u: rows for part in parts for u, rows in part.items()}
         return {u: [ItemResult.model_validate(r) for r in merged[u]] for u in wanted}
 

@@ -76,7 +76,9 @@ def generate_figures(folder: Path) -> dict[str, Any] | None:
 def generate_pooled(rows: list[dict[str, Any]]) -> dict[str, Any]:
     keys = ("candidates", "accepted", "train", "val", "lm_calls", "tokens")
     out: dict[str, Any] = {k: sum(r.get(k) or 0 for r in rows) for k in keys}
-    out["kept_fraction"] = round(out["accepted"] / out["candidates"], 4) if out["candidates"] else None
+    out["kept_fraction"] = (
+        round(out["accepted"] / out["candidates"], 4) if out["candidates"] else None
+    )
     return out
 
 
@@ -112,18 +114,29 @@ def optimize_figures(folder: Path) -> dict[str, Any] | None:
     }  # fmt: skip
     test = summary.get("test")
     if isinstance(test, dict):
-        out["test"] = {k: test.get(k) for k in ("n", "source", "initial", "best", "diff", "ci95", "verdict")}
+        out["test"] = {
+            k: test.get(k) for k in ("n", "source", "initial", "best", "diff", "ci95", "verdict")
+        }
     return out
 
 
 def optimize_pooled(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    cost = {k: sum((r.get("cost") or {}).get(k) or 0 for r in rows) for k in ("calls", "total_tokens", "seconds")}
+    cost = {
+        k: sum((r.get("cost") or {}).get(k) or 0 for r in rows)
+        for k in ("calls", "total_tokens", "seconds")
+    }
     out: dict[str, Any] = {"users": len(rows), "cost": cost}
     tests = [r["test"] for r in rows if isinstance(r.get("test"), dict) and r["test"].get("n")]
     if tests:
         names = sorted({m for t in tests for m in (t.get("initial") or {})})
-        initial = {m: _weighted([{"v": (t.get("initial") or {}).get(m), "n": t["n"]} for t in tests], "v") for m in names}
-        best = {m: _weighted([{"v": (t.get("best") or {}).get(m), "n": t["n"]} for t in tests], "v") for m in names}
+        initial = {
+            m: _weighted([{"v": (t.get("initial") or {}).get(m), "n": t["n"]} for t in tests], "v")
+            for m in names
+        }
+        best = {
+            m: _weighted([{"v": (t.get("best") or {}).get(m), "n": t["n"]} for t in tests], "v")
+            for m in names
+        }
         verdicts: dict[str, int] = {}
         for t in tests:
             verdicts[str(t.get("verdict"))] = verdicts.get(str(t.get("verdict")), 0) + 1
@@ -153,7 +166,11 @@ def collect(command: str, out: Path, outcomes: dict[str, dict[str, Any]]) -> dic
     if command == "evaluate":
         pooled = evaluate_pooled(ok_folders) if ok_folders else {}
     else:
-        pooled = {"ingest": ingest_pooled, "generate": generate_pooled, "optimize": optimize_pooled}[command](ok_rows)
+        pooled = {
+            "ingest": ingest_pooled,
+            "generate": generate_pooled,
+            "optimize": optimize_pooled,
+        }[command](ok_rows)
     counts: dict[str, int] = {}
     for o in outcomes.values():
         counts[o["status"]] = counts.get(o["status"], 0) + 1
@@ -183,21 +200,39 @@ def markdown(summary: dict[str, Any]) -> str:
              "statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items())), ""]  # fmt: skip
     if cmd == "ingest":
         head = ["user", "status", "records", "spans", "QA items", "evidence resolved %"]
+
         def cells(r):  # noqa: E306
-            return [r.get("records", "–"), r.get("spans", "–"), r.get("qa_items", "–"), _pct(r.get("evidence_resolved_fraction"))]
+            return [
+                r.get("records", "–"),
+                r.get("spans", "–"),
+                r.get("qa_items", "–"),
+                _pct(r.get("evidence_resolved_fraction")),
+            ]
     elif cmd == "generate":
-        head = ["user", "status", "candidates", "accepted", "kept %", "train/val", "LM calls", "tokens"]
+        head = [
+            "user",
+            "status",
+            "candidates",
+            "accepted",
+            "kept %",
+            "train/val",
+            "LM calls",
+            "tokens",
+        ]
+
         def cells(r):  # noqa: E306
             return [r.get("candidates", "–"), r.get("accepted", "–"), _pct(r.get("kept_fraction")),
                     f"{r.get('train', '–')}/{r.get('val', '–')}", r.get("lm_calls", "–"), r.get("tokens", "–")]  # fmt: skip
     elif cmd == "evaluate":
         head = ["user", "status", "n", "acc %", "QS %", "R@10 %", "delivered %", "errors"]
+
         def cells(r):  # noqa: E306
             return [r.get("n", "–"), _pct(r.get("accuracy")), _pct(r.get("qs")), _pct(r.get("recall_at_10")),
                     _pct(r.get("delivered_recall")), r.get("errors", "–")]  # fmt: skip
     else:
         head = ["user", "status", "val R@10 base → best", "held-out n", "held-out R@10 base → best",
                 "diff (95% CI)", "verdict", "LM calls", "tokens"]  # fmt: skip
+
         def cells(r):  # noqa: E306
             test = r.get("test") or {}
             ci = test.get("ci95")
@@ -213,15 +248,20 @@ def markdown(summary: dict[str, Any]) -> str:
             return [f"{_pct(_metric(r.get('val_initial'), 'recall_at_10'))} → {_pct(_metric(r.get('val_best'), 'recall_at_10'))}",
                     test.get("n", "–"), held, diff_txt, test.get("verdict", "–"), cost.get("calls", "–"),
                     cost.get("total_tokens", "–")]  # fmt: skip
+
     lines += [_row(head), _row(["---"] * len(head))]
     for user, r in users.items():
-        shown = cells(r) if r["status"] in ("ok", "skipped") and len(r) > 1 else ["–"] * (len(head) - 2)
+        shown = (
+            cells(r) if r["status"] in ("ok", "skipped") and len(r) > 1 else ["–"] * (len(head) - 2)
+        )
         lines.append(_row([user, r["status"], *shown]))
     if cmd == "optimize":
         test = pooled.get("test") or {}
         held = (f"{_pct(_metric(test.get('initial'), 'recall_at_10'))} → {_pct(_metric(test.get('best'), 'recall_at_10'))}"
                 if test else "–")  # fmt: skip
-        verdicts = ", ".join(f"{k} {v}" for k, v in sorted((test.get("verdicts") or {}).items())) or "–"
+        verdicts = (
+            ", ".join(f"{k} {v}" for k, v in sorted((test.get("verdicts") or {}).items())) or "–"
+        )
         cost = pooled.get("cost") or {}
         lines.append(_row(["**pooled**", f"{pooled.get('users', 0)} users", "", test.get("n", "–"), held, "",
                            verdicts, cost.get("calls", "–"), cost.get("total_tokens", "–")]))  # fmt: skip

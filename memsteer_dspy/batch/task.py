@@ -202,14 +202,18 @@ def _cli_exceptions() -> tuple[tuple[type, ...], tuple[type, ...]]:
     import click
     import typer
 
-    usage = {c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"} | {click.ClickException}
+    usage = {c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"} | {
+        click.ClickException
+    }
     return (typer.Exit, click.exceptions.Exit), tuple(usage)
 
 
 EXIT, USAGE = _cli_exceptions()
 
 
-def classify(code: int, error: BaseException | None, out: str | Path | None = None) -> tuple[str, str | None]:
+def classify(
+    code: int, error: BaseException | None, out: str | Path | None = None
+) -> tuple[str, str | None]:
     """(status, message) of a finished command. An ``InputError`` is the user's own bad input,
     unless it is about the batch's output folder (a run there under other settings): that is the
     batch's command line at fault, and fails."""
@@ -218,8 +222,10 @@ def classify(code: int, error: BaseException | None, out: str | Path | None = No
     if code == 0:
         return "ok", None
     if isinstance(error, InputError):
-        about_out = out is not None and error.file is not None and Path(error.file).resolve().is_relative_to(
-            Path(out).resolve()
+        about_out = (
+            out is not None
+            and error.file is not None
+            and Path(error.file).resolve().is_relative_to(Path(out).resolve())
         )
         return ("failed" if about_out else "bad_input"), str(error)
     if error is None:
@@ -255,7 +261,9 @@ def run_user(task: UserTask, callbacks: list[Any] | None = None) -> dict[str, An
         with routed_output(stdout, log), gate, shared_experiment(task.experiment):
             try:
                 code, error = invoke_command(list(task.argv))
-            except Exception as exc:  # a crash inside the command: this user fails, the batch goes on
+            except (
+                Exception
+            ) as exc:  # a crash inside the command: this user fails, the batch goes on
                 traceback.print_exc(file=log)
                 code, error = 1, exc
     status, message = classify(code, error, task.out)
@@ -266,6 +274,8 @@ def run_user(task: UserTask, callbacks: list[Any] | None = None) -> dict[str, An
         if task.command == "ingest":
             text = captured.getvalue()
             task.user_dir.mkdir(parents=True, exist_ok=True)
-            _write_atomic(task.user_dir / "ingest.json", text[text.index("{"):] if "{" in text else text)
+            _write_atomic(
+                task.user_dir / "ingest.json", text[text.index("{") :] if "{" in text else text
+            )
         _write_atomic(task.batch_file("done.json"), json.dumps(outcome.as_dict(), indent=2) + "\n")
     return outcome.as_dict()

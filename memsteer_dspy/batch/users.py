@@ -40,7 +40,9 @@ def list_users(format: str, path: str | Path | None) -> list[str]:
         if (path / "records.jsonl").exists():
             raise InputError("this folder is one user's history, not a folder of users", file=path,
                              hint="point --path at the folder above it, or pass --users with --format jsonl per user")  # fmt: skip
-        users = [p.name for p in sorted(path.iterdir()) if p.is_dir() and (p / "records.jsonl").exists()]
+        users = [
+            p.name for p in sorted(path.iterdir()) if p.is_dir() and (p / "records.jsonl").exists()
+        ]
         users += [p.stem for p in sorted(path.glob("*.jsonl")) if p.stem not in users]
         if not users:
             raise InputError("no user histories in this folder", file=path,
@@ -73,7 +75,12 @@ def resolve_users(spec: str, format: str, path: str | Path | None) -> list[str]:
 
 
 def history_argv(
-    format: str, path: str | Path | None, user: str, *, external: bool = True, on_error: str = "raise"
+    format: str,
+    path: str | Path | None,
+    user: str,
+    *,
+    external: bool = True,
+    on_error: str = "raise",
 ) -> list[str]:
     """The history options of the single-user command for ``user``."""
     argv = ["--format", format, "--user", user, "--on-error", on_error]

@@ -57,7 +57,9 @@ def _run(ctx: typer.Context, command: str, *, users: str, out: Path, format: str
         echo_json(summary)
     else:
         typer.echo((out / "batch_summary.md").read_text(encoding="utf-8"))
-        typer.echo(f"wrote {out / 'batch_summary.json'} and {out / 'batch_summary.md'}; per-user logs in {out / '_batch'}")
+        typer.echo(
+            f"wrote {out / 'batch_summary.json'} and {out / 'batch_summary.md'}; per-user logs in {out / '_batch'}"
+        )
     if summary["statuses"].get("failed"):
         raise typer.Exit(1)
 
@@ -68,7 +70,10 @@ def _open_tracking(uri: str, experiment: str, out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     if not Tracker(uri, experiment).connect():
-        typer.echo(f"warning: MLflow tracking store {uri} could not be opened; users keep their local files", err=True)
+        typer.echo(
+            f"warning: MLflow tracking store {uri} could not be opened; users keep their local files",
+            err=True,
+        )
 
 
 def _command(name: str, doc: str):
@@ -91,7 +96,9 @@ def _command(name: str, doc: str):
         experiment: Annotated[str | None, typer.Option("--experiment", help="optimize: the one MLflow experiment of every user's parent run (default memsteer-batch/<OUT name>).")] = None,
     ) -> None:  # fmt: skip
         if name != "optimize" and (tracking_uri or experiment):
-            raise typer.BadParameter("only for batch optimize", param_hint="--tracking-uri/--experiment")
+            raise typer.BadParameter(
+                "only for batch optimize", param_hint="--tracking-uri/--experiment"
+            )
         _run(ctx, name, users=users, out=out, format=format, path=path, external=external, on_error=on_error,
              executor=executor, workers=workers, ray_address=ray_address, ray_retries=ray_retries,
              ray_setup_hook=ray_setup_hook, max_concurrent_lm=max_concurrent_lm, json_out=json_out,
@@ -102,7 +109,22 @@ def _command(name: str, doc: str):
     return cli_errors(command)
 
 
-batch_app.command("ingest", context_settings=_EXTRA)(_command("ingest", "`memsteer ingest --json` per user (OUT/<user>/ingest.json); pooled counts."))
-batch_app.command("generate", context_settings=_EXTRA)(_command("generate", "`memsteer generate` per user; kept fraction and cost per user and pooled."))
-batch_app.command("evaluate", context_settings=_EXTRA)(_command("evaluate", "`memsteer evaluate` per user; metrics per user and pooled over all items."))
-batch_app.command("optimize", context_settings=_EXTRA)(_command("optimize", "`memsteer optimize` per user, every parent run in one MLflow experiment tagged with its user; validation and held-out figures per user and pooled."))
+batch_app.command("ingest", context_settings=_EXTRA)(
+    _command("ingest", "`memsteer ingest --json` per user (OUT/<user>/ingest.json); pooled counts.")
+)
+batch_app.command("generate", context_settings=_EXTRA)(
+    _command(
+        "generate", "`memsteer generate` per user; kept fraction and cost per user and pooled."
+    )
+)
+batch_app.command("evaluate", context_settings=_EXTRA)(
+    _command(
+        "evaluate", "`memsteer evaluate` per user; metrics per user and pooled over all items."
+    )
+)
+batch_app.command("optimize", context_settings=_EXTRA)(
+    _command(
+        "optimize",
+        "`memsteer optimize` per user, every parent run in one MLflow experiment tagged with its user; validation and held-out figures per user and pooled.",
+    )
+)
