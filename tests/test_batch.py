@@ -180,9 +180,22 @@ def test_options_that_do_not_parse_stop_the_batch_before_any_user(scripted, user
 # ---------------------------------------------------------------------------------------------
 
 
+def test_batch_ingest_reports_each_user_and_the_pooled_counts(users_root, tmp_path):
+    out = tmp_path / "ingest"
+    res = batch("ingest", users_root, out, users="cleo,ana")
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "batch_summary.json").read_text())
+    assert list(summary["users"]) == ["cleo", "ana"]
+    for u in ("cleo", "ana"):
+        report = load_history("jsonl", users_root / u, user=u).report()
+        assert json.loads((out / u / "ingest.json").read_text())["records"] == report["records"]
+        assert summary["users"][u]["records"] == report["records"]
+    assert summary["pooled"]["records"] == sum(summary["users"][u]["records"] for u in ("cleo", "ana"))
+
+
 def test_batch_evaluate_pools_over_items(users_root, tmp_path):
     out = tmp_path / "eval"
-    res = batch("evaluate", users_root, out, "--metrics", "recall", "--qa", str(users_root / "{user}" / "qa.jsonl"),
+    res = batch("evaluate", users_root, out, "--", "--metrics", "recall", "--qa", str(users_root / "{user}" / "qa.jsonl"),
                 "--no-cache")  # fmt: skip
     assert res.exit_code == 0, res.output
     summary = json.loads((out / "batch_summary.json").read_text())
