@@ -7,6 +7,8 @@ endpoint is the LM's model string plus its ``api_base``: two roles on one server
 * :class:`LocalSlots` — semaphores in this process (the local executor's threads).
 * :class:`RaySlots` — one named Ray actor holding an asyncio semaphore per endpoint, shared by
   every worker of the batch on every node; the gate carries only the actor's name, never a key.
+  A worker killed while it holds a slot does not give it back: the batch then runs with one slot
+  fewer until it ends (the actor belongs to one batch).
 """
 
 from __future__ import annotations
