@@ -190,7 +190,9 @@ def test_batch_ingest_reports_each_user_and_the_pooled_counts(users_root, tmp_pa
         report = load_history("jsonl", users_root / u, user=u).report()
         assert json.loads((out / u / "ingest.json").read_text())["records"] == report["records"]
         assert summary["users"][u]["records"] == report["records"]
-    assert summary["pooled"]["records"] == sum(summary["users"][u]["records"] for u in ("cleo", "ana"))
+    assert summary["pooled"]["records"] == sum(
+        summary["users"][u]["records"] for u in ("cleo", "ana")
+    )
 
 
 def test_batch_evaluate_pools_over_items(users_root, tmp_path):
