@@ -22,6 +22,8 @@ for these runs), and each run records the process that writes it (``memsteer.pid
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -100,9 +102,27 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri.removeprefix("sqlite:///"))
 
 
+_SHARED_EXPERIMENT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "memsteer_shared_experiment", default=None
+)
+
+
+@contextlib.contextmanager
+def shared_experiment(name: str | None):
+    """Inside, every history's runs go to the one experiment ``name`` (``memsteer batch optimize``:
+    users side by side, told apart by the ``memsteer.user`` tag); per context, so parallel batches
+    in one process do not mix."""
+    token = _SHARED_EXPERIMENT.set(name)
+    try:
+        yield
+    finally:
+        _SHARED_EXPERIMENT.reset(token)
+
+
 def experiment_name(user_id: str, fingerprint: str) -> str:
-    """One experiment per history: the user and the history's content fingerprint."""
-    return f"memsteer/{user_id}/{fingerprint}"
+    """One experiment per history: the user and the history's content fingerprint (or the
+    :func:`shared_experiment` in force)."""
+    return _SHARED_EXPERIMENT.get() or f"memsteer/{user_id}/{fingerprint}"
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from memsteer_dspy.cli.batch import batch_app
 from memsteer_dspy.cli.demo import demo
 from memsteer_dspy.cli.evaluate import evaluate
 from memsteer_dspy.cli.generate import assess, generate
@@ -31,6 +32,7 @@ app.command()(optimize)
 app.command("tune-prompts")(tune_prompts)
 app.command()(report)
 app.add_typer(lm_app, name="lm")
+app.add_typer(batch_app, name="batch")
 
 
 def main() -> None:  # pragma: no cover - console entry point
