@@ -11,6 +11,7 @@ and dollar cost is booked where LiteLLM's price map knows the model. The real se
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import dspy
 import pytest
@@ -307,3 +308,79 @@ def test_the_key_goes_to_the_server_and_nowhere_else():
     assert KEY not in json.dumps(lm.dump_state(), default=str)
     assert KEY not in json.dumps(lm.history, default=str)
     assert all(KEY not in json.dumps(r) for r in server.requests)  # not in the body or metadata
+
+
+# ---------------------------------------------------------------------------------------------
+# the commands on a server: concurrency, exact books, failures that stay with their item
+# ---------------------------------------------------------------------------------------------
+
+DEMO = Path(__file__).resolve().parent.parent / "memsteer_dspy" / "data" / "demo"
+
+
+def server_config(server: FakeOpenAIServer, tmp_path: Path, **options) -> Path:
+    lines = [
+        "[lm]",
+        f'default = "openai/{server.alias}"',
+        f'[lm.options."openai/{server.alias}"]',
+        f'api_base = "{server.api_base}"',
+    ]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in options.items()]
+    path = tmp_path / "server.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_cli(*args: str) -> dict:
+    from typer.testing import CliRunner
+
+    from memsteer_dspy.cli import app
+
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    assert KEY not in result.output
+    return json.loads(result.stdout[result.stdout.index("{") :])
+
+
+def test_evaluate_with_threads_overlaps_requests_and_keeps_exact_books(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with FakeOpenAIServer(alias="m", delay=0.2) as server:
+        toml = server_config(server, tmp_path, num_retries=0)
+        out = tmp_path / "eval"
+        report = run_cli("evaluate", "--format", "jsonl", "--path", str(DEMO), "--limit", "6",
+                         "--threads", "4", "--out", str(out), "--config", str(toml), "--no-cache")  # fmt: skip
+    items = [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
+    assert (
+        sorted(i["qa_id"] for i in items) == sorted({i["qa_id"] for i in items}) and len(items) == 6
+    )
+    assert all(i["error"] is None for i in items)
+    usage = report["lm_usage"]
+    assert usage["answerer"]["calls"] == 6
+    assert sum(u["calls"] for u in usage.values()) == len(server.requests)
+    assert sum(u["prompt_tokens"] for u in usage.values()) == 20 * len(server.requests)
+    assert server.max_in_flight > 1  # requests ran at the same time
+    assert KEY not in "".join(p.read_text() for p in out.rglob("*.json*"))
+
+
+@pytest.mark.parametrize("failure", ["http500", "truncated"])
+def test_a_failing_server_fails_items_never_the_run(tmp_path, monkeypatch, failure):
+    monkeypatch.chdir(tmp_path)
+    with FakeOpenAIServer(alias="m", failures=dict.fromkeys(range(1, 500), failure)) as server:
+        toml = server_config(server, tmp_path, num_retries=1, timeout=0.5)
+        gen = tmp_path / "gen"
+        summary = run_cli("generate", "--format", "jsonl", "--path", str(DEMO), "--out", str(gen),
+                          "--n", "1", "--max-candidates", "2", "--threads", "2", "--config", str(toml))  # fmt: skip
+        generate_requests = len(server.requests)
+        ev = tmp_path / "eval"
+        report = run_cli("evaluate", "--format", "jsonl", "--path", str(DEMO), "--limit", "2",
+                         "--out", str(ev), "--config", str(toml), "--no-cache")  # fmt: skip
+    rejected = [json.loads(line) for line in (gen / "rejected.jsonl").read_text().splitlines()]
+    assert summary["candidates"] == 2 and len(rejected) == 2
+    assert {r["reason"] for r in rejected} == {"lm_error"}
+    planner = summary["lm_usage_by_role"]["planner"]
+    assert planner["errors"] >= 2 and planner["prompt_tokens"] == 0
+    assert (
+        generate_requests == 2 * planner["errors"]
+    )  # every call was tried twice (num_retries = 1)
+    items = [json.loads(line) for line in (ev / "items.jsonl").read_text().splitlines()]
+    assert len(items) == 2 and all(i["error"] for i in items)
+    assert report["errors"] == 2 if "errors" in report else report["summary"]["errors"] == 2

@@ -108,11 +108,15 @@ class LMSpec(BaseModel):
     n_ctx: int | None = None
     n_threads: int | None = None
     n_batch: int | None = None
-    structured_output: Literal["auto", "json_schema", "json_object_schema", "json_object"] = "auto"
+    structured_output: Literal[
+        "auto", "json_schema", "json_object_schema", "json_object", "none"
+    ] = "auto"
     """How a server LM is asked for structured output. ``json_schema``: the signature's JSON schema
     as OpenAI's ``response_format: {"type": "json_schema", ...}`` (vLLM, llama-server, Ollama,
     OpenAI); ``json_object_schema``: ``{"type": "json_object", "schema": ...}`` (llama-cpp-python's
-    server, llama-server); ``json_object``: any JSON object, no schema. Either schema form makes the
+    server, llama-server); ``json_object``: any JSON object, no schema; ``none``: no
+    ``response_format`` at all (what DSPy does for a model it knows nothing of, e.g. a server
+    alias: the output format is only described in the prompt). Either schema form makes the
     server constrain decoding to the schema. ``auto``: for ``openai/<name>`` with ``api_base``,
     ``json_object_schema`` when the server's ``/models`` entry is llama-cpp-python's and
     ``json_schema`` otherwise; for anything else DSPy's own capability lookup."""
@@ -270,7 +274,10 @@ class RoleLM(dspy.LM):
     @property
     def supported_params(self) -> set[str]:
         params = set(super().supported_params)
-        if self.structured_mode() != "auto":
+        mode = self.structured_mode()
+        if mode == "none":
+            params.discard("response_format")
+        elif mode != "auto":
             params.add("response_format")
         return params
 

@@ -18,6 +18,7 @@ with FakeOpenAIServer(alias="m", delay=0.2) as server:
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -59,14 +60,40 @@ def example_for(schema: dict[str, Any], defs: dict[str, Any] | None = None) -> A
     return None
 
 
+_FIELD = re.compile(r"^\s*\d+\. `(\w+)` \(([^)]*)\)", re.M)
+_CHAT_VALUES = {"str": "x", "bool": "True", "int": "0", "float": "0"}
+
+
+def _chat_answer(body: dict[str, Any]) -> str:
+    """An answer in DSPy's ChatAdapter format (``[[ ## field ## ]]`` sections) for the output
+    fields the system message lists, as a model that follows the prompt would write it."""
+    system = next(
+        (m.get("content") for m in body.get("messages", []) if m.get("role") == "system"), ""
+    )
+    if not isinstance(system, str) or "Your output fields are:" not in system:
+        return "{}"
+    outputs = system.split("Your output fields are:", 1)[1].split("All interactions", 1)[0]
+    parts = []
+    for name, kind in _FIELD.findall(outputs):
+        value = _CHAT_VALUES.get(
+            kind.split("[", 1)[0].strip(), "[]" if kind.startswith("list") else "x"
+        )
+        parts.append(f"[[ ## {name} ## ]]\n{value}")
+    return "\n\n".join([*parts, "[[ ## completed ## ]]"])
+
+
 def answer_for(body: dict[str, Any]) -> str:
-    """The assistant text a fake server returns for a chat-completions request body."""
+    """The assistant text a fake server returns for a chat-completions request body: the smallest
+    value of the requested JSON schema, any JSON object in JSON mode, and without a
+    ``response_format`` the ChatAdapter's field sections the prompt asks for."""
     fmt = body.get("response_format") or {}
     schema = None
     if fmt.get("type") == "json_schema":
         schema = (fmt.get("json_schema") or {}).get("schema")
     elif fmt.get("type") == "json_object":
         schema = fmt.get("schema")
+    else:
+        return _chat_answer(body)
     return json.dumps(example_for(schema) if schema else {})
 
 
