@@ -384,3 +384,42 @@ def test_a_failing_server_fails_items_never_the_run(tmp_path, monkeypatch, failu
     items = [json.loads(line) for line in (ev / "items.jsonl").read_text().splitlines()]
     assert len(items) == 2 and all(i["error"] for i in items)
     assert report["errors"] == 2 if "errors" in report else report["summary"]["errors"] == 2
+
+
+def test_keys_stay_out_of_run_folders_and_mlflow_and_url_credentials_are_refused(
+    tmp_path, monkeypatch
+):
+    import sqlite3
+
+    from typer.testing import CliRunner
+
+    from memsteer_dspy.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    with FakeOpenAIServer(alias="m") as server:
+        out = tmp_path / "opt"
+        args = ["optimize", "--format", "jsonl", "--path", str(DEMO), "--supervision", "official",
+                "--objective", "recall", "--iterations", "1", "--proposer-output", "changes",
+                "--out", str(out), "--no-cache", "--lm", "openai/m"]  # fmt: skip
+        run_cli(
+            *args,
+            "--api-base",
+            server.api_base,
+            "--tracking-uri",
+            f"sqlite:///{tmp_path / 'mlflow.db'}",
+        )
+        assert server.requests and server.headers[0]["authorization"] == f"Bearer {KEY}"
+        credentialed = server.api_base.replace("//", "//user:hunter2@")
+        refused = CliRunner().invoke(app, [*args[:-5], "--out", str(tmp_path / "o2"), *args[-3:],
+                                           "--api-base", credentialed])  # fmt: skip
+    assert refused.exit_code == 2 and "holds credentials" in refused.output
+    assert "hunter2" not in refused.output and "OPENAI_API_KEY" in refused.output
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        rows = [
+            " ".join(map(str, row))
+            for table in ("params", "tags", "metrics")
+            for row in db.execute(f"select * from {table}")  # noqa: S608 - fixed table names
+        ]
+    assert rows and not [r for r in rows if KEY in r]
+    leaked = [p for p in out.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
+    assert not leaked, leaked

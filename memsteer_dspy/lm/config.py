@@ -556,6 +556,15 @@ def _spec(
             + "\n  known options: "
             + ", ".join(k for k in LMSpec.model_fields if k != "model")
         ) from None
+    if spec.api_base is not None and redact_url(spec.api_base) != spec.api_base:
+        line = _line_of(text, "api_base") if file else None
+        raise ConfigError(
+            f"{f'{file}:{line}' if line else where}: the api_base of {model!r} "
+            f"({redact_url(spec.api_base)}) holds credentials (user:password@); credentials are "
+            "never read from a config or a flag, DSPy's client does not send them from a URL, and "
+            "they would show in its error messages. Remove them and put the server's token in the "
+            "provider's key variable (OPENAI_API_KEY for openai/..., sent as a Bearer token)"
+        )
     if spec.backend == "litellm":
         local_only = [k for k in _LOCAL_ONLY if getattr(spec, k) is not None]
         if local_only:
@@ -684,6 +693,7 @@ def load_lm_config(
     role_lms: Mapping[str, str | None] | None = None,
     env: Mapping[str, str] | None = None,
     meter: UsageMeter | None = None,
+    api_base: str | None = None,
 ) -> LMConfig:
     """Resolve every role's LM: CLI flags > environment > TOML file > built-in default.
 
@@ -696,6 +706,8 @@ def load_lm_config(
         env: the environment to read (default ``os.environ``): ``MEMSTEER_LM``,
             ``MEMSTEER_LM_<ROLE>``.
         meter: the usage meter to book into (a new one by default).
+        api_base: the ``--api-base`` flag: the endpoint of every ``openai/<name>`` LM that a CLI
+            flag (``--lm``, ``--lm-<role>``) chose, over any ``api_base`` the file gives it.
 
     Raises:
         ConfigError: an unknown role, a malformed/unknown LM string, an unknown option, or a config
@@ -748,6 +760,8 @@ def load_lm_config(
             source = "default"
             model = DEFAULT_LM
         options = {**file.options.get(model, {}), **role_options}
+        if api_base and source.startswith("cli") and model.startswith("openai/"):
+            options["api_base"] = api_base
         specs[role] = _spec(model, options, where=source, file=path, text=file.text)
         sources[role] = source
     for spec in {s for s in specs.values() if s.backend == "litellm"}:
