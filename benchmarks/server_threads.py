@@ -1,6 +1,6 @@
 """Wall time of ``--threads 1`` vs ``--threads 4`` against a slow OpenAI-compatible server.
 
-The server is :class:`memsteer_dspy.lm.fake_server.FakeOpenAIServer`: every completion waits
+After one unmeasured warm-up run of each command, the server is :class:`memsteer_dspy.lm.fake_server.FakeOpenAIServer`: every completion waits
 ``--delay`` seconds (what a remote API or a GPU server with free batch slots costs per request)
 and answers the request's JSON schema, so the time measured is the commands' own request
 scheduling, not a model's speed (a CPU llama.cpp server answers one request at a time, so
@@ -69,7 +69,7 @@ def main() -> None:
         rows = []
         for command in ("evaluate", "generate"):
             seen: dict[int, tuple[float, dict, int]] = {}
-            for threads in (1, 4):
+            for threads in (0, 1, 4):  # 0: a warm-up run (imports, first index build), not measured
                 out = tmp / f"{command}-{threads}"
                 before = len(server.requests)
                 if command == "evaluate":
@@ -78,7 +78,11 @@ def main() -> None:
                 else:
                     args = ["generate", "--format", "jsonl", "--path", str(DEMO), "--n", str(opts.candidates),
                             "--max-candidates", str(opts.candidates), "--out", str(out)]  # fmt: skip
-                report, seconds = run([*args, "--config", str(config), "--threads", str(threads)])
+                report, seconds = run(
+                    [*args, "--config", str(config), "--threads", str(max(threads, 1))]
+                )
+                if threads == 0:
+                    continue
                 usage = report.get("lm_usage") or report.get("lm_usage_by_role") or {}
                 seen[threads] = (seconds, books(usage), len(server.requests) - before)
                 if command == "evaluate":

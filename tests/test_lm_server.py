@@ -423,3 +423,19 @@ def test_keys_stay_out_of_run_folders_and_mlflow_and_url_credentials_are_refused
     assert rows and not [r for r in rows if KEY in r]
     leaked = [p for p in out.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
     assert not leaked, leaked
+
+
+def test_the_api_base_flag_serves_the_openai_lms_named_on_the_command_line(tmp_path):
+    toml = tmp_path / "m.toml"
+    toml.write_text(
+        '[lm.roles]\nauditor = "openai/file-model"\n[lm.options."openai/file-model"]\napi_base = "http://file:1/v1"\n'
+    )
+    cfg = load_lm_config(toml, lm="openai/a", role_lms={"judge": "local/qwen2.5-coder-1.5b", "auditor": "openai/file-model"},
+                         env={}, api_base="http://h:1/v1")  # fmt: skip
+    assert cfg.spec("planner").api_base == "http://h:1/v1" and cfg.spec("planner").on_server
+    assert cfg.spec("auditor").api_base == "http://h:1/v1"  # the flag beats the file
+    assert cfg.spec("judge").api_base is None  # the embedded model takes no endpoint
+    assert (
+        load_lm_config(toml, env={}, api_base="http://h:1/v1").spec("auditor").api_base
+        == "http://file:1/v1"
+    )

@@ -63,7 +63,17 @@ def test_lm_check_through_the_server_and_a_wrong_alias(llama_server, tmp_path):
     assert check["model"] == f"openai/{ALIAS}" and set(check["roles"]) == set(report["roles"])
     assert check["prompt_tokens"] > 0 and check["output"]["answer"]
     wrong = CliRunner().invoke(
-        app, ["lm", "check", "--config", str(toml), "--lm-judge", "openai/qwen"]
+        app,
+        [
+            "lm",
+            "check",
+            "--config",
+            str(toml),
+            "--lm-judge",
+            "openai/qwen",
+            "--api-base",
+            llama_server.api_base,
+        ],
     )
     assert wrong.exit_code == 1
     assert (
