@@ -171,8 +171,12 @@ def test_experiments_main_tiny_with_the_server_config(llama_server, rhelm_root, 
     config = tmp_path / "server-tiny.toml"
     config.write_text(
         shipped.replace("http://127.0.0.1:8080/v1", llama_server.api_base)
-        # smaller than the tiny preset: one setting, two test items, two candidates
-        .replace("[dataset]\n", '[dataset]\nsettings = ["without"]\neval_items = 2\n')
+        # smaller than the tiny preset: one setting, two test items, two candidates, MemSteer
+        # supervision only (every generation role on the server)
+        .replace(
+            "[dataset]\n",
+            '[main]\nsources = ["memsteer"]\n\n[dataset]\nsettings = ["without"]\neval_items = 2\n',
+        )
         .replace(
             "[budgets]\n",
             "[budgets]\nsupervision = 2\nmax_candidates = 2\nofficial_train = 2\nofficial_val = 1\n",
@@ -194,6 +198,7 @@ def test_experiments_main_tiny_with_the_server_config(llama_server, rhelm_root, 
         sys.path.remove(str(REPO / "experiments"))
     text = Path(results_md).read_text()
     assert "Base-BM25" in text and "+ MemSteer" in text
+    assert (out / "without" / "supervision" / "Elena_Morales" / "summary.json").exists()
     results = json.loads((out / "results.json").read_text())
     assert results["personas"] == ["Elena_Morales"]
     no_key_in(out)
