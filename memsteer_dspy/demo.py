@@ -251,6 +251,9 @@ class DesignRow(BaseModel):
     lm_calls: int = 0
     cache_hits: int = 0
     tokens: int = 0
+    cost_usd: float | None = Field(
+        None, description="Dollar cost by LiteLLM's price map; None when no call was priced."
+    )
     seconds: float = 0.0
     errors: int = 0
     same_as: str | None = Field(
@@ -292,15 +295,16 @@ class DemoResult(BaseModel):
         recalled = self.rows[0].n_recall if self.rows else 0
         head = (
             f"| design | accuracy ({answered} QA) | QS | R@10 ({recalled} QA) | delivered recall "
-            "| LM calls | tokens | wall time |"
+            "| LM calls | tokens | cost | wall time |"
         )
-        lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in self.rows:
             label = r.label + (f" (= {r.same_as})" if r.same_as else "")
             calls = f"{r.lm_calls}" + (f" (+{r.cache_hits} cached)" if r.cache_hits else "")
             lines.append(
                 f"| {label} | {_pct(r.accuracy)} | {_pct(r.qs)} | {_pct(r.recall_at_10)} | "
-                f"{_pct(r.delivered_recall)} | {calls} | {r.tokens:,} | {_secs(r.seconds)} |"
+                f"{_pct(r.delivered_recall)} | {calls} | {r.tokens:,} | {_usd(r.cost_usd)} | "
+                f"{_secs(r.seconds)} |"
             )
         return "\n".join(lines)
 
@@ -314,7 +318,8 @@ class DemoResult(BaseModel):
             self.table(),
             "",
             f"Both designs answer from the same {s.context_budget:,}-token context budget. "
-            "LM calls, tokens and wall time are those of evaluating each design on the hand-written set.",
+            "LM calls, tokens, cost and wall time are those of evaluating each design on the hand-written "
+            "set (cost: LiteLLM's price map; '-' for models it does not price, like the embedded one).",
         ]
         sup = self.supervision
         if sup:
@@ -378,12 +383,17 @@ def _lm_summary(lm: Mapping[str, str]) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _usage(lm_config: Any) -> dict[str, int]:
-    total = dict.fromkeys(USAGE_KEYS, 0)
+def _usage(lm_config: Any) -> dict[str, float]:
+    total: dict[str, float] = dict.fromkeys((*USAGE_KEYS, "cost_usd"), 0)
     for u in lm_config.usage_by_role().values():
         for k in USAGE_KEYS:
             total[k] += int(u.get(k, 0) or 0)
+        total["cost_usd"] += float(u.get("cost_usd") or 0.0)
     return total
+
+
+def _usd(cost: float | None) -> str:
+    return "-" if cost is None else f"${cost:,.4f}"
 
 
 class _CostBook:
@@ -393,11 +403,12 @@ class _CostBook:
     def __init__(self, path: Path, lm_config: Any):
         self.path = path
         self.lm_config = lm_config
-        self.totals: dict[str, float] = {k: 0 for k in (*USAGE_KEYS, "seconds")}
+        self.totals: dict[str, float | None] = {k: 0 for k in (*USAGE_KEYS, "seconds")}
+        self.totals["cost_usd"] = None  # nothing priced yet
         if path.exists():
             try:
                 saved = json.loads(path.read_text(encoding="utf-8"))
-                self.totals.update({k: saved.get(k, 0) for k in self.totals})
+                self.totals.update({k: saved.get(k, v) for k, v in self.totals.items()})
             except (json.JSONDecodeError, AttributeError):
                 pass  # a torn file from an interrupted write: start the book afresh
         self.items = 0
@@ -413,6 +424,9 @@ class _CostBook:
         now = _usage(self.lm_config)
         for k in USAGE_KEYS:
             self.totals[k] += now[k] - self._usage[k]
+        if now["cost_usd"] != self._usage["cost_usd"]:
+            spent = now["cost_usd"] - self._usage["cost_usd"]
+            self.totals["cost_usd"] = (self.totals.get("cost_usd") or 0.0) + spent
         self.items += item
         if self.items:
             self.totals["seconds"] = round(
@@ -758,7 +772,7 @@ def _evaluate(
         label=label, design_name=design.name, design_key=design.key(), accuracy=a.accuracy, qs=a.qs,
         n_answered=a.n, recall_at_10=rs.recall_at_10, delivered_recall=rs.delivered_recall, n_recall=rs.n,
         lm_calls=int(cost["calls"]), cache_hits=int(cost["cache_hits"]), tokens=int(cost["total_tokens"]),
-        seconds=round(float(cost["seconds"]), 1), errors=rs.errors + a.errors,
+        seconds=round(float(cost["seconds"]), 1), errors=rs.errors + a.errors, cost_usd=cost.get("cost_usd"),
         item_correct={i.qa_id: None if i.correct is None else float(i.correct) for i in answer.items},
         item_recall={i.qa_id: i.recall_at_10 for i in recall.items},
     )  # fmt: skip
@@ -811,7 +825,7 @@ def _track_evaluation(tracker, folder: Path, label: str, design: MemoryDesign, r
     tracker.log_metrics(rid, {
         "accuracy": row.accuracy, "qs": row.qs, "recall_at_10": row.recall_at_10,
         "delivered_recall": row.delivered_recall, "lm_calls": row.lm_calls, "lm_tokens": row.tokens,
-        "wall_seconds": row.seconds,
+        "wall_seconds": row.seconds, "lm_cost_usd": row.cost_usd,
     })  # fmt: skip
     for sub in ("answer", "recall"):
         summary = folder / sub / "summary.json"

@@ -277,9 +277,15 @@ def test_no_secrets_in_describe_provenance_or_saved_state(tmp_path):
         'api_base = "http://user:hunter2@localhost:8000/v1"\n',
     )
     env = {"OPENAI_API_KEY": "sk-secret-999"}
+    with pytest.raises(ConfigError) as err:  # a password in a URL is a credential in a config
+        load_lm_config(toml, env=env)
+    message = str(err.value)
+    assert f"{toml}:4" in message and "holds credentials" in message and "OPENAI_API_KEY" in message
+    assert "hunter2" not in message and "http://localhost:8000/v1" in message
+    toml.write_text(toml.read_text().replace("user:hunter2@", ""))
     cfg = load_lm_config(toml, env=env)
     dumped = json.dumps([cfg.describe(), cfg.provenance()])
-    assert "sk-secret-999" not in dumped and "hunter2" not in dumped
+    assert "sk-secret-999" not in dumped
     assert cfg.provenance()["judge"]["api_base"] == "http://localhost:8000/v1"
     assert cfg.provenance()["judge"]["source"].endswith("[lm] default")
     lm = build_lm(LMSpec(model="openai/gpt-4o-mini"), role="judge")

@@ -111,12 +111,14 @@ def lm_options(func):
     for role in ROLE_NAMES:
         flag = "--lm-" + role.replace("_", "-")
         params.append(_kw(f"lm_{role}", Annotated[str | None, typer.Option(flag, help=f"LM for the {role} role only.")], None))
+    params.append(_kw("api_base", Annotated[str | None, typer.Option("--api-base", help="Endpoint of an OpenAI-compatible server (vLLM, llama-server, ...; e.g. http://127.0.0.1:8080/v1) for every openai/<name> LM given by --lm / --lm-<role>.")], None))  # fmt: skip
 
-    def build(config=None, lm=None, **roles):
+    def build(config=None, lm=None, api_base=None, **roles):
         from memsteer_dspy.lm import load_lm_config
 
         role_lms = {k.removeprefix("lm_"): v for k, v in roles.items() if v}
-        return load_lm_config(config, lm=lm, role_lms=role_lms)
+        extra = {"api_base": api_base} if api_base else {}
+        return load_lm_config(config, lm=lm, role_lms=role_lms, **extra)
 
     return _with_params(func, params, "lm_config", build)
 

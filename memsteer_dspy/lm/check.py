@@ -3,7 +3,9 @@
 Before a long run it is worth knowing that every role's LM answers, parses, and how fast: for each
 distinct LM among the roles this makes one typed call (``question -> answer: str, confidence:
 float``) through ``dspy.Predict`` with the ``JSONAdapter``, and reports the roles it serves, latency,
-tokens and tokens/s, the parsed output, or the error. One failing LM never stops the others.
+tokens and tokens/s, the parsed output, or the error. One failing LM never stops the others. For a
+server LM (``openai/<alias>`` with ``api_base``) it first asks the server's ``/models``, so a wrong
+address or alias is reported as such, naming the endpoint and the aliases it serves.
 
 A local model (``local/...`` or ``llamacpp/<file>``) is first loaded and run in a child process
 (:mod:`memsteer_dspy.lm.preflight`, always afresh here): a llama.cpp build that crashes on this CPU is
@@ -20,6 +22,7 @@ from dspy.utils.usage_tracker import track_usage
 from pydantic import BaseModel, Field
 
 from memsteer_dspy.lm.config import LMConfig
+from memsteer_dspy.lm.endpoint import served_entry
 
 
 class TinyCheck(dspy.Signature):
@@ -78,6 +81,10 @@ def check_lms(config: LMConfig, *, question: str = CHECK_QUESTION) -> list[Check
                 )
                 continue
         try:
+            if spec.on_server:  # name the endpoint, or the aliases it serves, before calling it
+                served_entry(
+                    spec.api_base, spec.model.split("/", 1)[1], timeout=spec.timeout or 10.0
+                )
             lm = config.lm(role).copy(cache=False)
         except Exception as exc:  # noqa: BLE001 - reported per LM, never fatal
             results.append(CheckResult(model=spec.model, roles=roles, ok=False, error=_why(exc)))

@@ -23,6 +23,7 @@ one loaded model instance).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import threading
@@ -37,6 +38,7 @@ import dspy
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from memsteer_dspy.errors import ConfigError
+from memsteer_dspy.lm.endpoint import EndpointIdentity
 from memsteer_dspy.lm.model_files import EMBEDDED_MODELS, ensure_embedded_model, file_identity
 from memsteer_dspy.lm.usage import UsageMeter, _RoleTracker
 
@@ -106,6 +108,18 @@ class LMSpec(BaseModel):
     n_ctx: int | None = None
     n_threads: int | None = None
     n_batch: int | None = None
+    structured_output: Literal[
+        "auto", "json_schema", "json_object_schema", "json_object", "none"
+    ] = "auto"
+    """How a server LM is asked for structured output. ``json_schema``: the signature's JSON schema
+    as OpenAI's ``response_format: {"type": "json_schema", ...}`` (vLLM, llama-server, Ollama,
+    OpenAI); ``json_object_schema``: ``{"type": "json_object", "schema": ...}`` (llama-cpp-python's
+    server, llama-server); ``json_object``: any JSON object, no schema; ``none``: no
+    ``response_format`` at all (what DSPy does for a model it knows nothing of, e.g. a server
+    alias: the output format is only described in the prompt). Either schema form makes the
+    server constrain decoding to the schema. ``auto``: for ``openai/<name>`` with ``api_base``,
+    ``json_object_schema`` when the server's ``/models`` entry is llama-cpp-python's and
+    ``json_schema`` otherwise; for anything else DSPy's own capability lookup."""
 
     @property
     def backend(self) -> Literal["local", "llamacpp", "litellm"]:
@@ -117,10 +131,15 @@ class LMSpec(BaseModel):
     def provider(self) -> str:
         return self.model.split("/", 1)[0]
 
+    @property
+    def on_server(self) -> bool:
+        """An OpenAI-compatible server of the user's (``openai/<alias>`` with an ``api_base``)."""
+        return self.provider == "openai" and self.api_base is not None
+
     def options(self) -> dict[str, Any]:
         """The options that are set, with credentials removed from ``api_base`` if a URL holds any."""
         out = self.model_dump(exclude_none=True, exclude={"model"})
-        for key, default in (("num_retries", 3), ("cache", True)):
+        for key, default in (("num_retries", 3), ("cache", True), ("structured_output", "auto")):
             if out.get(key) == default:
                 out.pop(key)
         if "api_base" in out:
@@ -214,16 +233,78 @@ class RoleLM(dspy.LM):
     """
 
     def __init__(
-        self, model: str, *, role: str = "default", meter: UsageMeter | None = None, **kwargs: Any
+        self,
+        model: str,
+        *,
+        role: str = "default",
+        meter: UsageMeter | None = None,
+        schema_mode: str = "auto",
+        endpoint: EndpointIdentity | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(model, **kwargs)
         self.role = role
         self.meter = meter if meter is not None else UsageMeter()
+        self.schema_mode = schema_mode
+        self.endpoint = endpoint
+
+    @property
+    def _price_as(self) -> str | None:
+        """The model name LiteLLM's price map prices this LM's calls by; None on a user's own
+        server, whose alias may happen to be a priced name (``openai/gpt-4o-mini``) yet costs nothing."""
+        return None if self.endpoint is not None else self.model
+
+    # DSPy's JSONAdapter sends the signature's JSON schema as response_format only when the LM
+    # says it supports one; for ``openai/<alias>`` on a user's server nobody's catalog knows the
+    # alias, so DSPy would fall back to bare JSON mode and a small model breaks the JSON. The
+    # spec's ``structured_output`` states it instead.
+    def structured_mode(self) -> str:
+        """``schema_mode`` with ``auto`` resolved for a server by its ``/models`` entry."""
+        if self.schema_mode == "auto" and self.endpoint is not None:
+            return self.endpoint.schema_dialect()
+        return self.schema_mode
+
+    @property
+    def supports_response_schema(self) -> bool:
+        mode = self.structured_mode()
+        if mode != "auto":
+            return mode in ("json_schema", "json_object_schema")
+        return super().supports_response_schema
+
+    @property
+    def supported_params(self) -> set[str]:
+        params = set(super().supported_params)
+        mode = self.structured_mode()
+        if mode == "none":
+            params.discard("response_format")
+        elif mode != "auto":
+            params.add("response_format")
+        return params
+
+    def _server_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's kwargs for a server: the schema in the form the server takes, and the
+        endpoint's identity in ``metadata``, which DSPy's cache key includes (it leaves
+        ``api_base`` out) and servers ignore."""
+        fmt = kwargs.get("response_format")
+        if (
+            isinstance(fmt, type)
+            and issubclass(fmt, BaseModel)
+            and self.structured_mode() == "json_object_schema"
+        ):
+            kwargs = {
+                **kwargs,
+                "response_format": {"type": "json_object", "schema": fmt.model_json_schema()},
+            }
+        if self.endpoint is None:
+            return kwargs
+        metadata = {**self.endpoint.tag(), **(kwargs.get("metadata") or {})}
+        return {**kwargs, "metadata": metadata}
 
     def __call__(self, prompt: Any = None, *, messages: Any = None, **kwargs: Any) -> Any:
-        tracker = _RoleTracker(self.meter, self.role, dspy.settings.usage_tracker)
+        tracker = _RoleTracker(self.meter, self.role, dspy.settings.usage_tracker, self._price_as)
         start = time.perf_counter()
         failed = True
+        kwargs = self._server_kwargs(kwargs)
         try:
             with dspy.context(usage_tracker=tracker):
                 result = super().__call__(prompt, messages=messages, **kwargs)
@@ -238,9 +319,10 @@ class RoleLM(dspy.LM):
             )
 
     async def acall(self, prompt: Any = None, *, messages: Any = None, **kwargs: Any) -> Any:
-        tracker = _RoleTracker(self.meter, self.role, dspy.settings.usage_tracker)
+        tracker = _RoleTracker(self.meter, self.role, dspy.settings.usage_tracker, self._price_as)
         start = time.perf_counter()
         failed = True
+        kwargs = await asyncio.to_thread(self._server_kwargs, kwargs)
         try:
             with dspy.context(usage_tracker=tracker):
                 result = await super().acall(prompt, messages=messages, **kwargs)
@@ -257,6 +339,8 @@ class RoleLM(dspy.LM):
     def dump_state(self) -> dict[str, Any]:
         state = super().dump_state()
         state["role"] = self.role
+        state.pop("endpoint", None)
+        state.pop("meter", None)
         return state
 
 
@@ -267,7 +351,11 @@ def build_lm(spec: LMSpec, *, role: str = "default", meter: UsageMeter | None = 
     through :class:`~memsteer_dspy.lm.local.LlamaCppEngine`; ``llamacpp/<path>`` does the same for
     any GGUF file; anything else goes to ``dspy.LM`` (LiteLLM / DSPy's native clients). The model file
     itself loads on the first call. DSPy's cache key carries the model string and, for in-process
-    models, the file's sha256, so two different local models never share cached answers.
+    models, the file's sha256, so two different local models never share cached answers; for a
+    server (``openai/<alias>`` + ``api_base``) it carries the endpoint and the hash of the server's
+    ``/models`` entry for the alias (:class:`~memsteer_dspy.lm.endpoint.EndpointIdentity`), so two
+    servers never share them either, and the signature's JSON schema is sent as ``response_format``
+    (``structured_output``).
     """
     common: dict[str, Any] = {
         "temperature": spec.temperature,
@@ -286,7 +374,18 @@ def build_lm(spec: LMSpec, *, role: str = "default", meter: UsageMeter | None = 
             extra["timeout"] = spec.timeout
         if spec.seed is not None:
             extra["seed"] = spec.seed
-        return RoleLM(spec.model, role=role, meter=meter, **common, **extra)
+        endpoint = None
+        if spec.on_server:
+            endpoint = EndpointIdentity(spec.api_base, spec.model.split("/", 1)[1])
+        return RoleLM(
+            spec.model,
+            role=role,
+            meter=meter,
+            schema_mode=spec.structured_output,
+            endpoint=endpoint,
+            **common,
+            **extra,
+        )
 
     from memsteer_dspy.lm.local import (
         DEFAULT_N_BATCH,
@@ -457,6 +556,15 @@ def _spec(
             + "\n  known options: "
             + ", ".join(k for k in LMSpec.model_fields if k != "model")
         ) from None
+    if spec.api_base is not None and redact_url(spec.api_base) != spec.api_base:
+        line = _line_of(text, "api_base") if file else None
+        raise ConfigError(
+            f"{f'{file}:{line}' if line else where}: the api_base of {model!r} "
+            f"({redact_url(spec.api_base)}) holds credentials (user:password@); credentials are "
+            "never read from a config or a flag, DSPy's client does not send them from a URL, and "
+            "they would show in its error messages. Remove them and put the server's token in the "
+            "provider's key variable (OPENAI_API_KEY for openai/..., sent as a Bearer token)"
+        )
     if spec.backend == "litellm":
         local_only = [k for k in _LOCAL_ONLY if getattr(spec, k) is not None]
         if local_only:
@@ -585,6 +693,7 @@ def load_lm_config(
     role_lms: Mapping[str, str | None] | None = None,
     env: Mapping[str, str] | None = None,
     meter: UsageMeter | None = None,
+    api_base: str | None = None,
 ) -> LMConfig:
     """Resolve every role's LM: CLI flags > environment > TOML file > built-in default.
 
@@ -597,6 +706,8 @@ def load_lm_config(
         env: the environment to read (default ``os.environ``): ``MEMSTEER_LM``,
             ``MEMSTEER_LM_<ROLE>``.
         meter: the usage meter to book into (a new one by default).
+        api_base: the ``--api-base`` flag: the endpoint of every ``openai/<name>`` LM that a CLI
+            flag (``--lm``, ``--lm-<role>``) chose, over any ``api_base`` the file gives it.
 
     Raises:
         ConfigError: an unknown role, a malformed/unknown LM string, an unknown option, or a config
@@ -649,6 +760,8 @@ def load_lm_config(
             source = "default"
             model = DEFAULT_LM
         options = {**file.options.get(model, {}), **role_options}
+        if api_base and source.startswith("cli") and model.startswith("openai/"):
+            options["api_base"] = api_base
         specs[role] = _spec(model, options, where=source, file=path, text=file.text)
         sources[role] = source
     for spec in {s for s in specs.values() if s.backend == "litellm"}:

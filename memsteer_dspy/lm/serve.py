@@ -1,0 +1,115 @@
+"""Start llama-cpp-python's OpenAI-compatible server on a local GGUF, for tests and benchmarks.
+
+:func:`start_llama_server` runs ``python -m llama_cpp.server --model <gguf> --model_alias <alias>``
+on 127.0.0.1 at a free port as a subprocess, waits until ``GET /v1/models`` lists the alias, and
+returns a :class:`LlamaServer` whose ``stop()`` ends that process by its PID (SIGTERM, then
+SIGKILL). It needs the ``server`` extra (``pip install 'memsteer-dspy[local,server]'``);
+:func:`server_missing` says what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ALIAS = "qwen-server"
+SERVER_N_CTX = 4096
+START_TIMEOUT_S = 300.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LlamaServer:
+    """One running ``llama_cpp.server`` process."""
+
+    process: subprocess.Popen
+    port: int
+    alias: str
+    log: Path
+
+    @property
+    def api_base(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def toml(self, *, default: bool = True, structured_output: str | None = None) -> str:
+        """An ``[lm]`` config pointing every role (``default``) at this server."""
+        lines = ["[lm]"]
+        if default:
+            lines.append(f'default = "openai/{self.alias}"')
+        lines += [
+            f'[lm.options."openai/{self.alias}"]',
+            f'api_base = "{self.api_base}"',
+            "temperature = 0.0",
+            "max_tokens = 512",
+            "timeout = 600",
+            "num_retries = 1",
+        ]
+        if structured_output:
+            lines.append(f'structured_output = "{structured_output}"')
+        return "\n".join(lines) + "\n"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=30)
+
+
+def server_missing() -> str | None:
+    """Why llama-cpp-python's server cannot start here (None when it can)."""
+    import importlib.util
+
+    for module in ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context"):
+        if importlib.util.find_spec(module) is None:
+            return (
+                f"llama-cpp-python's server needs {module!r}: "
+                "pip install 'memsteer-dspy[local,server]' (make install does)"
+            )
+    return None
+
+
+def start_llama_server(
+    gguf: Path, log_dir: Path, *, alias: str = ALIAS, n_ctx: int = SERVER_N_CTX, n_threads: int = 2
+) -> LlamaServer:
+    port = free_port()
+    log = log_dir / f"llama-server-{port}.log"
+    cmd = [
+        sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", alias,
+        "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx),
+        "--n_threads", str(n_threads), "--verbose", "False",
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    server = LlamaServer(process, port, alias, log)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"llama_cpp.server exited with {process.returncode}:\n{tail}")
+        try:
+            with urllib.request.urlopen(f"{server.api_base}/models", timeout=2) as r:
+                if alias in [m.get("id") for m in json.load(r).get("data", [])]:
+                    return server
+        except OSError:
+            pass
+        time.sleep(0.5)
+    server.stop()
+    raise RuntimeError(
+        f"llama_cpp.server did not list {alias!r} within {START_TIMEOUT_S:.0f}s; see {log}"
+    )
