@@ -6,6 +6,7 @@ import typer
 
 from memsteer_dspy.cli.demo import demo
 from memsteer_dspy.cli.evaluate import evaluate
+from memsteer_dspy.cli.export import export
 from memsteer_dspy.cli.generate import assess, generate
 from memsteer_dspy.cli.ingest import ingest
 from memsteer_dspy.cli.lm import lm_app
@@ -28,6 +29,7 @@ app.command()(assess)
 app.command()(evaluate)
 app.command()(optimize)
 app.command("tune-prompts")(tune_prompts)
+app.command()(export)
 app.add_typer(lm_app, name="lm")
 
 
