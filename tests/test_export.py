@@ -167,6 +167,10 @@ def test_export_mstar_loader_runs_in_mstar_and_round_trips(setup, tmp_path, stan
     assert ds.train[2].raw_text.startswith(
         '(document_section, "Budget")'
     )  # undated record: no date
+    midnight = history["mail-7"].model_copy(
+        update={"timestamp": history["mail-7"].timestamp.replace(hour=0)}
+    )
+    assert record_raw_text(midnight).startswith('[2024-03-05] (email, from Ana, "Kayak booking")')
     # one val item per QA item, with its category and evidence
     assert [(d.question, d.expected_answer, d.metadata["qa_category"], d.metadata["evidence_ids"],
              d.metadata["split"]) for d in ds.val] == [

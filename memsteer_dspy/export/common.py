@@ -12,11 +12,16 @@ from memsteer_dspy.records import QAItem, Record
 
 def record_raw_text(record: Record) -> str:
     """A record as one self-contained text: ``[2024-03-02 09:15] (email, from Ana, "Trip moved")``
+    (``[2024-03-02]`` for a record dated without a time)
     then the record's text, so an optimizer that ingests raw text keeps the date, kind, author
     and title the memory designs here index."""
     head = []
-    if record.timestamp is not None:
-        head.append(f"[{record.timestamp.isoformat(sep=' ', timespec='minutes')}]")
+    ts = record.timestamp
+    if ts is not None:  # a date-only source (midnight) is not given a time it never had
+        midnight = (ts.hour, ts.minute, ts.second) == (0, 0, 0)
+        head.append(
+            f"[{ts.date().isoformat() if midnight else ts.isoformat(sep=' ', timespec='minutes')}]"
+        )
     details = [record.kind]
     if record.author:
         details.append(f"from {record.author}")
