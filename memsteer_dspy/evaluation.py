@@ -135,9 +135,10 @@ def any_all_recall(
 
 
 def _item_any_all(
-    system: MemorySystem, item: QAItem, trace: MemoryTrace
+    system: MemorySystem, item: QAItem, trace: MemoryTrace | None
 ) -> dict[str, float] | None:
-    """:func:`any_all_recall` for an item of a format with sessions (None otherwise)."""
+    """:func:`any_all_recall` for an item of a format with sessions (None otherwise); an item
+    whose retrieval failed (no trace) scores 0."""
     sessions = item.metadata.get("answer_session_ids")
     if sessions is None or item.metadata.get("abstention"):
         return None
@@ -147,7 +148,8 @@ def _item_any_all(
         r = history.get(rid)
         return None if r is None else (r.metadata.get("session_id") or r.thread_id)
 
-    return any_all_recall(trace.ranked_record_ids, item.evidence_ids, sessions, session_of) or None
+    ranked = trace.ranked_record_ids if trace is not None else []
+    return any_all_recall(ranked, item.evidence_ids, sessions, session_of) or None
 
 
 def question_score(
@@ -343,6 +345,8 @@ def evaluate_item(
             for k in RECALL_KS:
                 setattr(res, f"recall_at_{k}", 0.0)
             res.delivered_recall = 0.0
+        if res.trace is None:
+            res.any_all_recall = _item_any_all(system, item, None)
     res.seconds = round(time.perf_counter() - t0, 4)
     return res
 

@@ -180,6 +180,17 @@ def test_evaluate_reports_session_recall_on_longmemeval(lme_file, tmp_path):
                               "--metrics", "recall", "--no-cache"])  # fmt: skip
     assert one.exit_code == 0, one.output
     assert "session" in one.output and "any@5" in one.output
+    # a failed retrieval scores 0 here too, never leaves the item out
+    from memsteer_dspy.evaluation import evaluate_item
+    from memsteer_dspy.memory import MemoryDesign, MemorySystem
+
+    loaded = load_history("longmemeval", lme_file, user="e47becba")
+    system = MemorySystem.from_design(MemoryDesign.base_bm25(), loaded.history)
+    system.retrieve = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("index gone"))
+    failed = evaluate_item(system, loaded.qa_items[0], metrics="recall")
+    assert failed.error == "RuntimeError: index gone" and set(failed.any_all_recall.values()) == {
+        0.0
+    }
     both = runner.invoke(
         app,
         ["evaluate", "--format", "longmemeval", "--path", str(lme_file), "--user", "x", "--all"],
