@@ -4,6 +4,7 @@ with a test LM (the embedded-model run is `python examples/cited_answer.py`)."""
 import json
 
 import dspy
+import pytest
 from dspy.utils.dummies import DummyLM
 from script_helpers import load_script
 
@@ -72,3 +73,27 @@ def test_run_retrieves_from_the_demo_history_and_answers():
     assert pred.answer == "Taberna do Largo"
     read_prompt = json.dumps(lm.history[0]["messages"])
     assert "Taberna do Largo" in read_prompt  # Base-BM25 put the booking among the 3 records
+
+
+@pytest.mark.integration
+def test_example_runs_on_the_embedded_model():
+    """The example's own command line on local/qwen2.5-coder-1.5b, under ChatAdapter: a parsed,
+    typed prediction whose citations are real sentence labels of the retrieved records."""
+    pytest.importorskip("llama_cpp", reason="pip install 'memsteer-dspy[local]'")
+    from memsteer_dspy.lm import DEFAULT_LM, LMConfig, LMSpec
+    from memsteer_dspy.lm.model_files import MissingModelFilesError, ensure_embedded_model
+
+    try:
+        ensure_embedded_model(DEFAULT_LM.split("/", 1)[1])
+    except MissingModelFilesError as exc:
+        pytest.skip(str(exc))
+    ex = load_example()
+    lm = LMConfig.uniform(LMSpec(model=DEFAULT_LM, max_tokens=256)).lm("answerer")
+    pred = ex.run(ex.DEFAULT_QUESTION, lm, k=3)
+    records = ex.retrieve(ex.DEMO, ex.DEFAULT_QUESTION, 3)
+    _, sentences = ex.label_records(records)
+    assert isinstance(pred.answer, str) and pred.answer.strip()
+    assert isinstance(pred.supported, bool)
+    assert set(pred.citations) <= set(sentences)
+    if pred.citations:  # the verifier saw exactly the cited sentences
+        assert pred.cited_text.splitlines() == [f"{c} {sentences[c]}" for c in pred.citations]
