@@ -10,7 +10,12 @@ For each QA item (paper, Section 3.3 and Appendix A.4):
 * **R@k** (k = 1, 5, 10) — the fraction of gold evidence records among the first k *distinct*
   records, taking ranked units in order and each unit's records in order;
 * **delivered recall** — the fraction of gold evidence records whose content reached the answerer
-  inside the context budget.
+  inside the context budget;
+* **recall_any / recall_all at k** (k = 5, 10; LongMemEval's retrieval metrics, where the format
+  defines sessions, i.e. the item's metadata has ``answer_session_ids``) — 1 if any / all gold turns
+  are among the first k distinct turns, and the same over sessions (the first k distinct sessions of
+  the ranking against the answer sessions). Abstention items (``_abs``) are left out, as
+  LongMemEval's own scoring does. See :func:`any_all_recall`.
 
 ``metrics="recall"`` scores retrieval only and calls no LM unless the design's own retrieval uses
 one. Protocols: ``as_of`` (RHELM: each question sees only records strictly before its
@@ -41,12 +46,19 @@ from memsteer_dspy.errors import ConfigError, InputError
 from memsteer_dspy.memory.system import MemorySystem, MemoryTrace
 from memsteer_dspy.normalize import answers_match, list_jaccard
 from memsteer_dspy.records import AnswerType, QAItem
-from memsteer_dspy.runfolder import RunFolder, RunMismatchError, qa_content_hash, run_key
+from memsteer_dspy.runfolder import (
+    RunFolder,
+    RunMismatchError,
+    qa_content_hash,
+    run_key,
+    write_atomic,
+)
 from memsteer_dspy.signatures.judge import JudgeAnswer
 
 Metrics = Literal["all", "recall"]
 Protocol = Literal["as_of", "full"]
 RECALL_KS = (1, 5, 10)
+ANY_ALL_KS = (5, 10)
 
 
 # --------------------------------------------------------------------------------------------
@@ -81,6 +93,72 @@ def delivered_recall(
     if not gold:
         return None
     return len(gold & set(delivered_record_ids)) / len(gold)
+
+
+def recall_any_all(
+    ranked_ids: list[str], gold: Iterable[str], k: int
+) -> tuple[float, float] | None:
+    """LongMemEval's ``(recall_any@k, recall_all@k)``: 1.0 if any / all of ``gold`` are among the
+    first ``k`` of ``ranked_ids`` (distinct ids, best first). None without gold."""
+    gold = set(gold)
+    if not gold:
+        return None
+    top = set(ranked_ids[:k])
+    return float(bool(gold & top)), float(gold <= top)
+
+
+def distinct_in_order(
+    ranked_record_ids: list[list[str]], key: Callable[[str], str | None] = lambda r: r
+) -> list[str]:
+    """The distinct ``key(record)`` values in rank order (ranked units in order, each unit's records
+    in order); records whose key is None are skipped. With a session key this is the session
+    ranking LongMemEval's turn-to-session evaluation scores."""
+    seen: dict[str, None] = {}
+    for recs in ranked_record_ids:
+        for r in recs:
+            v = key(r)
+            if v is not None:
+                seen.setdefault(v, None)
+    return list(seen)
+
+
+def any_all_recall(
+    ranked_record_ids: list[list[str]], evidence_ids: Iterable[str], answer_session_ids: Iterable[str],
+    session_of: Callable[[str], str | None], ks: Iterable[int] = ANY_ALL_KS,
+) -> dict[str, float]:  # fmt: skip
+    """``turn_any@k``, ``turn_all@k`` (gold = the evidence turns) and ``session_any@k``,
+    ``session_all@k`` (gold = the answer sessions; the ranking = distinct sessions of the ranked
+    turns) for each k; a level without gold is left out."""
+    out: dict[str, float] = {}
+    turns = distinct_in_order(ranked_record_ids)
+    sessions = distinct_in_order(ranked_record_ids, session_of)
+    for level, ranking, gold in (
+        ("turn", turns, list(evidence_ids)),
+        ("session", sessions, list(answer_session_ids)),
+    ):
+        for k in ks:
+            scored = recall_any_all(ranking, gold, k)
+            if scored is not None:
+                out[f"{level}_any@{k}"], out[f"{level}_all@{k}"] = scored
+    return out
+
+
+def _item_any_all(
+    system: MemorySystem, item: QAItem, trace: MemoryTrace | None
+) -> dict[str, float] | None:
+    """:func:`any_all_recall` for an item of a format with sessions (None otherwise); an item
+    whose retrieval failed (no trace) scores 0."""
+    sessions = item.metadata.get("answer_session_ids")
+    if sessions is None or item.metadata.get("abstention"):
+        return None
+    history = system.user_history
+
+    def session_of(rid: str) -> str | None:
+        r = history.get(rid)
+        return None if r is None else (r.metadata.get("session_id") or r.thread_id)
+
+    ranked = trace.ranked_record_ids if trace is not None else []
+    return any_all_recall(ranked, item.evidence_ids, sessions, session_of) or None
 
 
 def question_score(
@@ -132,6 +210,9 @@ class ItemResult(BaseModel):
     recall_at_5: float | None = None
     recall_at_10: float | None = None
     delivered_recall: float | None = None
+    any_all_recall: dict[str, float] | None = Field(
+        None, description="recall_any/all@k over turns and sessions, where the format has sessions."
+    )
     empty_context: bool | None = None
     error: str | None = None
     error_stage: str | None = None
@@ -152,6 +233,9 @@ class MetricSummary(BaseModel):
     recall_at_5: float | None = None
     recall_at_10: float | None = None
     delivered_recall: float | None = None
+    any_all_recall: dict[str, float] = Field(
+        default_factory=dict, description="Means of recall_any/all@k over the items that have them."
+    )
     empty_contexts: int = 0
     errors: int = 0
 
@@ -194,9 +278,19 @@ def summarize_items(items: list[ItemResult], metrics: str) -> MetricSummary:
         recall_at_5=_mean([i.recall_at_5 for i in items]),
         recall_at_10=_mean([i.recall_at_10 for i in items]),
         delivered_recall=_mean([i.delivered_recall for i in items]),
+        any_all_recall=mean_any_all([i.any_all_recall for i in items]),
         empty_contexts=sum(bool(i.empty_context) for i in items),
         errors=sum(i.error is not None for i in items),
     )
+
+
+def mean_any_all(per_item: list[dict[str, float] | None]) -> dict[str, float]:
+    """Per-key means of the items' :func:`any_all_recall` dicts (keys in first-seen order)."""
+    sums: dict[str, list[float]] = {}
+    for d in per_item:
+        for key, v in (d or {}).items():
+            sums.setdefault(key, []).append(v)
+    return {key: sum(vs) / len(vs) for key, vs in sums.items()}
 
 
 class EvaluationReport(BaseModel):
@@ -256,6 +350,7 @@ def evaluate_item(
                 res, f"recall_at_{k}", recall_at_k(trace.ranked_record_ids, gold, k)
             )
         res.delivered_recall = delivered_recall(trace.delivered_record_ids, gold)
+        res.any_all_recall = _item_any_all(system, item, trace)
         if metrics == "all":
             res.prediction = trace.answer or ""
             res.exact = answers_match(res.prediction, item.answer, item.answer_type)
@@ -276,6 +371,8 @@ def evaluate_item(
             for k in RECALL_KS:
                 setattr(res, f"recall_at_{k}", 0.0)
             res.delivered_recall = 0.0
+        if res.trace is None:
+            res.any_all_recall = _item_any_all(system, item, None)
     res.seconds = round(time.perf_counter() - t0, 4)
     return res
 
@@ -458,3 +555,79 @@ def read_qa_jsonl(path: str | Path) -> list[QAItem]:
             seen.add(item.id)
             items.append(item)
     return items
+
+
+# --------------------------------------------------------------------------------------------
+# formats whose every instance is its own history (LongMemEval)
+# --------------------------------------------------------------------------------------------
+
+
+def evaluate_instances(
+    instances: Iterable[Any],
+    design: Any,
+    *,
+    metrics: Metrics = "all",
+    lms: Any = None,
+    judge_lm: Any = None,
+    protocol: Protocol = "full",
+    threads: int = 1,
+    out_dir: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    on_instance: Callable[[str, EvaluationReport | None], None] | None = None,
+) -> EvaluationReport:
+    """Evaluate ``design`` instance by instance: each ``Loaded`` of ``instances`` (one history and
+    its QA items, e.g. :func:`memsteer_dspy.loaders.longmemeval.iter_longmemeval`) gets its own
+    memory system. With ``out_dir`` each instance writes (and resumes) ``out_dir/<user>/``, and the
+    pooled ``summary.json`` goes to ``out_dir``. An instance whose memory cannot be built scores
+    its items 0 with the error recorded; the run goes on."""
+    out = Path(out_dir) if out_dir is not None else None
+    t0 = time.perf_counter()
+    pooled: list[ItemResult] = []
+    users = 0
+    for loaded in instances:
+        users += 1
+        user = loaded.history.user_id
+        try:
+            system = MemorySystem.from_design(
+                design, loaded.history, cache_dir=cache_dir, lms=lms, threads=threads
+            )
+            report = evaluate_design(
+                system, loaded.qa_items, metrics=metrics, judge_lm=judge_lm, protocol=protocol,
+                threads=threads, out_dir=out / _safe_name(user) if out is not None else None,
+            )  # fmt: skip
+        except (InputError, ConfigError):
+            raise  # a bad design or option fails every instance alike: stop at the first
+        except Exception as exc:  # this instance's memory could not be built: its items score 0
+            report = None
+            for q in loaded.qa_items:
+                pooled.append(ItemResult(
+                    qa_id=q.id, question=q.question, question_type=q.question_type, reference=q.answer,
+                    evidence_ids=list(q.evidence_ids), correct=False if metrics == "all" else None,
+                    qs=0.0 if metrics == "all" else None, error=f"{type(exc).__name__}: {exc}",
+                    error_stage="build", design_key=design.key(), metrics=metrics,
+                ))  # fmt: skip
+        else:
+            pooled.extend(report.items)
+        if on_instance is not None:
+            on_instance(user, report)
+    if not users:
+        raise InputError("no instances to evaluate")
+    overall = summarize_items(pooled, metrics)
+    by_type: dict[str, list[ItemResult]] = {}
+    for r in pooled:
+        by_type.setdefault(r.question_type or "unknown", []).append(r)
+    summary = EvaluationSummary(
+        **overall.model_dump(), design_key=design.key(), design_name=design.name, metrics=metrics,
+        protocol=protocol, user=f"{users} instances",
+        by_type={t: summarize_items(rs, metrics) for t, rs in sorted(by_type.items())},
+        seconds=round(time.perf_counter() - t0, 3),
+    )  # fmt: skip
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(out / "summary.json", summary.model_dump_json(indent=2) + "\n")
+        write_atomic(out / "design.json", design.to_json() + "\n")
+    return EvaluationReport(summary=summary, items=pooled)
+
+
+def _safe_name(user: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in user) or "_"

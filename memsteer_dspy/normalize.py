@@ -320,8 +320,11 @@ def _parse_date(text: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 _LIST_SPLIT = re.compile(
-    r"\s*(?:[,;\n|]|\s&\s|\band\b|^\s*[-*•]\s+|\n\s*[-*•]\s+)\s*", re.IGNORECASE
+    r"\s*(?:[,;\n|]|\s&\s|\band\b|(?<!\d)/|/(?!\d)|^\s*[-*•]\s+|\n\s*[-*•]\s+)\s*", re.IGNORECASE
 )
+# ATM-Bench's memory ids (image/video file stems YYYYMMDD_HHMMSS, emailNNNN): a prediction that
+# names any is scored on those ids alone, as ATM-Bench's list_jaccard does.
+_MEMORY_ID = re.compile(r"(?<![\w])(\d{8}_\d{6}|email\d+)(?![\w])", re.IGNORECASE)
 _ENUM = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s+")
 _TRUE = {"yes", "true", "y", "correct", "right", "affirmative", "yep", "yeah", "indeed", "1"}
 _FALSE = {"no", "false", "n", "incorrect", "wrong", "negative", "nope", "not", "0", "never"}
@@ -435,9 +438,17 @@ def answers_match(prediction: str, reference: str, answer_type: AnswerType | str
 def list_jaccard(prediction: str | Iterable[str], reference: str | Iterable[str]) -> float:
     """Jaccard overlap of the normalized item sets (ATM-Bench's list partial credit).
 
+    As in ATM-Bench's ``list_jaccard_score``: items are split at ``,`` ``;`` ``and`` ``/`` (here
+    also at newlines, ``|`` and bullets, and not at a ``/`` between digits, so ``3/4`` stays one
+    item), and a prediction that names memory ids (``20220430_132212``, ``email2024...``) is scored
+    on those ids alone. Unlike ATM-Bench, a parenthetical inside an item is kept.
+
     Two empty lists score 1.0; one empty list scores 0.0.
     """
-    p, r = set(list_items(prediction)), set(list_items(reference))
+    flat = prediction if isinstance(prediction, str) else "\n".join(map(str, prediction))
+    ids = _MEMORY_ID.findall(flat)
+    p = {normalize_text(i) for i in ids} if ids else set(list_items(prediction))
+    r = set(list_items(reference))
     if not p and not r:
         return 1.0
     return len(p & r) / len(p | r)

@@ -8,6 +8,7 @@ from collections import Counter
 from datetime import datetime
 
 import dspy
+from memsteer_dspy.signatures.plan import PlanAnswer
 from supervision_helpers import (
     audit_reply,
     blind_reply,
@@ -29,7 +30,6 @@ from memsteer_dspy.bundles import (
 )
 from memsteer_dspy.lm.local import _with_cached_tokens
 from memsteer_dspy.records import AnswerType, History, QAItem, Record
-from memsteer_dspy.signatures.plan import PlanAnswer
 from memsteer_dspy.supervision.adapter import CompactJSONAdapter, brief_type
 from memsteer_dspy.supervision.checks import prefilter_bundle
 from memsteer_dspy.supervision.limits import bounded_signature
@@ -227,9 +227,10 @@ def test_accepted_distribution_by_answer_type_question_and_evidence_count():
 
 def test_steered_candidates_never_ask_for_more_records_than_have_concrete_detail():
     # one concrete record among chatty ones: a two-record task is re-drawn as a one-record task
+    from supervision_helpers import RECORDS
+
     from memsteer_dspy.bundles import BundleSampler, concrete_records
     from memsteer_dspy.graph import RecordGraph
-    from supervision_helpers import RECORDS
 
     history = History("tester", [RECORDS[0], *[chatty(i) for i in range(4)]])
     config = small_lm_bundle_config(evidence_weights={2: 1.0, 1: 0.0001})

@@ -7,6 +7,7 @@ import typer
 from memsteer_dspy.cli.batch import batch_app
 from memsteer_dspy.cli.demo import demo
 from memsteer_dspy.cli.evaluate import evaluate
+from memsteer_dspy.cli.export import export
 from memsteer_dspy.cli.generate import assess, generate
 from memsteer_dspy.cli.ingest import ingest
 from memsteer_dspy.cli.lm import lm_app
@@ -31,6 +32,7 @@ app.command()(evaluate)
 app.command()(optimize)
 app.command("tune-prompts")(tune_prompts)
 app.command()(report)
+app.command()(export)
 app.add_typer(lm_app, name="lm")
 app.add_typer(batch_app, name="batch")
 

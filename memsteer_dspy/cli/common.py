@@ -25,7 +25,7 @@ import typer
 
 from memsteer_dspy.errors import MemsteerError
 
-FORMATS = ("jsonl", "rhelm", "locomo", "hf")
+FORMATS = ("jsonl", "rhelm", "locomo", "hf", "longmemeval", "atm")
 ROLE_NAMES = (
     "planner", "question_writer", "auditor", "blind_reader",
     "answerer", "judge", "quality_judge", "proposer",
@@ -85,7 +85,7 @@ def history_options(func):
     params = [
         _kw("format", Annotated[str, typer.Option("--format", "-f", help=f"History format: {', '.join(FORMATS)}.")], "rhelm"),
         _kw("path", Annotated[Path | None, typer.Option("--path", "-p", help="History file or folder (RHELM: the benchmark root; default ../shared/benchmarks/rhelm).")], None),
-        _kw("user", Annotated[str | None, typer.Option("--user", "-u", help="User id (RHELM: the persona, e.g. Elena_Morales; LoCoMo: the sample_id).")], None),
+        _kw("user", Annotated[str | None, typer.Option("--user", "-u", help="User id (RHELM: the persona, e.g. Elena_Morales; LoCoMo: the sample_id; LongMemEval: the question_id; ATM-Bench: the QA file stem, e.g. atm-bench-hard).")], None),
         _kw("external", Annotated[bool, typer.Option("--external/--no-external", help="RHELM: include emails and attachments (external sources).")], True),
         _kw("on_error", Annotated[str, typer.Option("--on-error", help="On a malformed line or file: 'raise' (stop with an error naming it) or 'skip' (report it and go on).")], "raise"),
         _kw("columns", Annotated[str | None, typer.Option("--columns", help="hf: column mapping, e.g. 'id=msg_id,text=body,timestamp=date,thread_id=conv'.")], None),

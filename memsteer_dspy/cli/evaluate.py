@@ -4,6 +4,7 @@
 """
 
 import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -31,6 +32,19 @@ def _table(summary) -> str:
     for name, s in rows:
         vals = [s.accuracy, s.qs, s.recall_at_1, s.recall_at_5, s.recall_at_10, s.delivered_recall]
         lines.append(f"{name:<{width}} {s.n:>6} " + " ".join(_fmt(v) for v in vals))
+    return "\n".join(lines)
+
+
+def _any_all_table(summary) -> str:
+    """LongMemEval's recall_any / recall_all at k over turns and sessions ('' when not measured)."""
+    a = summary.any_all_recall
+    if not a:
+        return ""
+    lines = [f"{'':<12} " + " ".join(f"{c:>9}" for c in ("any@5", "all@5", "any@10", "all@10"))]
+    for level in ("turn", "session"):
+        vals = [a.get(f"{level}_{m}@{k}") for k in (5, 10) for m in ("any", "all")]
+        if any(v is not None for v in vals):
+            lines.append(f"{level:<12} " + " ".join(f"{_fmt(v):>9}" for v in vals))
     return "\n".join(lines)
 
 
@@ -118,6 +132,13 @@ def evaluate(
         ),
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="--compare: the bootstrap's seed.")] = 0,
+    all_instances: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            help="longmemeval: evaluate every instance of the file, each over its own haystack (--out gets one folder per instance); instead of --user.",
+        ),
+    ] = False,
 ) -> None:
     """Evaluate a memory design on QA items: accuracy A(d), QS, R@1/5/10 and delivered recall,
     overall and by question type, with per-item results and traces; or compare two designs with
@@ -130,6 +151,9 @@ def evaluate(
     if protocol is not None and protocol not in ("as_of", "full"):
         raise typer.BadParameter("choose 'as_of' or 'full'", param_hint="--protocol")
     d = MemoryDesign.base_bm25() if design == "base-bm25" else MemoryDesign.load(design)
+    if all_instances:
+        return _evaluate_all(history, lm_config, d, metrics, out, json_out, threads, protocol, limit,
+                             None if no_cache else (cache_dir or default_cache_dir()))  # fmt: skip
     loaded = history.load()
     if qa == "official":
         items = list(loaded.qa_items)
@@ -176,6 +200,8 @@ def evaluate(
         f"{s.n} items in {s.seconds:.1f}s"
     )
     typer.echo(_table(s))
+    if s.any_all_recall:
+        typer.echo(_any_all_table(s))
     notes = []
     if s.empty_contexts:
         notes.append(f"{s.empty_contexts} item(s) retrieved nothing (empty context)")
@@ -257,3 +283,46 @@ def _compare(
     typer.echo(
         f"one-sided p (B not better): bootstrap {comp.p_bootstrap:.3f}, sign test {comp.p_sign:.3f}"
     )
+def _evaluate_all(
+    history: HistoryArgs, lm_config, d, metrics, out, json_out, threads, protocol, limit, cache
+) -> None:
+    """``evaluate --all``: every LongMemEval instance over its own haystack, pooled."""
+    from memsteer_dspy.evaluation import evaluate_instances
+    from memsteer_dspy.loaders.longmemeval import instance_loaded, read_instances
+
+    if history.format != "longmemeval":
+        raise typer.BadParameter(
+            "--all is for --format longmemeval (one history per instance)", param_hint="--all"
+        )
+    if history.user is not None:
+        raise typer.BadParameter("give --user or --all, not both", param_hint="--all")
+    if history.path is None:
+        raise InputError("--path is required for format 'longmemeval'", field="--path")
+    instances = read_instances(history.path)[:limit]  # --limit: the first N instances
+    n = len(instances)
+    lms = {"answerer": lm_config.lm("answerer")} if d.lm_uses(answering=metrics == "all") else {}
+    judge_lm = lm_config.lm("judge") if metrics == "all" else None
+    with typer.progressbar(length=n, label="instances", file=sys.stderr) as bar:
+        report = evaluate_instances(
+            (instance_loaded(i, history.path, history.on_error) for i in instances), d, metrics=metrics,
+            lms=lms, judge_lm=judge_lm, protocol=protocol or "full", threads=threads, out_dir=out,
+            cache_dir=cache, on_instance=lambda user, rep: bar.update(1),
+        )  # fmt: skip
+    s = report.summary
+    if json_out:
+        result = report.as_json()
+        if lms or judge_lm is not None:
+            result["lms"] = lm_config.describe()
+            result["lm_usage"] = lm_config.usage_by_role()
+        echo_json(result)
+        return
+    typer.echo(
+        f"design {s.design_name} ({s.design_key})  {s.user}  metrics {s.metrics}  {s.n} items in {s.seconds:.1f}s"
+    )
+    typer.echo(_table(s))
+    if s.any_all_recall:
+        typer.echo(_any_all_table(s))
+    if s.errors:
+        typer.echo(
+            f"{s.errors} item(s) failed (scored 0; see 'error' in the per-instance items.jsonl)"
+        )

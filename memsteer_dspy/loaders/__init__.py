@@ -8,6 +8,8 @@ format      reads
 ``rhelm``   one persona of the RHELM benchmark (:mod:`.rhelm`)
 ``locomo``  one sample of a ``locomo10.json``-shaped file (:mod:`.locomo`)
 ``hf``      any ``datasets`` dataset with a column mapping (:mod:`.hf`)
+``longmemeval``  one instance of a LongMemEval ``_s``/``_m``/``_oracle`` file (:mod:`.longmemeval`)
+``atm``     ATM-Bench's emails and image/video captions with a QA file (:mod:`.atm`)
 ==========  ===========================================================================
 """
 
@@ -57,4 +59,12 @@ def load_history(
         from memsteer_dspy.loaders.hf import load_hf
 
         return load_hf(path, columns=columns, split=split, user=user, on_error=on_error)
-    raise InputError(f"unknown format {format!r}", field="--format", hint="choose jsonl, rhelm, locomo or hf")
+    if format == "longmemeval":
+        from memsteer_dspy.loaders.longmemeval import load_longmemeval
+
+        return load_longmemeval(path, user=user, on_error=on_error)
+    if format == "atm":
+        from memsteer_dspy.loaders.atm import load_atm
+
+        return load_atm(path, user=user, on_error=on_error)
+    raise InputError(f"unknown format {format!r}", field="--format", hint="choose jsonl, rhelm, locomo, hf, longmemeval or atm")

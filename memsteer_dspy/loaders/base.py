@@ -3,9 +3,12 @@ of what could not be used (unresolved evidence ids, skipped lines)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from memsteer_dspy.errors import InputError
 from memsteer_dspy.records import History, QAItem
 
 
@@ -58,3 +61,16 @@ class Loaded:
             ],
             "skipped": [{"file": s.file, "line": s.line, "reason": s.reason} for s in self.skipped],
         }
+
+
+def read_json_file(path: Path) -> Any:
+    """Parse a UTF-8 JSON file; a missing, non-UTF-8 or malformed file raises an
+    :class:`InputError` naming the file (and the line of a JSON error)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError("file not found", file=path) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (byte {exc.start})", file=path) from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"invalid JSON: {exc.msg}", file=path, line=exc.lineno) from None

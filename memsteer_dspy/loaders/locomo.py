@@ -10,14 +10,13 @@ is one record whose id is its ``dia_id`` (``D<session>:<turn>``). ``qa`` items c
 
 from __future__ import annotations
 
-import json
 import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from memsteer_dspy.errors import InputError
-from memsteer_dspy.loaders.base import Loaded, SkippedInput, UnresolvedEvidence
+from memsteer_dspy.loaders.base import Loaded, SkippedInput, UnresolvedEvidence, read_json_file
 from memsteer_dspy.records import AnswerType, History, QAItem, Record, RecordKind
 
 # The category numbers as the LoCoMo release uses them.
@@ -45,14 +44,7 @@ def normalize_dia_ids(raw: str) -> list[str]:
 
 
 def _samples(path: Path) -> list[dict[str, Any]]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError("file not found", file=path) from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text (byte {exc.start})", file=path) from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"invalid JSON: {exc.msg}", file=path, line=exc.lineno) from None
+    data = read_json_file(path)
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list) or not all(isinstance(s, dict) for s in data):

@@ -1,0 +1,15 @@
+"""Import a repository script (docs/, examples/) as a module, for tests."""
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_script(relpath: str):
+    """The script at ``ROOT/relpath`` imported as a fresh module (its ``main`` is not run)."""
+    path = ROOT / relpath
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
