@@ -47,6 +47,21 @@ def label_records(records: list[Record]) -> tuple[str, dict[str, str]]:
     return "\n\n".join(blocks), sentences
 
 
+def expand_citations(cited_ids: list[str], sentences: dict[str, str]) -> list[str]:
+    """The sentence labels cited, in order: a record label (``R2``, what the embedded 1.5B model
+    cites under ChatAdapter) stands for all of that record's sentences; unknown labels are dropped."""
+    out: dict[str, None] = {}
+    for c in cited_ids:
+        c = str(c).strip()
+        if c in sentences:
+            out.setdefault(c, None)
+        else:
+            for label in sentences:
+                if label.startswith(f"{c}."):
+                    out.setdefault(label, None)
+    return list(out)
+
+
 class CitedAnswer(dspy.Module):
     """BlindRead answers with citations; VerifyAnswer checks the draft against the cited sentences."""
 
@@ -64,7 +79,7 @@ class CitedAnswer(dspy.Module):
     ):
         quoted, sentences = label_records(records)
         read = self.read(question=question, answer_type=answer_type, records=quoted)
-        cited = [c for c in read.cited_ids if c in sentences]
+        cited = expand_citations(read.cited_ids, sentences)
         if not read.answerable or not cited:
             return dspy.Prediction(answer="I don't know", draft=read.answer, supported=False, citations=cited,
                                    cited_text="")  # fmt: skip

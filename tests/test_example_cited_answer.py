@@ -53,6 +53,13 @@ def test_reader_cites_and_verifier_sees_only_the_cited_sentences():
     assert "Lagos" not in verify_prompt  # the verifier never sees uncited records
 
 
+def test_a_record_label_cites_all_its_sentences():
+    """The embedded model cited ['R1', 'R2', 'R3'] instead of sentence labels (measured run)."""
+    ex = load_example()
+    _, sentences = ex.label_records(RECORDS)
+    assert ex.expand_citations(["R1", "R2.1", "R1.2", "R7"], sentences) == ["R1.1", "R1.2", "R2.1"]
+
+
 def test_unanswerable_or_uncited_reads_give_i_dont_know():
     ex = load_example()
     lm = DummyLM([{"cited_ids": ["R9.9"], "answer": "Lisbon", "answerable": True}])
