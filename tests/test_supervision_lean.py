@@ -227,21 +227,25 @@ def test_accepted_distribution_by_answer_type_question_and_evidence_count():
 
 def test_steered_candidates_never_ask_for_more_records_than_have_concrete_detail():
     # one concrete record among chatty ones: a two-record task is re-drawn as a one-record task
+    from supervision_helpers import RECORDS
+
     from memsteer_dspy.bundles import BundleSampler, concrete_records
     from memsteer_dspy.graph import RecordGraph
-    from supervision_helpers import RECORDS
 
     history = History("tester", [RECORDS[0], *[chatty(i) for i in range(4)]])
     config = small_lm_bundle_config(evidence_weights={2: 1.0, 1: 0.0001})
     sampler = BundleSampler(RecordGraph.build(history), config, seed=0, max_candidates=6)
-    seen = 0
+    capped = 0
     for i in range(len(sampler)):
         cand = sampler.candidate(i)
         if cand.bundle is None:
             continue
         concrete = len(concrete_records(cand.bundle))
-        seen += 1
-        assert cand.task.evidence_count <= max(1, concrete)
+        if concrete == 0:  # nothing to re-draw for: the pre-filter rejects it before any LM call
+            assert prefilter_bundle(cand.bundle, cand.task) == "nothing_concrete"
+        else:
+            assert cand.task.evidence_count <= concrete
+            capped += concrete == 1
         # the logged task rebuilds the same bundle (a resumed run's demos)
         assert sampler.candidate(i, task=cand.task).bundle == cand.bundle
-    assert seen
+    assert capped  # a bundle holding the one concrete record got a one-record task
