@@ -52,8 +52,8 @@ def test_compact_system_message_states_the_task_and_fields_without_json_schemas(
     full = dspy.JSONAdapter().format_system_message(sig)
     compact = CompactJSONAdapter().format_system_message(sig)
     assert compact.startswith("Plan one question about the user's own life")  # instruction first
-    assert "- `evidence` (list of {record_id, contribution})" in compact
-    assert "- `answer_type` (one of entity|number|date|text|list|boolean)" in compact
+    assert "1. `evidence` (list of {record_id, contribution})" in compact
+    assert "4. `answer_type` (one of entity|number|date|text|list|boolean)" in compact
     assert "JSON schema" in full and "JSON schema" not in compact
     assert len(compact) < 0.6 * len(full)
 
