@@ -60,11 +60,11 @@ def brief_type(annotation: Any) -> str:
     return "value"
 
 
-def _field_line(name: str, info: Any) -> str:
+def _field_line(n: int, name: str, info: Any) -> str:
     extra = info.json_schema_extra or {}
     desc = extra.get("desc", "")
     desc = "" if desc == f"${{{name}}}" else desc
-    return f"- `{name}` ({brief_type(info.annotation)})" + (f": {desc}" if desc else "")
+    return f"{n}. `{name}` ({brief_type(info.annotation)})" + (f": {desc}" if desc else "")
 
 
 class CompactJSONAdapter(dspy.JSONAdapter):
@@ -73,9 +73,14 @@ class CompactJSONAdapter(dspy.JSONAdapter):
     schema is better served by the full ``JSONAdapter``."""
 
     def format_field_description(self, signature: type[dspy.Signature]) -> str:
-        inputs = "\n".join(_field_line(k, v) for k, v in signature.input_fields.items())
-        outputs = "\n".join(_field_line(k, v) for k, v in signature.output_fields.items())
-        return f"Inputs:\n{inputs}\nOutput: one JSON object with these fields, in this order:\n{outputs}"
+        fields = (signature.input_fields, signature.output_fields)
+        inputs, outputs = (
+            "\n".join(_field_line(n, k, v) for n, (k, v) in enumerate(f.items(), 1)) for f in fields
+        )
+        return (
+            f"Your input fields are:\n{inputs}\nYour output fields are:\n{outputs}\n"
+            "Outputs will be a JSON object with these fields, in this order."
+        )
 
     def format_field_structure(self, signature: type[dspy.Signature]) -> str:
         return "Each input comes as a [[ ## name ## ]] section."
