@@ -267,6 +267,9 @@ class DesignRow(BaseModel):
     item_recall: dict[str, float | None] = Field(
         default_factory=dict, description="Per hand-written item (qa id): its R@10."
     )
+    item_delivered: dict[str, float | None] = Field(
+        default_factory=dict, description="Per hand-written item (qa id): its delivered recall."
+    )
 
 
 class DemoResult(BaseModel):
@@ -282,6 +285,12 @@ class DemoResult(BaseModel):
     supervision: dict[str, Any] = Field(default_factory=dict)
     optimization: dict[str, Any] = Field(default_factory=dict)
     rows: list[DesignRow] = Field(default_factory=list)
+    heldout: dict[str, Any] | None = Field(
+        None,
+        description="MemSteer-Opt vs Base-BM25 on the hand-written items the optimizer never saw: "
+        "the same object as an optimize run's summary.json 'test' (n, initial, best, diff, ci95, "
+        "verdict), paired bootstrap over items.",
+    )
     tracking_uri: str | None = None
     mlflow_ui: str | None = None
     tracking_failure: str | None = None
@@ -336,6 +345,21 @@ class DemoResult(BaseModel):
             )
             for change in opt.get("changes", []):
                 lines.append(f"  best design: {change}")
+        h = self.heldout
+        if h:
+            from memsteer_dspy.stats import points, points_ci
+
+            m = h["primary"]
+            lines.append(
+                f"Held-out ({h['n']} hand-written QA the optimizer never saw): MemSteer-Opt - Base-BM25 "
+                f"on {m} = {points(h['diff'].get(m))} points, 95% interval "
+                f"{points_ci(h['ci95'].get(m))} (paired bootstrap): {h['verdict']}"
+                + (
+                    " — the method did not beat Base-BM25 here."
+                    if h["verdict"] != "better"
+                    else "."
+                )
+            )
         if self.sized_down:
             lines += [
                 "",
@@ -555,6 +579,8 @@ def run_demo(
                   settings, tracker, cache, say, result, step=3 + i)  # fmt: skip
         _save(out, identity, result)
 
+    if len(result.rows) == 2:
+        result.heldout = heldout_comparison(result.rows[0], result.rows[1], settings.objective)
     result.tracking_uri = tracker.uri if tracker.active else None
     result.mlflow_ui = tracker.ui_command() if tracker.active else None
     result.tracking_failure = tracker.failure
@@ -563,6 +589,38 @@ def run_demo(
     _save(out, identity, result)
     write_atomic(out / RESULTS_FILE, _results_md(result))
     return result
+
+
+def heldout_comparison(base: DesignRow, best: DesignRow, objective: str) -> dict[str, Any]:
+    """The paired comparison of two rows on the hand-written items (``memsteer_dspy.stats``).
+
+    The verdict follows the optimization objective's primary metric (delivered recall for
+    ``recall``, accuracy otherwise); R@10 and delivered recall pair over every hand-written item,
+    accuracy over the answered subset.
+    """
+    from memsteer_dspy.stats import paired_comparison
+
+    def vectors(per_item: dict[str, float | None], other: dict[str, float | None]) -> tuple:
+        ids = sorted(set(per_item) | set(other))
+        return [per_item.get(i) for i in ids], [other.get(i) for i in ids]
+
+    initial: dict[str, list[float | None]] = {}
+    challenger: dict[str, list[float | None]] = {}
+    for metric, attr in (
+        ("recall_at_10", "item_recall"),
+        ("delivered_recall", "item_delivered"),
+        ("accuracy", "item_correct"),
+    ):
+        a, b = vectors(getattr(base, attr), getattr(best, attr))
+        if a:
+            initial[metric], challenger[metric] = a, b
+    primary = "delivered_recall" if objective == "recall" else "accuracy"
+    if primary not in initial:
+        primary = "recall_at_10"
+    comp = paired_comparison(
+        initial, challenger, primary, source="hand-written QA (never seen by the optimizer)"
+    )
+    return comp.model_dump(mode="json")
 
 
 def _slug(label: str) -> str:
@@ -775,6 +833,7 @@ def _evaluate(
         seconds=round(float(cost["seconds"]), 1), errors=rs.errors + a.errors, cost_usd=cost.get("cost_usd"),
         item_correct={i.qa_id: None if i.correct is None else float(i.correct) for i in answer.items},
         item_recall={i.qa_id: i.recall_at_10 for i in recall.items},
+        item_delivered={i.qa_id: i.delivered_recall for i in recall.items},
     )  # fmt: skip
     result.rows.append(row)
     if row.errors:

@@ -301,6 +301,15 @@ def test_table_comes_from_real_computation(demo_run):
     assert (out / "results.md").read_text().count("| MemSteer-Opt") == 1
     saved = json.loads((out / "demo.json").read_text())["result"]
     assert saved["rows"] == [r.model_dump(mode="json") for r in result.rows]
+    # the held-out comparison pairs the two rows' per-item scores on the hand-written items
+    h = result.heldout
+    assert h is not None and h["n"] == 34 and set(h["ci95"]) >= {"recall_at_10", "delivered_recall"}
+    assert h["initial"]["recall_at_10"] == pytest.approx(rows["Base-BM25"].recall_at_10)
+    assert h["best"]["delivered_recall"] == pytest.approx(rows["MemSteer-Opt"].delivered_recall)
+    assert h["initial"]["accuracy"] == pytest.approx(rows["Base-BM25"].accuracy)
+    diff = rows["MemSteer-Opt"].delivered_recall - rows["Base-BM25"].delivered_recall
+    assert h["diff"]["delivered_recall"] == pytest.approx(diff)
+    assert h["verdict"] in ("better", "worse", "inconclusive") and "Held-out (34" in result.render()
 
 
 def test_mlflow_holds_the_optimization_and_both_evaluations(demo_run):
@@ -354,6 +363,8 @@ def test_demo_command_prints_the_table_and_mlflow_command(demo_run, monkeypatch)
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout[res.stdout.index("{") :])
     assert report["rows"] == [r.model_dump(mode="json") for r in result.rows]
+    assert report["heldout"] == result.heldout and "accepted" in report["supervision"]
+    assert {"n", "initial", "best", "diff", "ci95", "verdict"} <= set(report["heldout"])
     res = CliRunner().invoke(app, ["demo", "--out", str(out), "--size", "huge"])
     assert res.exit_code != 0 and "--size" in res.output
 
@@ -422,3 +433,21 @@ def test_demo_at_the_smallest_size_with_the_embedded_model(tmp_path):
     again = run_demo(tmp_path / "run", cfg, settings=smallest, progress=False)
     assert sum(u["calls"] for u in cfg.usage_by_role().values()) == calls
     assert again.rows == result.rows
+
+
+def test_heldout_comparison_of_two_rows_gives_the_optimizers_test_object():
+    from memsteer_dspy.demo import DesignRow, heldout_comparison
+
+    ids = [f"q{i}" for i in range(20)]
+    base = DesignRow(label="Base-BM25", design_name="b", design_key="k0",
+                     item_recall=dict.fromkeys(ids, 0.0), item_delivered=dict.fromkeys(ids, 0.0),
+                     item_correct={i: 0.0 for i in ids[:10]})  # fmt: skip
+    win = base.model_copy(
+        update={"label": "MemSteer-Opt", "item_delivered": dict.fromkeys(ids, 1.0)}
+    )
+    h = heldout_comparison(base, win, "recall")
+    assert h["primary"] == "delivered_recall" and h["verdict"] == "better"
+    assert h["diff"]["delivered_recall"] == 1.0 and h["diff"]["recall_at_10"] == 0.0
+    assert h["n_pairs"]["accuracy"] == 10
+    same = heldout_comparison(base, base, "accuracy")
+    assert same["primary"] == "accuracy" and same["verdict"] == "inconclusive"
