@@ -164,9 +164,9 @@ def test_runs_table_compare_view_and_killed_run(server, store, page):
 
     # 1. the experiment's page as memsteer points to it: the runs table in the memsteer view,
     #    key metrics as the first columns after the attributes
-    url = Tracker.for_run(res.tracking_uri, res.parent_run_id)
-    assert url.connect()
-    page.goto(url.ui_url(server))
+    tracker = Tracker.for_run(res.tracking_uri, res.parent_run_id)
+    assert tracker.connect()
+    page.goto(tracker.ui_url(server))
     parent_row = page.locator(
         "[role=row]", has_text=client.get_run(res.parent_run_id).info.run_name
     )
