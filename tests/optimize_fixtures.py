@@ -4,7 +4,8 @@ JSONAdapter expects), designs with a few fields changed, and results built by ha
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import dspy
@@ -94,3 +95,24 @@ def scripted_lm(handler: Callable[[str, str], dict[str, Any]]):
     from memory_fixtures import ScriptedLM
 
     return ScriptedLM(handler)
+
+
+def write_optimize_inputs(
+    base: Path, train: Sequence[Any], val: Sequence[Any], design: dict[str, Any]
+) -> tuple[Path, Path, Path]:
+    """What ``memsteer optimize`` reads, under ``base``: ``hist/records.jsonl`` (the small
+    history), ``sup/train.jsonl`` and ``sup/val.jsonl`` (the given QA items) and ``design.json``
+    (the initial design). Returns (history folder, supervision folder, design file)."""
+    from memory_fixtures import small_history
+
+    hist, sup = base / "hist", base / "sup"
+    hist.mkdir()
+    sup.mkdir()
+    (hist / "records.jsonl").write_text(
+        "".join(r.model_dump_json() + "\n" for r in small_history().records)
+    )
+    (sup / "train.jsonl").write_text("".join(q.to_json() + "\n" for q in train))
+    (sup / "val.jsonl").write_text("".join(q.to_json() + "\n" for q in val))
+    path = base / "design.json"
+    MemoryDesign.from_dict(design).save(path)
+    return hist, sup, path

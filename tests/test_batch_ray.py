@@ -35,7 +35,9 @@ TESTS = Path(__file__).resolve().parent
 # (de-duplication) it saw in the uninterrupted run; with staged batches of several candidates,
 # `generate` resumed mid-batch gives batch-mates other demos, so its items may differ. --max-demos 0:
 # the scripted questions share one template, which the copied-demo check rejects once demos exist.
-GEN = ["--n", "3", "--max-candidates", "5", "--profile", "small", "--seed", "1", "--batch-size", "1",
+# The full profile (the small one steers toward number/date tasks the scripted world cannot write) and
+# enough items for optimize's train / validation / held-out split.
+GEN = ["--n", "8", "--max-candidates", "10", "--profile", "full", "--seed", "1", "--batch-size", "1",
        "--max-demos", "0"]  # fmt: skip
 LATENCY = (
     "0.15"  # seconds per scripted LM call under Ray: a user takes long enough to be killed mid-run

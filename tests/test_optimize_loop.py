@@ -9,10 +9,10 @@ import pytest
 from memory_fixtures import ScriptedLM, field_value, signature_of, small_history, small_qa
 from optimize_fixtures import ProposerLM, changed, proposal
 
-from memsteer_dspy.errors import ConfigError
 from memsteer_dspy.memory import MemoryDesign
 from memsteer_dspy.optimize import MemSteerOpt, OptimizeConfig, split_official
 from memsteer_dspy.optimize.loop import TrajectoryEntry
+from memsteer_dspy.runfolder import RunMismatchError
 
 NARROW = MemoryDesign.from_dict({"name": "narrow", "retrieve": {"top_k": 1, "pool": 1}})
 
@@ -151,8 +151,9 @@ def test_an_interrupted_iteration_reuses_its_saved_proposal(tmp_path, monkeypatc
 def test_changed_settings_refuse_to_resume(tmp_path):
     run(tmp_path, [proposal(wide(2))], iterations=1)[0].run()
     opt, _ = run(tmp_path, [], iterations=1, objective="recall-then-accuracy")
-    with pytest.raises(ConfigError, match="objective"):
+    with pytest.raises(RunMismatchError, match="options.objective") as err:
         opt.run()
+    assert err.value.field == "options.objective" and err.value.file.endswith("run.json")
 
 
 def test_a_candidate_that_cannot_be_built_is_recorded_failed(tmp_path):

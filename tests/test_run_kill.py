@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from memory_fixtures import small_history, small_qa
+from memory_fixtures import small_qa
+from optimize_fixtures import write_optimize_inputs
 from scripted_roles import NARROW, invoke
 from test_supervision_run import laptop_history
 
-from memsteer_dspy.memory import MemoryDesign
 from memsteer_dspy.supervision.run import read_log
 
 pytestmark = pytest.mark.kill
@@ -156,20 +156,9 @@ def test_generate_resume_refuses_another_lm_and_restart_starts_over(
 @pytest.fixture(scope="module")
 def opt_inputs(tmp_path_factory):
     base = tmp_path_factory.mktemp("opt")
-    folder = base / "hist"
-    folder.mkdir()
-    (folder / "records.jsonl").write_text(
-        "".join(r.model_dump_json() + "\n" for r in small_history().records)
-    )
-    sup = base / "sup"
-    sup.mkdir()
     items = [q.model_copy(update={"id": f"{q.id}-{c}", "question": f"{q.question} (asked {c})"})
              for c in range(3) for q in small_qa()]  # fmt: skip
-    (sup / "train.jsonl").write_text("".join(q.to_json() + "\n" for q in items[:8]))
-    (sup / "val.jsonl").write_text("".join(q.to_json() + "\n" for q in items[8:]))
-    design = base / "narrow.json"
-    MemoryDesign.from_dict(NARROW).save(design)
-    return base, folder, sup, design
+    return base, *write_optimize_inputs(base, items[:8], items[8:], NARROW)
 
 
 def opt_argv(inputs, out: Path) -> list[str]:

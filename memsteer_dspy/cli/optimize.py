@@ -105,7 +105,8 @@ def optimize(
         typer.Option(
             "--out",
             "-o",
-            help="Run folder: best_design.json, trajectory.jsonl, summary.md, iterations/, mlflow.db. A rerun resumes.",
+            help="Run folder: best_design.json, trajectory.jsonl, summary.md, iterations/, mlflow.db, run.json. "
+            "A rerun resumes the same run (see --restart).",
         ),
     ],
     iterations: Annotated[
@@ -206,6 +207,15 @@ def optimize(
         bool,
         typer.Option(
             "--json", help="Print one JSON object (the result, summary.json's content) at the end."
+        ),
+    ] = False,
+    restart: Annotated[
+        bool,
+        typer.Option(
+            "--restart",
+            help="Empty the --out folder and start over (a rerun otherwise resumes, and only with the same "
+            "history, protocol, initial design, train/val/test items, LMs, objective, search, accept rule, "
+            "seed and other options; --iterations and --threads may change).",
         ),
     ] = False,
     test: Annotated[
@@ -342,7 +352,7 @@ def optimize(
         on_event=_progress,
         run_params={"supervision": source, "lm": lm_config.describe(), "format": history.format,
                     "external": history.external},
-        test=test_items, test_source=test_source,
+        test=test_items, test_source=test_source, restart=restart,
     )  # fmt: skip
     result = opt.run()
     best, base = result.best_score, result.baseline_score

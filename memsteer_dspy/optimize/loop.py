@@ -25,7 +25,9 @@ Output folder (everything needed to resume; a rerun continues from the last fini
 * ``summary.md`` — settings, the held-out comparison, a table of iterations and the accepted path;
 * ``summary.json`` — the result, machine-readable (``test``: n, source, initial, best, diff, ci95,
   verdict; every candidate's scores, retrieval LM calls per question and cost);
-* ``run.json`` — the settings a resumed run must share, the test split, and the MLflow parent run id;
+* ``run.json`` — the run-folder layer's file (:mod:`memsteer_dspy.runfolder`): the same-run ``key``
+  (:meth:`MemSteerOpt.run_key`) a resume must match, the ``sessions`` with each one's LM usage by
+  role, and beside them the settings, the test split and the MLflow parent run id;
 * ``test/initial``, ``test/best`` — per-item held-out results of the two designs;
 * ``iterations/NNN/`` — ``proposal.json``, ``design.json``, ``rationale.md``, ``feedback.md``,
   ``feedback.json``, ``val/items.jsonl`` (and ``val-recall/`` under recall-then-accuracy,
@@ -35,8 +37,6 @@ Output folder (everything needed to resume; a rerun continues from the last fini
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -88,24 +88,22 @@ from memsteer_dspy.optimize.search import (
 )
 from memsteer_dspy.optimize.splits import ids_digest
 from memsteer_dspy.records import History, QAItem
+from memsteer_dspy.runfolder import (
+    JsonlLog,
+    RunFolder,
+    lm_identity,
+    qa_content_hash,
+    run_key,
+    write_atomic,
+    write_json,
+)
 from memsteer_dspy.stats import PairedComparison, compare_item_results, points, points_ci
 from memsteer_dspy.tracking import Tracker, flatten
 
 Status = Literal["baseline", "accepted", "rejected", "invalid", "duplicate", "failed"]
-COMPAT_KEYS = (
-    "history_fingerprint",
-    "objective",
-    "feedback",
-    "seed",
-    "train_ids",
-    "val_ids",
-    "init_design_key",
-    "protocol",
-    "search",
-    "parents",
-    "accept",
-)
-COMPAT_DEFAULTS = {"search": "hill", "parents": "softmax", "accept": "strict"}
+# OptimizeConfig fields left out of the same-run key: how far the run goes and how parallel it
+# is change no finished iteration's result (a resume with more --iterations continues).
+KEY_EXCLUDED = ("iterations", "threads")
 USAGE_KEYS = ("calls", "prompt_tokens", "completion_tokens", "total_tokens")
 
 
@@ -321,13 +319,6 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _usage_delta(
     before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]
 ) -> Cost:
@@ -383,6 +374,9 @@ class MemSteerOpt:
             :class:`~memsteer_dspy.optimize.search.HistoryEvaluator` over ``history``).
         search_proposer: a :class:`~memsteer_dspy.optimize.search.Proposer` (default: from
             ``config.search``: the LM proposer, or Optuna's random / TPE sampler).
+        restart: empty ``out_dir`` and start over. Without it an existing folder resumes, and only
+            if its same-run key (:meth:`run_key`) equals this run's: otherwise
+            :class:`~memsteer_dspy.runfolder.RunMismatchError` names the differing fields.
     """
 
     def __init__(
@@ -393,7 +387,7 @@ class MemSteerOpt:
         usage: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
         on_event: Callable[[dict[str, Any]], None] | None = None, run_params: Mapping[str, Any] | None = None,
         test: list[QAItem] | None = None, test_source: str = "", evaluator: Evaluator | None = None,
-        search_proposer: Proposer | None = None,
+        search_proposer: Proposer | None = None, restart: bool = False,
     ):  # fmt: skip
         self.config = config or OptimizeConfig()
         if self.config.objective not in OBJECTIVES:
@@ -454,6 +448,9 @@ class MemSteerOpt:
             )
         self._candidates: dict[int, Candidate] = {}
         self._states: dict[int, _TrainState] = {}
+        self.restart = restart
+        self.folder: RunFolder | None = None
+        self._usage_start: dict[str, dict[str, int]] = {}
 
     # -- resources ----------------------------------------------------------------------------
     def lm(self, role: str) -> Any:
@@ -529,76 +526,86 @@ class MemSteerOpt:
             "test_ids": ids_digest(self.test) if self.test else None, "test_source": self.test_source,
         }  # fmt: skip
 
-    def _open_run_file(self) -> dict[str, Any]:
-        path = self.out / "run.json"
-        settings = self._settings()
-        if path.exists():
-            try:
-                saved = json.loads(path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as exc:
-                raise InputError(
-                    f"not valid JSON: {exc.msg}",
-                    file=path,
-                    hint="delete it to start the run afresh",
-                ) from None
-            diff = [
-                k for k in COMPAT_KEYS if saved.get(k, COMPAT_DEFAULTS.get(k)) != settings.get(k)
-            ]
-            if diff and (self.out / "trajectory.jsonl").exists():
-                detail = "; ".join(
-                    f"{k}: {saved.get(k)!r} here, {settings.get(k)!r} now" for k in diff
-                )
-                raise ConfigError(
-                    f"{self.out} holds an optimization with other settings ({detail}); rerun with the same "
-                    "history, supervision, objective, feedback mode, seed, initial design, search and accept rule "
-                    "to resume it, or "
-                    "pass a new --out folder"
-                )
-            settings = {
-                **saved,
-                **{
-                    k: v
-                    for k, v in settings.items()
-                    if k not in saved or k.startswith(("test", "n_test"))
-                },
-            }
-        settings["iterations"] = self.config.iterations
-        settings["config"] = self.config.model_dump(mode="json")
-        return settings
+    def run_key(self) -> dict[str, Any]:
+        """The same-run key of this optimization (:func:`memsteer_dspy.runfolder.run_key`): every
+        setting that changes its trajectory or its held-out figures. A resume must match it field
+        by field, or :class:`~memsteer_dspy.runfolder.RunMismatchError` names the fields that differ.
 
-    def _save_run_file(self, run: dict[str, Any]) -> None:
-        _write_atomic(self.out / "run.json", json.dumps(run, indent=2, ensure_ascii=False) + "\n")
+        It holds the history fingerprint, the protocol, the initial design's key, the content
+        hashes of the train, validation and test items (``qa_hash.train`` / ``.val`` / ``.test``:
+        an edited answer or evidence id counts, not just the ids), the LM identities (model and
+        sampling settings) of the proposer (LM search only), the answerer and, unless the objective
+        is ``recall``, the judge, and every :class:`OptimizeConfig` option but ``iterations`` and
+        ``threads`` (objective, feedback, seed, search, accept rule and its parameters, ...)."""
+        c = self.config
+        lms: dict[str, Any] = {"answerer": self._lm_or_none("answerer")}
+        if c.objective != "recall":
+            lms["judge"] = self._lm_or_none("judge")
+        if self.search_proposer.uses_feedback:
+            lms["proposer"] = (
+                getattr(self._proposer, "lm", None) if self._proposer is not None else self._lm_or_none("proposer")
+            )  # fmt: skip
+        options = {k: v for k, v in c.model_dump(mode="json").items() if k not in KEY_EXCLUDED}
+        key = run_key(
+            "optimize", history=self.history, protocol=c.protocol, design_key=self.d0.key(),
+            lms={r: lm_identity(lm) for r, lm in lms.items()}, options=options,
+        )  # fmt: skip
+        key["qa_hash"] = {"train": qa_content_hash(self.train), "val": qa_content_hash(self.val),
+                          "test": qa_content_hash(self.test)}  # fmt: skip
+        return key
+
+    def _lm_or_none(self, role: str) -> Any:
+        """The role's LM for the same-run key, without marking the role as used; None when this run
+        has none for it (a role the run never needs, e.g. the answerer of a recall-only run)."""
+        src = self._lm_source
+        if src is None:
+            return None
+        if isinstance(src, Mapping):
+            return src.get(role)
+        try:
+            return src(role)
+        except Exception:  # noqa: BLE001 - a role that cannot be built is one this run must not need
+            return None
+
+    def _open_folder(self) -> RunFolder:
+        """Open the run folder through the run-folder layer: resume only the same run (see
+        :meth:`run_key`), ``restart`` empties it first. The settings beside the key in ``run.json``
+        are descriptive (the report and summaries read them)."""
+        folder = RunFolder.open(self.out, self.run_key(), restart=self.restart,
+                                legacy_files=("trajectory.jsonl",), extra=self._settings())  # fmt: skip
+        folder.state["iterations"] = self.config.iterations
+        folder.state["config"] = self.config.model_dump(mode="json")
+        return folder
+
+    def _save_usage(self) -> None:
+        """This session's LM usage by role (since :meth:`run` started) into the folder's ledger."""
+        if self.folder is not None:
+            self.folder.add_usage(_usage_delta(self._usage_start, self.usage_snapshot()).by_role)
+            self.folder.save()
 
     def read_trajectory(self) -> list[TrajectoryEntry]:
-        """Finished iterations on disk. A line cut by an interrupted write is dropped (and the
-        file repaired), so appending continues cleanly."""
-        path = self.out / "trajectory.jsonl"
-        if not path.exists():
-            return []
-        text = path.read_text(encoding="utf-8")
+        """Finished iterations on disk (the run-folder layer's log: a line torn by an interrupted
+        write is cut off, so appending continues cleanly; damage anywhere else is an InputError
+        naming the line)."""
+        log = JsonlLog(self.out / "trajectory.jsonl")
         entries: list[TrajectoryEntry] = []
-        good: list[str] = []
-        for line in text.splitlines():
-            if not line.strip():
-                continue
+        for n, obj in enumerate(log.read(), start=1):
             try:
-                e = TrajectoryEntry.model_validate_json(line)
-            except ValueError:
-                continue
+                e = TrajectoryEntry.model_validate(obj)
+            except ValueError as exc:
+                raise InputError(f"not a trajectory entry ({exc})", file=log.path, line=n,
+                                 hint="rerun with --restart to start this run over") from None  # fmt: skip
             if e.iteration != len(entries):
-                break  # a gap means the rest is not trustworthy
+                raise InputError(
+                    f"iteration {e.iteration} follows iteration {len(entries) - 1}: the trajectory has a gap",
+                    file=log.path, line=n, hint="rerun with --restart to start this run over",
+                )  # fmt: skip
             entries.append(e)
-            good.append(line)
-        repaired = "".join(g + "\n" for g in good)
-        if repaired != text:
-            _write_atomic(path, repaired)
         return entries
 
     def _append(self, entry: TrajectoryEntry) -> None:
-        with open(self.out / "trajectory.jsonl", "a", encoding="utf-8") as f:
-            f.write(entry.model_dump_json() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        JsonlLog(self.out / "trajectory.jsonl").append(entry.model_dump_json())
+        self._save_usage()
 
     # -- training results and feedback --------------------------------------------------------
     def _train_state(self, design: MemoryDesign, t: int) -> _TrainState:
@@ -610,7 +617,7 @@ class MemSteerOpt:
         diagnoses = diagnose_failures(
             system, self.train, report.items, protocol=self.config.protocol, errors=errors
         )
-        _write_atomic(
+        write_atomic(
             folder / "diagnosis.jsonl",
             "".join(d.model_dump_json() + "\n" for d in diagnoses.values()),
         )
@@ -657,13 +664,7 @@ class MemSteerOpt:
             from memsteer_dspy.evaluation import ItemResult
 
             path = self._iter_dir(entry.iteration) / "val" / "items.jsonl"
-            items = []
-            if path.exists():
-                for line in path.read_text(encoding="utf-8").splitlines():
-                    try:
-                        items.append(ItemResult.model_validate_json(line))
-                    except ValueError:
-                        continue
+            items = [ItemResult.model_validate(obj) for obj in JsonlLog(path).read(repair=False)]
             self._candidates[entry.iteration] = self._candidate_of(
                 entry.iteration, MemoryDesign.from_dict(entry.design), entry.score, items
             )
@@ -721,7 +722,7 @@ class MemSteerOpt:
             )
         except Exception as exc:  # the proposer never stops the loop
             proposal = Proposal(status="failed", error=f"{type(exc).__name__}: {exc}")
-        _write_atomic(path, proposal.model_dump_json(indent=2) + "\n")
+        write_atomic(path, proposal.model_dump_json(indent=2) + "\n")
         return proposal
 
     def _best_of_k(
@@ -752,7 +753,7 @@ class MemSteerOpt:
                                                         seen={**seen, **extra_seen}, iteration=t * 100 + k)  # fmt: skip
                 except Exception as exc:  # noqa: BLE001 - one failed call loses one proposal
                     prop = Proposal(status="failed", error=f"{type(exc).__name__}: {exc}")
-                _write_atomic(path, prop.model_dump_json(indent=2) + "\n")
+                write_atomic(path, prop.model_dump_json(indent=2) + "\n")
             attempts += prop.attempts
             if prop.status == "ok" and prop.design is not None:
                 extra_seen[prop.design.key()] = f"proposal {k} of iteration {t}"
@@ -818,8 +819,9 @@ class MemSteerOpt:
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> OptimizeResult:
         """Run (or resume) the optimization; returns the best design and the trajectory."""
-        self.out.mkdir(parents=True, exist_ok=True)
-        run = self._open_run_file()
+        self._usage_start = self.usage_snapshot()
+        self.folder = self._open_folder()
+        run = self.folder.state
         entries = self.read_trajectory()
         self.parent_run_id = self.tracker.start_run(
             f"optimize-{self.history.user_id}", resume_run_id=run.get("parent_run_id"),
@@ -828,7 +830,7 @@ class MemSteerOpt:
         if self.parent_run_id:
             run["parent_run_id"] = self.parent_run_id
             run["tracking_uri"] = self.tracker.uri
-        self._save_run_file(run)
+        self.folder.save()
         self.tracker.log_params(self.parent_run_id, {
             **{k: run[k] for k in ("history_fingerprint", "user", "objective", "feedback", "seed", "protocol",
                                    "n_train", "n_val", "iterations", "init_design_key", "search", "accept",
@@ -844,6 +846,7 @@ class MemSteerOpt:
             status = "KILLED"
             raise
         finally:
+            self._save_usage()
             self._finish(status)
 
     def _state_for(self, entry: TrajectoryEntry) -> _TrainState:
@@ -953,8 +956,8 @@ class MemSteerOpt:
         if state is not None:
             feedback = self._feedback(state, t)
             feedback_text = feedback.render(self.config.feedback_tokens)
-            _write_atomic(folder / "feedback.json", feedback.model_dump_json(indent=2) + "\n")
-            _write_atomic(folder / "feedback.md", feedback_text + "\n")
+            write_atomic(folder / "feedback.json", feedback.model_dump_json(indent=2) + "\n")
+            write_atomic(folder / "feedback.md", feedback_text + "\n")
         proposal = self._propose(t, parent, entries, feedback_text)
         if self.config.proposals > 1 and proposal.status == "ok":
             proposal = self._best_of_k(t, parent, entries, feedback_text, proposal)
@@ -978,7 +981,7 @@ class MemSteerOpt:
             entry.changes = design_diff(parent, design)
             entry.retrieval_lm_calls = retrieval_lm_calls(design)
             design.save(folder / "design.json")
-            _write_atomic(folder / "rationale.md", f"# Iteration {t}\n\n{proposal.rationale.strip()}\n\n## Changes\n\n"
+            write_atomic(folder / "rationale.md", f"# Iteration {t}\n\n{proposal.rationale.strip()}\n\n## Changes\n\n"
                           + "".join(f"- {c}\n" for c in entry.changes))  # fmt: skip
             try:
                 score, screen, reason = self._score(design, folder, incumbent_score)
@@ -1036,7 +1039,7 @@ class MemSteerOpt:
                     for name in ("val",):  # the pool reads the entry's per-item results from val/
                         src = sub_dir / name / "items.jsonl"
                         if src.exists():
-                            _write_atomic(
+                            write_atomic(
                                 folder / name / "items.jsonl", src.read_text(encoding="utf-8")
                             )
         if accepted_design is not None:
@@ -1089,7 +1092,7 @@ class MemSteerOpt:
         run_id = self.tracker.start_run(f"iter-{t:03d}", parent_run_id=self.parent_run_id, resume_run_id=previous,
                                         tags={"memsteer.iteration": t})  # fmt: skip
         if run_id:
-            _write_atomic(marker, run_id + "\n")
+            write_atomic(marker, run_id + "\n")
         return run_id
 
     def _track_candidate(
@@ -1153,7 +1156,7 @@ class MemSteerOpt:
                 rid, [a.model_dump(mode="json") for a in entry.attempts], "proposal_attempts.json"
             )
         if tr.active:
-            (folder / ".tracked").write_text(_now() + "\n")
+            write_atomic(folder / ".tracked", _now() + "\n")
         tr.end_run(rid)
 
     def _write_outputs(
@@ -1163,7 +1166,7 @@ class MemSteerOpt:
         design = MemoryDesign.from_dict(best.design)
         design.save(self.out / "best_design.json")
         test = result.test if result is not None else None
-        _write_atomic(
+        write_atomic(
             self.out / "summary.md",
             render_summary(entries, self.config, self.history, self._settings(), test=test),
         )
@@ -1172,9 +1175,7 @@ class MemSteerOpt:
                     "parents": self.config.parents if self.config.search == "population" else None,
                     "accept": self.config.accept, "feedback": self.config.feedback, "n_train": len(self.train),
                     "n_val": len(self.val), **result.summary()}  # fmt: skip
-            _write_atomic(
-                self.out / "summary.json", json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-            )
+            write_json(self.out / "summary.json", data)
 
     def _finish(self, status: str) -> None:
         rid = self.parent_run_id
@@ -1194,20 +1195,15 @@ class MemSteerOpt:
 
 def _item_rows(path: Path) -> list[dict[str, Any]]:
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            trace = r.get("trace") or {}
-            rows.append({
-                "qa_id": r.get("qa_id"), "question": r.get("question"), "question_type": r.get("question_type"),
-                "reference": r.get("reference"), "prediction": r.get("prediction"), "correct": r.get("correct"),
-                "qs": r.get("qs"), "recall_at_10": r.get("recall_at_10"), "delivered_recall": r.get("delivered_recall"),
-                "evidence_ids": r.get("evidence_ids"), "delivered_ids": trace.get("delivered_record_ids"),
-                "error": r.get("error"),
-            })  # fmt: skip
+    for r in JsonlLog(path).read(repair=False):
+        trace = r.get("trace") or {}
+        rows.append({
+            "qa_id": r.get("qa_id"), "question": r.get("question"), "question_type": r.get("question_type"),
+            "reference": r.get("reference"), "prediction": r.get("prediction"), "correct": r.get("correct"),
+            "qs": r.get("qs"), "recall_at_10": r.get("recall_at_10"), "delivered_recall": r.get("delivered_recall"),
+            "evidence_ids": r.get("evidence_ids"), "delivered_ids": trace.get("delivered_record_ids"),
+            "error": r.get("error"),
+        })  # fmt: skip
     return rows
 
 
