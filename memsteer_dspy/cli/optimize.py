@@ -275,6 +275,7 @@ def optimize(
         list[str] | None,
         typer.Option(
             "--guard",
+            metavar="METRIC",
             help="Non-inferiority guard (repeatable): reject a candidate significantly below the current "
             "design in this metric (recall_at_1/5/10, delivered_recall, accuracy), paired over the "
             "selecting items, one-sided at --accept-alpha with --accept-test; applies to both accept rules.",
