@@ -62,7 +62,7 @@ def run_one(
     config = OptimizeConfig(
         iterations=args.iterations, objective="recall", protocol="as_of", seed=args.seed, search=search,
         parents=args.parents, accept=args.accept, proposer_output="changes", feedback_tokens=args.feedback_tokens,
-        max_build_calls=0, guard=args.guard or [], val_from=args.val_from,
+        max_build_calls=0, guard=args.guard or [], guard_margin=args.guard_margin, val_from=args.val_from,
     )  # fmt: skip
     folder = out / setting / search
     kwargs: dict[str, Any] = dict(config=config, lms=lm, init_design=MemoryDesign.base_bm25(), cache_dir=args.cache_dir,
@@ -104,7 +104,7 @@ def render(rows: list[dict[str, Any]], args) -> str:
         "# Search strategies at the same evaluation budget (held-out)",
         "",
         f"RHELM, external sources on, as-of protocol, official supervision (40/20 train/val per persona, seed "
-        f"{args.seed}), objective `recall`, accept `{args.accept}`, guard `{'+'.join(args.guard or []) or 'none'}`, selecting on "
+        f"{args.seed}), objective `recall`, accept `{args.accept}`, guard `{'+'.join(args.guard or []) or 'none'}` (margin {args.guard_margin}), selecting on "
         f"`{args.val_from}`, {args.iterations} iterations each. Test: the "
         "official items the split leaves out (never used for feedback or selection). Diff = chosen design - "
         "Base-BM25 on those items, in points, with the paired bootstrap 95% interval (1,000 resamples); verdict "
@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parents", default="softmax", choices=["softmax", "pareto"])
     ap.add_argument("--guard", action="append",
                     help="non-inferiority guard metric (repeatable), e.g. recall_at_10")  # fmt: skip
+    ap.add_argument("--guard-margin", type=float, default=None,
+                    help="guards as non-inferiority tests with this margin (0-1)")  # fmt: skip
     ap.add_argument("--val-from", default="val", choices=["val", "train+val"],
                     help="items that select: validation, or training + validation")  # fmt: skip
     ap.add_argument(

@@ -473,3 +473,24 @@ def test_val_from_train_and_val_selects_on_both_and_needs_the_recall_objective(t
     with pytest.raises(ConfigError, match="objective recall"):
         MemSteerOpt(small_history(), train, val, tmp_path / "acc", init_design=NARROW,
                     config=OptimizeConfig(objective="accuracy", val_from="train+val"))  # fmt: skip
+
+
+def test_guard_margin_turns_the_burden_of_proof_round():
+    from memsteer_dspy.errors import ConfigError
+    from memsteer_dspy.optimize.search import NonInferiorityGuard
+
+    current = guarded(0, 0.4, [1.0, 0.0, 1.0, 0.5, 1.0, 1.0])
+    one_loss = guarded(1, 0.6, [0.0, 0.0, 1.0, 0.5, 1.0, 1.0])  # -1/6: no significant loss ...
+    assert NonInferiorityGuard(["recall_at_10"], alpha=0.1).check(one_loss, current).accepted
+    ni = NonInferiorityGuard(["recall_at_10"], alpha=0.1, margin=0.02)
+    d = ni.check(one_loss, current)  # ... but not shown to be within 0.02 of the current design
+    assert not d.accepted and "non-inferior" in d.reason
+    assert (
+        d.stats["guard_recall_at_10"]["margin"] == 0.02
+        and d.stats["guard_recall_at_10"]["p"] >= 0.1
+    )
+    same = guarded(2, 0.6, list(current.item_metrics["recall_at_10"]))  # unchanged ranking: 0 > -δ
+    ok = ni.check(same, current)
+    assert ok.accepted and ok.stats["guard_recall_at_10"]["p"] == pytest.approx(1 / 1001, abs=5e-5)
+    with pytest.raises(ConfigError, match="guard-margin"):
+        NonInferiorityGuard(["recall_at_10"], margin=1.5)

@@ -281,6 +281,17 @@ def optimize(
             "selecting items, one-sided at --accept-alpha with --accept-test; applies to both accept rules.",
         ),
     ] = None,
+    guard_margin: Annotated[
+        float | None,
+        typer.Option(
+            "--guard-margin",
+            min=0.001,
+            max=0.5,
+            help="Make each --guard a non-inferiority test: a candidate passes only when the paired "
+            "bootstrap shows it above the current design minus this margin (p < --accept-alpha); "
+            "default: reject only a significant loss.",
+        ),
+    ] = None,
     val_from: Annotated[
         str,
         typer.Option(
@@ -352,7 +363,7 @@ def optimize(
         proposer_output=proposer_output, max_build_calls=_build_call_limit(max_build_calls, lm_config),
         search=search, parents=parents, accept=accept_rule, accept_alpha=accept_alpha, accept_margin=accept_margin,
         accept_test=accept_test, lm_retrieval_margin=lm_retrieval_margin, proposals=proposals,
-        guard=list(guard or []), val_from=val_from,
+        guard=list(guard or []), guard_margin=guard_margin, val_from=val_from,
     )  # fmt: skip
     tracker = _tracker(out, loaded, tracking_uri, no_tracking)
     if dspy_autolog:

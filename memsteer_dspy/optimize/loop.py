@@ -108,6 +108,7 @@ COMPAT_KEYS = (
     "parents",
     "accept",
     "guard",
+    "guard_margin",
     "val_from",
 )
 COMPAT_DEFAULTS = {
@@ -115,6 +116,7 @@ COMPAT_DEFAULTS = {
     "parents": "softmax",
     "accept": "strict",
     "guard": [],
+    "guard_margin": None,
     "val_from": "val",
 }
 USAGE_KEYS = ("calls", "prompt_tokens", "completion_tokens", "total_tokens")
@@ -180,6 +182,11 @@ class OptimizeConfig(BaseModel):
         "candidate must not be significantly below the current design on, paired over the validation "
         "items (one-sided, same accept_test and accept_alpha), on top of the accept rule.",
     )
+    guard_margin: float | None = Field(
+        None, gt=0, lt=1,
+        description="Guards as a non-inferiority test: pass only when the paired bootstrap shows the "
+        "candidate above current - guard_margin (p < accept_alpha). None: reject only a significant loss.",
+    )  # fmt: skip
     val_from: Literal["val", "train+val"] = Field(
         "val",
         description="Items that select (accept rule, guards, parent choice, the best design): 'val', or "
@@ -465,7 +472,13 @@ class MemSteerOpt:
             if c.accept == "paired" else StrictAccept(c.objective)
         )  # fmt: skip
         self.guards = (
-            NonInferiorityGuard(c.guard, alpha=c.accept_alpha, test=c.accept_test, seed=c.seed)
+            NonInferiorityGuard(
+                c.guard,
+                alpha=c.accept_alpha,
+                test=c.accept_test,
+                seed=c.seed,
+                margin=c.guard_margin,
+            )  # fmt: skip
             if c.guard
             else None
         )
@@ -553,7 +566,7 @@ class MemSteerOpt:
             "history_fingerprint": self.history.fingerprint, "user": self.history.user_id, "objective": c.objective,
             "feedback": c.feedback, "seed": c.seed, "train_ids": ids_digest(self.train), "val_ids": ids_digest(self.val),
             "init_design_key": self.d0.key(), "protocol": c.protocol, "n_train": len(self.train), "n_val": len(self.val),
-            "search": c.search, "parents": c.parents, "accept": c.accept, "guard": c.guard, "val_from": c.val_from,
+            "search": c.search, "parents": c.parents, "accept": c.accept, "guard": c.guard, "guard_margin": c.guard_margin, "val_from": c.val_from,
             "n_test": len(self.test),
             "test_ids": ids_digest(self.test) if self.test else None, "test_source": self.test_source,
         }  # fmt: skip

@@ -254,12 +254,22 @@ class NonInferiorityGuard:
     sign, as for ``--accept paired``) of "the current design is no better than the candidate" over
     the selecting items; p < ``alpha`` means the candidate lost that metric beyond noise.
 
+    With ``margin`` δ set (``--guard-margin``) the burden of proof turns round — a proper
+    non-inferiority test: the candidate passes only if the one-sided paired bootstrap shows its
+    mean difference above −δ (p of "candidate − current ≤ −δ" below ``alpha``). That is stricter on
+    few items (where a real loss is rarely significant), and still passes a design whose ranking is
+    unchanged (all differences 0 > −δ).
+
     Why: the recall objective selects on delivered recall, which a design can raise (smaller units,
     neighbour expansion, a larger top-k) while ranking fewer gold records in its first ten; without
     a guard that trade is accepted and carries to held-out items."""
 
     def __init__(self, metrics: Sequence[str], *, alpha: float = 0.1,
-                 test: Literal["bootstrap", "sign"] = "bootstrap", seed: int = 0):  # fmt: skip
+                 test: Literal["bootstrap", "sign"] = "bootstrap", seed: int = 0,
+                 margin: float | None = None):  # fmt: skip
+        if margin is not None and not 0 < margin < 1:
+            raise ConfigError(f"--guard-margin must be between 0 and 1 (exclusive), not {margin}")
+        self.margin = margin
         bad = [m for m in metrics if m not in GUARD_METRICS]
         if bad:
             raise ConfigError(
@@ -287,12 +297,24 @@ class NonInferiorityGuard:
             if a is None or b is None:
                 raise ValueError(f"guard metric {m!r} was not recorded for both designs")
             d = paired_differences(b, a)  # candidate - incumbent
+            diff = float(d.mean()) if len(d) else 0.0
+            if self.margin is not None:  # non-inferiority: is candidate + δ better than current?
+                shifted = [None if x is None else x + self.margin for x in a]
+                p = paired_bootstrap_p(b, shifted, seed=self.seed)
+                stats[f"guard_{m}"] = {"diff": round(diff, 4), "p": round(p, 4), "n": len(d),
+                                       "margin": self.margin}  # fmt: skip
+                if len(d) and p >= self.alpha:
+                    return Decision(False, (
+                        f"not shown non-inferior to the current design in {m}: {diff:+.3f} (p={p:.3f} that it "
+                        f"is at least {self.margin:.3f} below, paired bootstrap over {len(d)} items; needs p < "
+                        f"{self.alpha})"
+                    ), stats)  # fmt: skip
+                continue
             p = (
                 paired_bootstrap_p(a, b, seed=self.seed)
                 if self.test == "bootstrap"
                 else sign_test_p(a, b)
             )
-            diff = float(d.mean()) if len(d) else 0.0
             stats[f"guard_{m}"] = {"diff": round(diff, 4), "p": round(p, 4), "n": len(d)}
             if p < self.alpha:
                 return Decision(False, (
