@@ -82,7 +82,7 @@ def run_one(
     t = res.test
     return {
         "setting": setting, "search": search, "iterations": len(res.entries) - 1, "n_train": len(train),
-        "n_val": len(val), "n_test": t.n if t else 0, "designs_evaluated": sum(e.score is not None for e in res.entries)
+        "n_val": len(opt.val), "n_test": t.n if t else 0, "designs_evaluated": sum(e.score is not None for e in res.entries)
         + sum(1 for e in res.entries for sc in e.sub_screens if sc.get("score")),
         "val_initial": res.baseline_score.delivered_recall, "val_best": res.best_score.delivered_recall,
         "test": t.model_dump(mode="json") if t else None, "lm_calls": cost.calls, "tokens": cost.total_tokens,
