@@ -62,7 +62,7 @@ def run_one(
     config = OptimizeConfig(
         iterations=args.iterations, objective="recall", protocol="as_of", seed=args.seed, search=search,
         parents=args.parents, accept=args.accept, proposer_output="changes", feedback_tokens=args.feedback_tokens,
-        max_build_calls=0,
+        max_build_calls=0, guard=args.guard or [], guard_margin=args.guard_margin, val_from=args.val_from,
     )  # fmt: skip
     folder = out / setting / search
     kwargs: dict[str, Any] = dict(config=config, lms=lm, init_design=MemoryDesign.base_bm25(), cache_dir=args.cache_dir,
@@ -82,7 +82,7 @@ def run_one(
     t = res.test
     return {
         "setting": setting, "search": search, "iterations": len(res.entries) - 1, "n_train": len(train),
-        "n_val": len(val), "n_test": t.n if t else 0, "designs_evaluated": sum(e.score is not None for e in res.entries)
+        "n_val": len(opt.val), "n_test": t.n if t else 0, "designs_evaluated": sum(e.score is not None for e in res.entries)
         + sum(1 for e in res.entries for sc in e.sub_screens if sc.get("score")),
         "val_initial": res.baseline_score.delivered_recall, "val_best": res.best_score.delivered_recall,
         "test": t.model_dump(mode="json") if t else None, "lm_calls": cost.calls, "tokens": cost.total_tokens,
@@ -104,7 +104,8 @@ def render(rows: list[dict[str, Any]], args) -> str:
         "# Search strategies at the same evaluation budget (held-out)",
         "",
         f"RHELM, external sources on, as-of protocol, official supervision (40/20 train/val per persona, seed "
-        f"{args.seed}), objective `recall`, accept `{args.accept}`, {args.iterations} iterations each. Test: the "
+        f"{args.seed}), objective `recall`, accept `{args.accept}`, guard `{'+'.join(args.guard or []) or 'none'}` (margin {args.guard_margin}), selecting on "
+        f"`{args.val_from}`, {args.iterations} iterations each. Test: the "
         "official items the split leaves out (never used for feedback or selection). Diff = chosen design - "
         "Base-BM25 on those items, in points, with the paired bootstrap 95% interval (1,000 resamples); verdict "
         "on delivered recall.",
@@ -135,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--accept", default="strict", choices=["strict", "paired"])
     ap.add_argument("--parents", default="softmax", choices=["softmax", "pareto"])
+    ap.add_argument("--guard", action="append",
+                    help="non-inferiority guard metric (repeatable), e.g. recall_at_10")  # fmt: skip
+    ap.add_argument("--guard-margin", type=float, default=None,
+                    help="guards as non-inferiority tests with this margin (0-1)")  # fmt: skip
+    ap.add_argument("--val-from", default="val", choices=["val", "train+val"],
+                    help="items that select: validation, or training + validation")  # fmt: skip
     ap.add_argument(
         "--lm", default=None, help="proposer LM for hill/population (default: the configured one)"
     )

@@ -165,3 +165,22 @@ def test_evaluate_compare_two_designs(history_dir, tmp_path):
     ).exists()
     res = CliRunner().invoke(app, [*args, "--compare", "base-bm25", "base-bm25"])
     assert res.exit_code == 0 and "inconclusive" in res.output and "B - A" in res.output
+
+
+def test_optimize_guard_and_val_from_reach_the_run(history_dir, scripted_config, tmp_path):
+    pytest.importorskip("optuna")
+    folder, sup, design = history_dir
+    scripted_config["proposer"] = ProposerLM([])
+    args = ["optimize", "--format", "jsonl", "--path", str(folder), "--supervision", str(sup), "--objective", "recall",
+            "--init-design", str(design), "--no-tracking", "--no-cache", "--iterations", "1", "--search", "random"]  # fmt: skip
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "g"), "--guard", "recall_at_10",
+                                   "--guard", "recall_at_5", "--val-from", "train+val"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    run = json.loads((tmp_path / "g" / "run.json").read_text())
+    assert run["guard"] == ["recall_at_10", "recall_at_5"] and run["val_from"] == "train+val"
+    assert run["n_val"] > 0 and run["n_val"] >= run["n_train"]  # the training items select too
+    bad = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "b"), "--guard", "recall_at_7"])
+    assert bad.exit_code != 0 and "--guard" in bad.output
+    acc = CliRunner().invoke(app, [*args[:-2], "--out", str(tmp_path / "a"), "--objective", "accuracy",
+                                   "--val-from", "train+val"])  # fmt: skip
+    assert acc.exit_code != 0 and "objective recall" in acc.output

@@ -375,3 +375,122 @@ def test_k_proposals_are_screened_by_recall_and_the_best_goes_on(tmp_path):
     assert again.run().entries[1].design_key == e.design_key and lm2.calls == []
     with pytest.raises(Exception, match="proposals"):
         make(tmp_path, [], iterations=1, name="x", proposals=2, search="random")
+
+
+# -- non-inferiority guard and --val-from ------------------------------------------------------------
+
+
+def guarded(i: int, primary: float, r10: list[float | None]) -> Candidate:
+    c = cand(i, primary, [primary] * len(r10))
+    c.item_metrics = {"recall_at_10": r10}
+    return c
+
+
+def test_guard_rejects_a_candidate_significantly_below_in_r10():
+    from memsteer_dspy.optimize.search import NonInferiorityGuard
+
+    current = guarded(0, 0.4, [1.0] * 10)
+    worse = guarded(1, 0.6, [0.0] * 8 + [1.0] * 2)  # loses 8 of 10 items, wins none
+    d = NonInferiorityGuard(["recall_at_10"], alpha=0.1, test="sign").check(worse, current)
+    assert not d.accepted and "significantly below" in d.reason and "recall_at_10" in d.reason
+    st = d.stats["guard_recall_at_10"]
+    assert st["diff"] == pytest.approx(-0.8) and st["n"] == 10
+    assert st["p"] == pytest.approx(0.5**8, abs=5e-5)  # exact sign test: 8 losses, no win
+    boot = NonInferiorityGuard(["recall_at_10"], alpha=0.1).check(worse, current)
+    assert not boot.accepted and boot.stats["guard_recall_at_10"]["p"] < 0.01
+
+
+def test_guard_accepts_noise_ties_and_gains():
+    from memsteer_dspy.optimize.search import NonInferiorityGuard
+
+    g = NonInferiorityGuard(["recall_at_10"], alpha=0.1, test="sign")
+    current = guarded(0, 0.4, [1.0, 0.0, 1.0, 0.5, None])
+    one_loss = guarded(1, 0.6, [0.0, 0.0, 1.0, 0.5, 1.0])  # one loss of 4 paired items: p = 1/2
+    d = g.check(one_loss, current)
+    assert d.accepted and d.stats["guard_recall_at_10"] == {"diff": -0.25, "p": 0.5, "n": 4}
+    tie = g.check(guarded(2, 0.6, [1.0, 0.0, 1.0, 0.5, 0.0]), current)
+    assert tie.accepted and tie.stats["guard_recall_at_10"]["p"] == 1.0
+    better = guarded(3, 0.6, [1.0, 1.0, 1.0, 1.0, 0.0])
+    assert g.check(better, current).accepted  # a gain is never vetoed
+
+
+def test_guard_refuses_unknown_metrics_and_unpaired_items():
+    from memsteer_dspy.errors import ConfigError
+    from memsteer_dspy.optimize.search import NonInferiorityGuard
+
+    with pytest.raises(ConfigError, match="recall_at_7"):
+        NonInferiorityGuard(["recall_at_7"])
+    g = NonInferiorityGuard(["recall_at_10"])
+    with pytest.raises(ValueError, match="same items"):
+        g.check(guarded(1, 0.5, [1.0]), guarded(0, 0.5, [1.0, 1.0]))
+
+
+def test_guard_vetoes_what_the_accept_rule_took_and_records_its_statistic(tmp_path):
+    opt, _ = make(tmp_path, [], iterations=0, guard=["recall_at_10"], accept_test="sign")
+    n = len(opt.val)
+    ids = [q.id for q in opt.val]
+    current = Candidate(0, NARROW, Score(delivered_recall=0.4, recall_at_10=0.9), ids, [0.4] * n,
+                        item_metrics={"recall_at_10": [1.0] * n})  # fmt: skip
+    trade = Candidate(1, NARROW, Score(delivered_recall=0.6, recall_at_10=0.0), ids, [0.6] * n,
+                      item_metrics={"recall_at_10": [0.0] * n})  # fmt: skip
+    assert opt.rule.decide(trade, current).accepted  # strict alone takes the delivered-recall gain
+    d = opt._decide(trade, current, [])
+    assert not d.accepted and "recall_at_10" in d.reason
+    assert d.stats["guard_recall_at_10"]["p"] == pytest.approx(0.5**n, abs=5e-5)
+    keep = Candidate(2, NARROW, Score(delivered_recall=0.6, recall_at_10=0.9), ids, [0.6] * n,
+                     item_metrics={"recall_at_10": [1.0] * n})  # fmt: skip
+    ok = opt._decide(keep, current, [])
+    assert ok.accepted and ok.stats["guard_recall_at_10"]["diff"] == 0
+
+
+def test_a_guarded_run_records_guard_metrics_per_candidate_and_in_run_json(tmp_path):
+    opt, _ = make(tmp_path, [proposal(wide(2))], iterations=1, guard=["recall_at_10"])
+    res = opt.run()
+    e = res.entries[1]
+    assert e.status == "accepted"  # a wider top-k does not lower R@10
+    assert e.accept_stats["guard_recall_at_10"]["diff"] >= 0
+    c = opt.candidate(e)
+    assert len(c.item_metrics["recall_at_10"]) == len(opt.val)
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["guard"] == ["recall_at_10"] and run["val_from"] == "val"
+    other, _ = make(tmp_path, [], iterations=1)  # same folder, no guard: a different run
+    with pytest.raises(Exception, match="guard"):
+        other.run()
+
+
+def test_val_from_train_and_val_selects_on_both_and_needs_the_recall_objective(tmp_path):
+    from memsteer_dspy.errors import ConfigError
+
+    qa = small_qa()
+    train, val = qa[: len(qa) // 2], qa[len(qa) // 2 :]
+    cfg = OptimizeConfig(iterations=0, objective="recall", val_from="train+val")
+    opt = MemSteerOpt(small_history(), train, val, tmp_path / "tv", init_design=NARROW, config=cfg)
+    assert [q.id for q in opt.val] == [q.id for q in [*val, *train]]
+    assert [q.id for q in opt.train] == [q.id for q in train]  # feedback still from train only
+    res = opt.run()
+    assert json.loads((tmp_path / "tv" / "run.json").read_text())["n_val"] == len(qa)
+    assert len(opt.candidate(res.entries[0]).item_ids) == len(qa)
+    with pytest.raises(ConfigError, match="objective recall"):
+        MemSteerOpt(small_history(), train, val, tmp_path / "acc", init_design=NARROW,
+                    config=OptimizeConfig(objective="accuracy", val_from="train+val"))  # fmt: skip
+
+
+def test_guard_margin_turns_the_burden_of_proof_round():
+    from memsteer_dspy.errors import ConfigError
+    from memsteer_dspy.optimize.search import NonInferiorityGuard
+
+    current = guarded(0, 0.4, [1.0, 0.0, 1.0, 0.5, 1.0, 1.0])
+    one_loss = guarded(1, 0.6, [0.0, 0.0, 1.0, 0.5, 1.0, 1.0])  # -1/6: no significant loss ...
+    assert NonInferiorityGuard(["recall_at_10"], alpha=0.1).check(one_loss, current).accepted
+    ni = NonInferiorityGuard(["recall_at_10"], alpha=0.1, margin=0.02)
+    d = ni.check(one_loss, current)  # ... but not shown to be within 0.02 of the current design
+    assert not d.accepted and "non-inferior" in d.reason
+    assert (
+        d.stats["guard_recall_at_10"]["margin"] == 0.02
+        and d.stats["guard_recall_at_10"]["p"] >= 0.1
+    )
+    same = guarded(2, 0.6, list(current.item_metrics["recall_at_10"]))  # unchanged ranking: 0 > -δ
+    ok = ni.check(same, current)
+    assert ok.accepted and ok.stats["guard_recall_at_10"]["p"] == pytest.approx(1 / 1001, abs=5e-5)
+    with pytest.raises(ConfigError, match="guard-margin"):
+        NonInferiorityGuard(["recall_at_10"], margin=1.5)

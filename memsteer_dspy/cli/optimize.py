@@ -281,6 +281,35 @@ def optimize(
             help="--accept paired: 'bootstrap' (paired, 1,000 resamples) or 'sign' (exact).",
         ),
     ] = "bootstrap",
+    guard: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--guard",
+            metavar="METRIC",
+            help="Non-inferiority guard (repeatable): reject a candidate significantly below the current "
+            "design in this metric (recall_at_1/5/10, delivered_recall, accuracy), paired over the "
+            "selecting items, one-sided at --accept-alpha with --accept-test; applies to both accept rules.",
+        ),
+    ] = None,
+    guard_margin: Annotated[
+        float | None,
+        typer.Option(
+            "--guard-margin",
+            min=0.001,
+            max=0.5,
+            help="Make each --guard a non-inferiority test: a candidate passes only when the paired "
+            "bootstrap shows it above the current design minus this margin (p < --accept-alpha); "
+            "default: reject only a significant loss.",
+        ),
+    ] = None,
+    val_from: Annotated[
+        str,
+        typer.Option(
+            "--val-from",
+            help="Items that select (accept rule, guards, parents, best design): 'val', or 'train+val' "
+            "(--objective recall only; feedback still comes from the training items alone).",
+        ),
+    ] = "val",
     proposals: Annotated[
         int,
         typer.Option(
@@ -320,10 +349,17 @@ def optimize(
         raise typer.BadParameter("choose 'as_of' or 'full'", param_hint="--protocol")
     if proposer_output not in ("design", "changes"):
         raise typer.BadParameter("choose 'design' or 'changes'", param_hint="--proposer-output")
-    from memsteer_dspy.optimize.search import ACCEPT_RULES, PARENT_STRATEGIES, SEARCHES
+    from memsteer_dspy.optimize.search import (
+        ACCEPT_RULES,
+        GUARD_METRICS,
+        PARENT_STRATEGIES,
+        SEARCHES,
+    )
 
     for value, allowed, hint in ((search, SEARCHES, "--search"), (parents, PARENT_STRATEGIES, "--parents"),
-                                 (accept_rule, ACCEPT_RULES, "--accept"), (accept_test, ("bootstrap", "sign"), "--accept-test")):  # fmt: skip
+                                 (accept_rule, ACCEPT_RULES, "--accept"), (accept_test, ("bootstrap", "sign"), "--accept-test"),
+                                 (val_from, ("val", "train+val"), "--val-from"),
+                                 *((g, GUARD_METRICS, "--guard") for g in guard or ())):  # fmt: skip
         if value not in allowed:
             raise typer.BadParameter(f"choose one of {', '.join(allowed)}", param_hint=hint)
     d0 = MemoryDesign.load(init_design) if init_design is not None else MemoryDesign.base_bm25()
@@ -337,6 +373,7 @@ def optimize(
         proposer_output=proposer_output, max_build_calls=_build_call_limit(max_build_calls, lm_config),
         search=search, parents=parents, accept=accept_rule, accept_alpha=accept_alpha, accept_margin=accept_margin,
         accept_test=accept_test, lm_retrieval_margin=lm_retrieval_margin, proposals=proposals,
+        guard=list(guard or []), guard_margin=guard_margin, val_from=val_from,
     )  # fmt: skip
     tracker = _tracker(out, loaded, tracking_uri, no_tracking)
     if dspy_autolog:

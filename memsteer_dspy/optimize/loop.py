@@ -74,17 +74,20 @@ from memsteer_dspy.optimize.search import (
     Evaluator,
     HistoryEvaluator,
     LMProposer,
+    NonInferiorityGuard,
     OptunaProposer,
     PairedAccept,
     Proposer,
     Search,
     StrictAccept,
     check_extras,
+    item_metric,
     item_primary,
     lm_margin_decision,
     parent_selector,
     retrieval_lm_calls,
     single_field_variants,
+    val_items,
 )
 from memsteer_dspy.optimize.splits import ids_digest
 from memsteer_dspy.records import History, QAItem
@@ -161,6 +164,23 @@ class OptimizeConfig(BaseModel):
         description="A design that calls an LM at retrieval time must beat the best LM-free design "
         "found so far by this much (primary metric) to be accepted.",
     )  # fmt: skip
+    guard: list[str] = Field(
+        default_factory=list,
+        description="Non-inferiority guards: metrics (recall_at_1/5/10, delivered_recall, accuracy) a "
+        "candidate must not be significantly below the current design on, paired over the validation "
+        "items (one-sided, same accept_test and accept_alpha), on top of the accept rule.",
+    )
+    guard_margin: float | None = Field(
+        None, gt=0, lt=1,
+        description="Guards as a non-inferiority test: pass only when the paired bootstrap shows the "
+        "candidate above current - guard_margin (p < accept_alpha). None: reject only a significant loss.",
+    )  # fmt: skip
+    val_from: Literal["val", "train+val"] = Field(
+        "val",
+        description="Items that select (accept rule, guards, parent choice, the best design): 'val', or "
+        "'train+val' (objective 'recall' only: retrieval-only scoring is cheap, so the training items "
+        "also select; feedback still comes from the training items alone).",
+    )
     proposals: int = Field(
         1, ge=1, le=8,
         description="K proposals per iteration from the LM proposer (search hill or population), each "
@@ -405,7 +425,7 @@ class MemSteerOpt:
             )  # fmt: skip
         self.history = history
         self.train = train
-        self.val = val
+        self.val = val_items(train, val, self.config)
         self.out = Path(out_dir)
         self.d0 = init_design or MemoryDesign.base_bm25()
         self.fixed_budget = self.d0.context.budget_tokens
@@ -435,6 +455,17 @@ class MemSteerOpt:
             PairedAccept(c.objective, alpha=c.accept_alpha, margin=c.accept_margin, test=c.accept_test, seed=c.seed)
             if c.accept == "paired" else StrictAccept(c.objective)
         )  # fmt: skip
+        self.guards = (
+            NonInferiorityGuard(
+                c.guard,
+                alpha=c.accept_alpha,
+                test=c.accept_test,
+                seed=c.seed,
+                margin=c.guard_margin,
+            )  # fmt: skip
+            if c.guard
+            else None
+        )
         self.selector = parent_selector(c.search, c.parents, c.objective, c.softmax_temperature)
         if search_proposer is None:
             if c.search in ("random", "tpe"):
@@ -522,7 +553,8 @@ class MemSteerOpt:
             "history_fingerprint": self.history.fingerprint, "user": self.history.user_id, "objective": c.objective,
             "feedback": c.feedback, "seed": c.seed, "train_ids": ids_digest(self.train), "val_ids": ids_digest(self.val),
             "init_design_key": self.d0.key(), "protocol": c.protocol, "n_train": len(self.train), "n_val": len(self.val),
-            "search": c.search, "parents": c.parents, "accept": c.accept, "n_test": len(self.test),
+            "search": c.search, "parents": c.parents, "accept": c.accept, "guard": c.guard, "guard_margin": c.guard_margin, "val_from": c.val_from,
+            "n_test": len(self.test),
             "test_ids": ids_digest(self.test) if self.test else None, "test_source": self.test_source,
         }  # fmt: skip
 
@@ -655,6 +687,8 @@ class MemSteerOpt:
             iteration=iteration, design=design, score=score, item_ids=ids,
             item_scores=[item_primary(self.config.objective, by_id[i]) if i in by_id else None for i in ids],
             retrieval_lm_calls=retrieval_lm_calls(design),
+            item_metrics={m: [item_metric(m, by_id[i]) if i in by_id else None for i in ids]
+                          for m in self.config.guard},
         )  # fmt: skip
 
     def candidate(self, entry: TrajectoryEntry) -> Candidate:
@@ -688,6 +722,12 @@ class MemSteerOpt:
         self, cand: Candidate, incumbent: Candidate, entries: list[TrajectoryEntry]
     ) -> Decision:
         decision = self.rule.decide(cand, incumbent)
+        if decision.accepted and self.guards is not None:
+            guarded = self.guards.check(cand, incumbent)
+            decision.stats = {**decision.stats, **guarded.stats}
+            if not guarded.accepted:
+                guarded.stats = decision.stats
+                return guarded
         if decision.accepted and self.config.lm_retrieval_margin is not None:
             veto = lm_margin_decision(cand, self._best_lm_free(entries), self.config.objective,
                                       self.config.lm_retrieval_margin)  # fmt: skip

@@ -122,6 +122,33 @@ def item_primary(objective: Objective, r: ItemResult) -> float | None:
     return float(bool(r.correct)) if (r.correct is not None or r.error is not None) else None
 
 
+GUARD_METRICS = ("recall_at_1", "recall_at_5", "recall_at_10", "delivered_recall", "accuracy")
+
+
+def item_metric(metric: str, r: ItemResult) -> float | None:
+    """One item's value of a guard metric (``accuracy``: 1/0 when the item was answered)."""
+    if metric == "accuracy":
+        return float(bool(r.correct)) if (r.correct is not None or r.error is not None) else None
+    return getattr(r, metric)
+
+
+def val_items(train: list[QAItem], val: list[QAItem], config: Any) -> list[QAItem]:
+    """The items that select (accept rule, guards, parent choice, best design) under
+    ``config.val_from``: the validation items, or (objective ``recall`` only) train + validation.
+    Feedback always comes from the training items alone."""
+    if config.val_from == "val":
+        return val
+    if config.val_from != "train+val":
+        raise ConfigError(f"--val-from must be 'val' or 'train+val', not {config.val_from!r}")
+    if config.objective != "recall":
+        raise ConfigError(
+            "--val-from train+val needs --objective recall (retrieval-only scoring; selecting on "
+            "training items under an accuracy objective would pay an answering call per item)"
+        )
+    seen = {q.id for q in val}
+    return [*val, *(q for q in train if q.id not in seen)]
+
+
 @dataclass
 class Candidate:
     """A scored design as accept rules and parent selectors see it."""
@@ -132,6 +159,7 @@ class Candidate:
     item_ids: list[str] = field(default_factory=list)
     item_scores: list[float | None] = field(default_factory=list)
     retrieval_lm_calls: float = 0.0
+    item_metrics: dict[str, list[float | None]] = field(default_factory=dict)
 
     @property
     def uses_lm(self) -> bool:
@@ -218,6 +246,82 @@ class PairedAccept:
         return Decision(
             False, f"not a significant improvement over the current design: {why}; {bar}", stats
         )
+
+
+class NonInferiorityGuard:
+    """Reject a candidate the accept rule took when it is significantly *below* the current design
+    on a guard metric (``--guard recall_at_10``): per guard, the one-sided paired test (bootstrap or
+    sign, as for ``--accept paired``) of "the current design is no better than the candidate" over
+    the selecting items; p < ``alpha`` means the candidate lost that metric beyond noise.
+
+    With ``margin`` δ set (``--guard-margin``) the burden of proof turns round — a proper
+    non-inferiority test: the candidate passes only if the one-sided paired bootstrap shows its
+    mean difference above −δ (p of "candidate − current ≤ −δ" below ``alpha``). That is stricter on
+    few items (where a real loss is rarely significant), and still passes a design whose ranking is
+    unchanged (all differences 0 > −δ).
+
+    Why: the recall objective selects on delivered recall, which a design can raise (smaller units,
+    neighbour expansion, a larger top-k) while ranking fewer gold records in its first ten; without
+    a guard that trade is accepted and carries to held-out items."""
+
+    def __init__(self, metrics: Sequence[str], *, alpha: float = 0.1,
+                 test: Literal["bootstrap", "sign"] = "bootstrap", seed: int = 0,
+                 margin: float | None = None):  # fmt: skip
+        if margin is not None and not 0 < margin < 1:
+            raise ConfigError(f"--guard-margin must be between 0 and 1 (exclusive), not {margin}")
+        self.margin = margin
+        bad = [m for m in metrics if m not in GUARD_METRICS]
+        if bad:
+            raise ConfigError(
+                f"unknown --guard metric {bad[0]!r}; choose from {', '.join(GUARD_METRICS)}"
+            )
+        if not 0 < alpha < 1:
+            raise ConfigError(
+                f"the guard's significance level must be between 0 and 1, not {alpha}"
+            )
+        self.metrics, self.alpha, self.test, self.seed = (
+            list(dict.fromkeys(metrics)),
+            alpha,
+            test,
+            seed,
+        )
+
+    def check(self, candidate: Candidate, incumbent: Candidate) -> Decision:
+        """Rejected when a guard metric is significantly below; ``stats`` holds every guard's
+        difference (candidate - current), p and item count either way, for the trajectory."""
+        if candidate.item_ids != incumbent.item_ids:
+            raise ValueError("the guard needs both designs scored on the same items")
+        stats: dict[str, Any] = {}
+        for m in self.metrics:
+            a, b = candidate.item_metrics.get(m), incumbent.item_metrics.get(m)
+            if a is None or b is None:
+                raise ValueError(f"guard metric {m!r} was not recorded for both designs")
+            d = paired_differences(b, a)  # candidate - incumbent
+            diff = float(d.mean()) if len(d) else 0.0
+            if self.margin is not None:  # non-inferiority: is candidate + δ better than current?
+                shifted = [None if x is None else x + self.margin for x in a]
+                p = paired_bootstrap_p(b, shifted, seed=self.seed)
+                stats[f"guard_{m}"] = {"diff": round(diff, 4), "p": round(p, 4), "n": len(d),
+                                       "margin": self.margin}  # fmt: skip
+                if len(d) and p >= self.alpha:
+                    return Decision(False, (
+                        f"not shown non-inferior to the current design in {m}: {diff:+.3f} (p={p:.3f} that it "
+                        f"is at least {self.margin:.3f} below, paired bootstrap over {len(d)} items; needs p < "
+                        f"{self.alpha})"
+                    ), stats)  # fmt: skip
+                continue
+            p = (
+                paired_bootstrap_p(a, b, seed=self.seed)
+                if self.test == "bootstrap"
+                else sign_test_p(a, b)
+            )
+            stats[f"guard_{m}"] = {"diff": round(diff, 4), "p": round(p, 4), "n": len(d)}
+            if p < self.alpha:
+                return Decision(False, (
+                    f"significantly below the current design in {m}: {diff:+.3f} (p={p:.3f} by {self.test} "
+                    f"over {len(d)} items; guard at alpha {self.alpha})"
+                ), stats)  # fmt: skip
+        return Decision(True, "", stats)
 
 
 def lm_margin_decision(candidate: Candidate, best_lm_free: Candidate | None, objective: Objective,
