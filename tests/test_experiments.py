@@ -60,6 +60,12 @@ def words(text: str) -> list[str]:
     return [w for w in _WORD.findall(text) if w.lower() not in _STOP]
 
 
+# The free-text outputs of MIPROv2's proposer modules (dataset summary, program description,
+# instruction proposal): any instruction-like text will do for the scripted world.
+_MIPRO_OUTPUTS = {"proposed_instruction", "observations", "summary", "program_description",
+                  "module_description", "reasoning"}  # fmt: skip
+
+
 class World:
     """A deterministic stand-in for every LM role. The generator roles plan an answer from the
     first sentence of each evidence record, write a question from that sentence's other words,
@@ -192,6 +198,10 @@ class World:
                 normalize_text(field_value(user, "prediction")),
             )
             return {"correct": bool(ref) and ref in pred}
+        if outputs and outputs <= _MIPRO_OUTPUTS:  # MIPROv2's data summary and instruction proposals
+            role("mipro")
+            return {k: "Answer with the exact words from the context; say I don't know otherwise."
+                    for k in outputs}  # fmt: skip
         if outputs == {"new_instruction"}:  # GEPA's reflection, as a DSPy signature
             role("reflection")
             return {
@@ -652,8 +662,12 @@ def test_existing_optimizers_gepa_with_both_supervisions(rhelm_root, tmp_path):
     script.run(tiny(rhelm_root), out, lm_config=lm, progress=False)
     md, data, rows = results_of(out)
     no_stage_failed(data)
-    assert set(data["runs"]) == {"gepa-official", "gepa-memsteer"}
-    if importlib.util.find_spec("optuna") is None:
+    mipro = importlib.util.find_spec("optuna") is not None  # the `tune` extra
+    expected = {"gepa-official", "gepa-memsteer"} | (
+        {"mipro-official", "mipro-memsteer"} if mipro else set()
+    )
+    assert set(data["runs"]) == expected
+    if not mipro:
         assert set(data["skipped"]) == {"mipro-official", "mipro-memsteer"} and "optuna" in md
     assert world.calls.get("reflection"), "GEPA never reflected"
     for key, run in data["runs"].items():
@@ -670,7 +684,7 @@ def test_existing_optimizers_gepa_with_both_supervisions(rhelm_root, tmp_path):
             script.TunedSystem(system, saved), items, judge_lm=lm.lm("judge"), protocol="as_of"
         )
         assert run["test"]["accuracy"] == pytest.approx(rep.summary.accuracy)
-    assert {r["condition"] for r in rows} == {"base", "gepa-official", "gepa-memsteer"}
+    assert {r["condition"] for r in rows} == {"base", *expected}
 
 
 def test_cli_reports_bad_config_with_exit_status_2(tmp_path, capsys):
