@@ -9,31 +9,7 @@ from typing import Any
 
 import dspy
 from fault_helpers import FaultyLM, HandlerLM, digest
-
-PLACES = [
-    "Lisbon",
-    "Porto",
-    "Madrid",
-    "Seville",
-    "Valencia",
-    "Bilbao",
-    "Granada",
-    "Malaga",
-    "Cadiz",
-    "Toledo",
-]
-TOPICS = [
-    "budget",
-    "garden",
-    "library",
-    "printer",
-    "workshop",
-    "picnic",
-    "concert",
-    "recital",
-    "museum",
-    "harbor",
-]
+from test_supervision_run import PLACES, TOPICS  # the same laptop-trip world
 
 
 def _field(user: str, name: str) -> str:
