@@ -12,6 +12,7 @@ cache identity. ``integration``: a 1.5B model on the CPU, a few minutes in all.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from pathlib import Path
 
@@ -23,6 +24,15 @@ from typer.testing import CliRunner
 from memsteer_dspy.cli import app
 
 pytestmark = pytest.mark.integration
+
+# The end-to-end runs through the server (generate + evaluate + optimize, experiments/main.py) take
+# tens of minutes of a 1.5B model on 2 CPU cores and were never timed to completion here, so until
+# they are they run only when asked: MEMSTEER_SERVER_E2E=1 make test. `lm check` and the cache test
+# (a few short calls) always run.
+e2e = pytest.mark.skipif(
+    os.environ.get("MEMSTEER_SERVER_E2E") != "1",
+    reason="end-to-end server runs are opt-in: set MEMSTEER_SERVER_E2E=1 (tens of minutes on 2 cores)",
+)
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "memsteer_dspy" / "data" / "demo"
@@ -83,6 +93,7 @@ def test_lm_check_through_the_server_and_a_wrong_alias(llama_server, tmp_path):
     assert KEY not in wrong.output
 
 
+@e2e
 def test_generate_evaluate_optimize_against_the_server(llama_server, tmp_path):
     toml = server_toml(llama_server, tmp_path)
     gen = tmp_path / "gen"
@@ -163,6 +174,7 @@ def test_two_servers_under_one_alias_never_share_cached_answers(
     )  # the same server: from the cache
 
 
+@e2e
 def test_experiments_main_tiny_with_the_server_config(llama_server, rhelm_root, tmp_path):
     import importlib.util
     import sys
