@@ -133,11 +133,10 @@ def _remembered(model_path: Path, key: str) -> PreflightResult | None:
 
 
 def _remember(model_path: Path, result: PreflightResult) -> None:
-    path = _record_path(model_path)
-    with contextlib.suppress(OSError):
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(result), indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+    from memsteer_dspy.runfolder import write_atomic
+
+    with contextlib.suppress(OSError):  # a read-only model folder only costs a rerun next time
+        write_atomic(_record_path(model_path), json.dumps(asdict(result), indent=2) + "\n")
 
 
 def child_command(model_path: Path) -> list[str]:
