@@ -439,3 +439,26 @@ def test_the_api_base_flag_serves_the_openai_lms_named_on_the_command_line(tmp_p
         load_lm_config(toml, env={}, api_base="http://h:1/v1").spec("auditor").api_base
         == "http://file:1/v1"
     )
+
+
+def test_optimize_costs_carry_dollars_and_keep_unpriced_apart():
+    """The optimizer's per-iteration cost (trajectory, summary.json, MLflow ``cost_usd``) takes
+    the dollar delta of priced roles from the usage meter; an unpriced role adds nothing, and a
+    cost with no priced call at all stays None (not $0)."""
+    from memsteer_dspy.optimize.loop import Cost, _usage_delta
+
+    before = {"judge": {"calls": 1, "total_tokens": 10, "cost_usd": 0.25},
+              "answerer": {"calls": 2, "total_tokens": 20, "cost_usd": None}}  # fmt: skip
+    after = {"judge": {"calls": 3, "total_tokens": 30, "cost_usd": 1.0},
+             "answerer": {"calls": 5, "total_tokens": 50, "cost_usd": None}}  # fmt: skip
+    delta = _usage_delta(before, after)
+    assert delta.calls == 5 and delta.total_tokens == 50
+    assert delta.cost_usd == pytest.approx(0.75)
+    assert delta.by_role["judge"]["cost_usd"] == pytest.approx(0.75)
+    assert "cost_usd" not in delta.by_role["answerer"]
+    unpriced = _usage_delta({}, {"answerer": {"calls": 1, "total_tokens": 9}})
+    assert unpriced.cost_usd is None
+    total = Cost().plus(unpriced).plus(delta).plus(delta)
+    assert total.cost_usd == pytest.approx(1.5) and total.by_role["judge"]["cost_usd"] == pytest.approx(1.5)
+    assert Cost().plus(unpriced).cost_usd is None
+    assert "$1.5000" in total.short()

@@ -202,7 +202,10 @@ class Cost(BaseModel):
     completion_tokens: int = 0
     total_tokens: int = 0
     seconds: float = 0.0
-    by_role: dict[str, dict[str, int]] = Field(default_factory=dict)
+    cost_usd: float | None = Field(
+        None, description="Dollars by LiteLLM's bundled price map; None while no call was priced."
+    )
+    by_role: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     def plus(self, other: Cost) -> Cost:
         roles = {r: dict(v) for r, v in self.by_role.items()}
@@ -210,15 +213,23 @@ class Cost(BaseModel):
             mine = roles.setdefault(r, dict.fromkeys(USAGE_KEYS, 0))
             for k in USAGE_KEYS:
                 mine[k] = mine.get(k, 0) + v.get(k, 0)
+            if v.get("cost_usd") is not None:
+                mine["cost_usd"] = (mine.get("cost_usd") or 0.0) + v["cost_usd"]
         return Cost(
             calls=self.calls + other.calls, prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
             total_tokens=self.total_tokens + other.total_tokens, seconds=round(self.seconds + other.seconds, 3),
-            by_role=roles,
+            cost_usd=_add_usd(self.cost_usd, other.cost_usd), by_role=roles,
         )  # fmt: skip
 
     def short(self) -> str:
-        return f"{self.calls} LM calls, {self.total_tokens:,} tokens, {self.seconds:.0f}s"
+        usd = f", ${self.cost_usd:.4f}" if self.cost_usd is not None else ""
+        return f"{self.calls} LM calls, {self.total_tokens:,} tokens{usd}, {self.seconds:.0f}s"
+
+
+def _add_usd(a: float | None, b: float | None) -> float | None:
+    """Dollar sums where an unpriced part (None) is not a price of zero: None only if both are."""
+    return None if a is None and b is None else (a or 0.0) + (b or 0.0)
 
 
 class TrajectoryEntry(BaseModel):
@@ -345,10 +356,14 @@ def _usage_delta(
     roles: dict[str, dict[str, int]] = {}
     for role, now in after.items():
         was = before.get(role, {})
-        d = {k: int(now.get(k, 0) or 0) - int(was.get(k, 0) or 0) for k in USAGE_KEYS}
+        d: dict[str, Any] = {k: int(now.get(k, 0) or 0) - int(was.get(k, 0) or 0) for k in USAGE_KEYS}
+        if now.get("cost_usd") is not None:
+            d["cost_usd"] = float(now["cost_usd"]) - float(was.get("cost_usd") or 0.0)
         if any(d.values()):
             roles[role] = d
-    return Cost(**{k: sum(r[k] for r in roles.values()) for k in USAGE_KEYS}, by_role=roles)
+    usd = [r["cost_usd"] for r in roles.values() if r.get("cost_usd") is not None]
+    return Cost(**{k: sum(r[k] for r in roles.values()) for k in USAGE_KEYS},
+                cost_usd=sum(usd) if usd else None, by_role=roles)  # fmt: skip
 
 
 def lm_usage(lm: Any) -> dict[str, int]:
@@ -1114,6 +1129,7 @@ class MemSteerOpt:
             "candidate_recall_at_10": (entry.score or entry.screen_score).recall_at_10 if (entry.score or entry.screen_score) else None,
             "accepted": float(entry.accepted), "cost_lm_calls": entry.cost_total.calls,
             "cost_tokens": entry.cost_total.total_tokens, "cost_seconds": entry.cost_total.seconds,
+            "cost_usd": entry.cost_total.cost_usd,
         }, step=entry.iteration)  # fmt: skip
         if self.on_event is not None:
             self.on_event({
@@ -1162,7 +1178,8 @@ class MemSteerOpt:
             "val_recall_at_10": s.recall_at_10 if s else None, "val_delivered_recall": s.delivered_recall if s else None,
             "lm_calls": entry.cost.calls, "lm_tokens": entry.cost.total_tokens,
             "lm_prompt_tokens": entry.cost.prompt_tokens, "lm_completion_tokens": entry.cost.completion_tokens,
-            "wall_seconds": entry.cost.seconds, "retrieval_lm_calls_per_question": entry.retrieval_lm_calls,
+            "wall_seconds": entry.cost.seconds, "lm_cost_usd": entry.cost.cost_usd,
+            "retrieval_lm_calls_per_question": entry.retrieval_lm_calls,
             "accept_p": (entry.accept_stats or {}).get("p"), "accept_gain": (entry.accept_stats or {}).get("gain"),
             **({f"train_{k}_failures": v for k, v in entry.train_failures.items()} if entry.train_failures else {}),
         }, step=entry.iteration)  # fmt: skip
