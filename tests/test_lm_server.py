@@ -459,6 +459,8 @@ def test_optimize_costs_carry_dollars_and_keep_unpriced_apart():
     unpriced = _usage_delta({}, {"answerer": {"calls": 1, "total_tokens": 9}})
     assert unpriced.cost_usd is None
     total = Cost().plus(unpriced).plus(delta).plus(delta)
-    assert total.cost_usd == pytest.approx(1.5) and total.by_role["judge"]["cost_usd"] == pytest.approx(1.5)
+    assert total.cost_usd == pytest.approx(1.5) and total.by_role["judge"][
+        "cost_usd"
+    ] == pytest.approx(1.5)
     assert Cost().plus(unpriced).cost_usd is None
     assert "$1.5000" in total.short()

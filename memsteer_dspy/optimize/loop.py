@@ -356,7 +356,9 @@ def _usage_delta(
     roles: dict[str, dict[str, int]] = {}
     for role, now in after.items():
         was = before.get(role, {})
-        d: dict[str, Any] = {k: int(now.get(k, 0) or 0) - int(was.get(k, 0) or 0) for k in USAGE_KEYS}
+        d: dict[str, Any] = {
+            k: int(now.get(k, 0) or 0) - int(was.get(k, 0) or 0) for k in USAGE_KEYS
+        }
         if now.get("cost_usd") is not None:
             d["cost_usd"] = float(now["cost_usd"]) - float(was.get("cost_usd") or 0.0)
         if any(d.values()):
