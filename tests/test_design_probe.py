@@ -1,0 +1,54 @@
+"""experiments/design_probe.py: variants scored on the selecting items only, paired with Base-BM25."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "design_probe.py"
+
+
+def load_probe():
+    spec = importlib.util.spec_from_file_location("design_probe", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_variant_is_a_named_json_patch():
+    probe = load_probe()
+    assert probe.parse_variant('x={"context": {"show_ids": false}}') == (
+        "x",
+        {"context": {"show_ids": False}},
+    )
+    with pytest.raises(SystemExit, match="expected NAME="):
+        probe.parse_variant("no-patch")
+
+
+def test_probe_scores_variants_on_train_and_validation_only(rhelm_root, tmp_path, capsys):
+    """One persona, two variants: Base-BM25 against itself is a zero difference, a header-less
+    context delivers at least as much (same ranking, fewer tokens per record), and the items
+    scored are exactly the persona's official train + validation split — never its test items."""
+    from memsteer_dspy.loaders.rhelm import load_rhelm
+    from memsteer_dspy.optimize import split_official
+
+    probe = load_probe()
+    out = tmp_path / "rows.json"
+    rc = probe.main([
+        "--persona", "Elena_Morales", "--rhelm-root", str(rhelm_root), "--cache-dir", str(tmp_path / "cache"),
+        "--variant", "same={}", "--variant", 'bare={"context": {"show_ids": false, "show_author": false}}',
+        "--json", str(out),
+    ])  # fmt: skip
+    assert rc == 0
+    rows = {r["variant"]: r for r in json.loads(out.read_text())}
+    train, val = split_official(
+        load_rhelm(rhelm_root, "Elena_Morales", external=True).qa_items, seed=0
+    )
+    assert {r["n"] for r in rows.values()} == {len(train) + len(val)}
+    assert rows["same"]["diff"] == {"recall_at_10": 0.0, "delivered_recall": 0.0}
+    assert rows["bare"]["recall_at_10"] == rows["base-bm25"]["recall_at_10"]
+    assert rows["bare"]["delivered_recall"] >= rows["base-bm25"]["delivered_recall"]
+    assert "bare" in capsys.readouterr().out
