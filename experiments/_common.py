@@ -416,6 +416,27 @@ def persona_of(item: QAItem) -> str:
     return str(persona)
 
 
+def add_rhelm_args(ap: argparse.ArgumentParser) -> None:
+    """``--rhelm-root`` and ``--cache-dir``, as the RHELM-only scripts take them."""
+    ap.add_argument("--rhelm-root", type=Path, default=None)
+    ap.add_argument("--cache-dir", type=Path, default=None)
+
+
+def resolve_rhelm_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Path:
+    """The RHELM root (an argparse error naming the fix when there is none); fills in the
+    default index cache folder."""
+    from memsteer_dspy.loaders.rhelm import default_rhelm_root
+
+    root = args.rhelm_root or default_rhelm_root()
+    if root is None:
+        ap.error("no RHELM data: pass --rhelm-root or set MEMSTEER_RHELM_ROOT")
+    if args.cache_dir is None:
+        from memsteer_dspy.cli.evaluate import default_cache_dir
+
+        args.cache_dir = default_cache_dir()
+    return root
+
+
 def official_split(
     items: Sequence[QAItem], budgets: Budgets, seed: int
 ) -> tuple[list[QAItem], list[QAItem]]:

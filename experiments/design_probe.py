@@ -22,9 +22,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import PersonaPool, SharedEvaluator, _merge  # noqa: E402
+from _common import PersonaPool, SharedEvaluator, _merge, add_rhelm_args, resolve_rhelm_args  # noqa: E402
 
-from memsteer_dspy.loaders.rhelm import default_rhelm_root, list_personas, load_rhelm  # noqa: E402
+from memsteer_dspy.loaders.rhelm import list_personas, load_rhelm  # noqa: E402
 from memsteer_dspy.memory import MemoryDesign  # noqa: E402
 from memsteer_dspy.optimize import split_official  # noqa: E402
 from memsteer_dspy.stats import paired_comparison  # noqa: E402
@@ -48,17 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", type=Path, help="a JSON object NAME -> patch of Base-BM25")
     ap.add_argument("--persona", action="append", help="persona (repeatable; default all ten)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--rhelm-root", type=Path, default=None)
-    ap.add_argument("--cache-dir", type=Path, default=None)
+    add_rhelm_args(ap)
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args(argv)
-    root = args.rhelm_root or default_rhelm_root()
-    if root is None:
-        ap.error("no RHELM data: pass --rhelm-root or set MEMSTEER_RHELM_ROOT")
-    if args.cache_dir is None:
-        from memsteer_dspy.cli.evaluate import default_cache_dir
-
-        args.cache_dir = default_cache_dir()
+    root = resolve_rhelm_args(ap, args)
     variants = dict(parse_variant(v) for v in args.variant)
     if args.variants:
         variants.update(json.loads(args.variants.read_text()))

@@ -31,9 +31,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import shared_optimizer  # noqa: E402
+from _common import add_rhelm_args, resolve_rhelm_args, shared_optimizer  # noqa: E402
 
-from memsteer_dspy.loaders.rhelm import default_rhelm_root, list_personas, load_rhelm  # noqa: E402
+from memsteer_dspy.loaders.rhelm import list_personas, load_rhelm  # noqa: E402
 from memsteer_dspy.memory import MemoryDesign  # noqa: E402
 from memsteer_dspy.optimize import MemSteerOpt, OptimizeConfig, split_official  # noqa: E402
 from memsteer_dspy.optimize.search import OptunaProposer  # noqa: E402
@@ -152,17 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         "--shared-only", action="store_true", help="only the design shared by all personas"
     )
     ap.add_argument("--per-persona-only", action="store_true", help="only one design per persona")
-    ap.add_argument("--rhelm-root", type=Path, default=None)
-    ap.add_argument("--cache-dir", type=Path, default=None)
+    add_rhelm_args(ap)
     ap.add_argument("--out", type=Path, default=Path("experiments/runs/search_compare"))
     args = ap.parse_args(argv)
-    root = args.rhelm_root or default_rhelm_root()
-    if root is None:
-        ap.error("no RHELM data: pass --rhelm-root or set MEMSTEER_RHELM_ROOT")
-    if args.cache_dir is None:
-        from memsteer_dspy.cli.evaluate import default_cache_dir
-
-        args.cache_dir = default_cache_dir()
+    root = resolve_rhelm_args(ap, args)
     personas = args.persona or list_personas(root)
     searches = [s.strip() for s in args.searches.split(",") if s.strip()]
     histories, items = {}, {}
