@@ -118,8 +118,15 @@ def test_design_diff_and_history_rendering():
         "retrieve.top_k: 20 -> 30",
         'store.unit: "record" -> "window"',
     ]
-    entries = HISTORY + [RevisionEntry(iteration=i, status="rejected", changes=[f"retrieve.top_k: 20 -> {i}"],
-                                       rationale="x " * 200) for i in range(1, 40)]  # fmt: skip
+    entries = HISTORY + [
+        RevisionEntry(
+            iteration=i,
+            status="rejected",
+            changes=[f"retrieve.top_k: 20 -> {i}"],
+            rationale="x " * 200,
+        )
+        for i in range(1, 40)
+    ]
     text = render_history(entries, max_tokens=300)
     assert text.startswith("- iteration 0: BASELINE") and "earlier proposal(s) omitted" in text
     assert "iteration 39" in text and "iteration 1:" not in text
@@ -137,8 +144,10 @@ def test_changes_output_applies_fields_to_the_current_design():
     out = DesignProposer(lm, output="changes")(BASE, HISTORY, "fb", seen=SEEN, iteration=1)
     assert out.status == "ok"
     assert design_diff(BASE, out.design) == [
-        "retrieve.pool: 50 -> 80", "retrieve.top_k: 20 -> 40", 'store.unit: "record" -> "window"',
-    ]  # fmt: skip
+        "retrieve.pool: 50 -> 80",
+        "retrieve.top_k: 20 -> 40",
+        'store.unit: "record" -> "window"',
+    ]
     assert "changes: retrieve.top_k=40" in out.attempts[0].notes[0]
     schema = json.loads(field_value(lm.calls[0]["user"], "design_space"))
     assert "retrieve" in schema["properties"]
@@ -187,10 +196,15 @@ def test_an_invalid_change_names_the_value_given_and_keeps_the_reply():
 def test_a_design_naming_a_model_folder_that_is_not_here_is_sent_back_once(tmp_path):
     # measured on the embedded proposer: rerank cross_encoder with reranker_model
     # "bge-reranker-v2-m3", a folder this machine does not have; the build failed a whole iteration
-    lm = ProposerLM([
-        changes(("retrieve.rerank", '"cross_encoder"'), ("retrieve.reranker_model", '"bge-reranker-v2-m3"')),
-        changes(("retrieve.rerank", '"llm"')),
-    ])  # fmt: skip
+    lm = ProposerLM(
+        [
+            changes(
+                ("retrieve.rerank", '"cross_encoder"'),
+                ("retrieve.reranker_model", '"bge-reranker-v2-m3"'),
+            ),
+            changes(("retrieve.rerank", '"llm"')),
+        ]
+    )
     out = DesignProposer(lm, output="changes")(BASE, HISTORY, "fb", seen=SEEN, iteration=1)
     assert [a.kind for a in out.attempts] == ["invalid", "ok"]
     assert "retrieve.reranker_model" in out.attempts[0].error
@@ -201,7 +215,14 @@ def test_a_design_naming_a_model_folder_that_is_not_here_is_sent_back_once(tmp_p
 def test_a_local_model_folder_that_exists_passes_the_check(tmp_path):
     folder = tmp_path / "my-reranker"
     folder.mkdir()
-    lm = ProposerLM([changes(("retrieve.rerank", '"cross_encoder"'), ("retrieve.reranker_model", json.dumps(str(folder))))])
+    lm = ProposerLM(
+        [
+            changes(
+                ("retrieve.rerank", '"cross_encoder"'),
+                ("retrieve.reranker_model", json.dumps(str(folder))),
+            )
+        ]
+    )
     out = DesignProposer(lm, output="changes")(BASE, HISTORY, "fb", seen=SEEN, iteration=1)
     assert out.status == "ok" and out.design.retrieve.reranker_model == str(folder)
 
@@ -212,7 +233,11 @@ def test_exploration_offers_only_fields_not_tried_since_the_last_accept(monkeypa
 
     offered: list[tuple[str, ...]] = []
     real = proposer_module.changes_signature
-    monkeypatch.setattr(proposer_module, "changes_signature", lambda allowed: offered.append(allowed) or real(allowed))
+    monkeypatch.setattr(
+        proposer_module,
+        "changes_signature",
+        lambda allowed: offered.append(allowed) or real(allowed),
+    )
     history = [
         RevisionEntry(iteration=0, status="baseline"),
         RevisionEntry(iteration=1, status="rejected", changes=["retrieve.top_k: 20 -> 40"]),
@@ -229,22 +254,34 @@ def test_exploration_offers_only_fields_not_tried_since_the_last_accept(monkeypa
     assert out.status == "ok" and out.design.retrieve.top_k == 30
     first, second = offered
     assert "retrieve.query" not in first and "retrieve.bm25.k1" not in first
-    assert "retrieve.top_k" in first and "store.unit" in first  # tried before the accept: offered again
+    assert (
+        "retrieve.top_k" in first and "store.unit" in first
+    )  # tried before the accept: offered again
     assert "context.budget_tokens" not in first  # the fixed budget is never offered
     assert "retrieve.pool" in first and "retrieve.pool" not in second
-    assert "not offered: retrieve.bm25.k1, retrieve.pool, retrieve.query" in out.attempts[-1].notes[0]
+    assert (
+        "not offered: retrieve.bm25.k1, retrieve.pool, retrieve.query" in out.attempts[-1].notes[0]
+    )
     # the schema handed to the LM lists only the offered fields and asks for at least one change
     schema = real(first).output_fields["changes"].annotation
     from pydantic import TypeAdapter
 
     js = TypeAdapter(schema).json_schema()
     alternatives = js["items"]["anyOf"]
-    assert js["minItems"] == 1 and [a["properties"]["field"]["const"] for a in alternatives] == list(first)
+    assert js["minItems"] == 1 and [
+        a["properties"]["field"]["const"] for a in alternatives
+    ] == list(first)
     # each field's value is typed: an integer with its bounds, a list of allowed names, ...
     by_field = {a["properties"]["field"]["const"]: a["properties"]["value"] for a in alternatives}
-    assert by_field["retrieve.top_k"]["type"] == "integer" and by_field["retrieve.top_k"]["minimum"] >= 1
+    assert (
+        by_field["retrieve.top_k"]["type"] == "integer"
+        and by_field["retrieve.top_k"]["minimum"] >= 1
+    )
     assert set(by_field["store.unit"]["enum"]) >= {"record", "window", "facts"}
-    assert by_field["store.fields"]["type"] == "array" and "text" in by_field["store.fields"]["items"]["enum"]
+    assert (
+        by_field["store.fields"]["type"] == "array"
+        and "text" in by_field["store.fields"]["items"]["enum"]
+    )
 
 
 def test_every_field_is_offered_again_when_few_are_left():
@@ -265,16 +302,38 @@ def test_fields_that_change_nothing_under_the_current_design_are_not_offered():
     proposer = DesignProposer(ProposerLM([]), output="changes")
     offered = set(proposer._allowed_fields(set(), BASE))
     # Base-BM25 stores records in a BM25 index, searched with the question itself
-    for inert in ("store.window_size", "store.facts_batch", "store.section_max_tokens", "retrieve.dense.max_chars",
-                  "retrieve.dense_weight", "retrieve.rrf_k", "retrieve.n_queries", "retrieve.reranker_model"):  # fmt: skip
+    for inert in (
+        "store.window_size",
+        "store.facts_batch",
+        "store.section_max_tokens",
+        "retrieve.dense.max_chars",
+        "retrieve.dense_weight",
+        "retrieve.rrf_k",
+        "retrieve.n_queries",
+        "retrieve.reranker_model",
+    ):
         assert inert not in offered
     # …while the switches that would make them act are offered
-    assert {"store.unit", "retrieve.index", "retrieve.query", "retrieve.rerank", "retrieve.bm25.k1"} <= offered
-    hybrid = BASE.model_copy(update={"retrieve": BASE.retrieve.model_copy(update={"index": "hybrid", "query": "hyde"})})
+    assert {
+        "store.unit",
+        "retrieve.index",
+        "retrieve.query",
+        "retrieve.rerank",
+        "retrieve.bm25.k1",
+    } <= offered
+    hybrid = BASE.model_copy(
+        update={"retrieve": BASE.retrieve.model_copy(update={"index": "hybrid", "query": "hyde"})}
+    )
     windows = hybrid.model_copy(update={"store": BASE.store.model_copy(update={"unit": "window"})})
     offered = set(proposer._allowed_fields(set(), windows))
-    assert {"store.window_size", "retrieve.dense.max_chars", "retrieve.dense_weight", "retrieve.rrf_k",
-            "retrieve.n_queries", "retrieve.bm25.k1"} <= offered  # fmt: skip
+    assert {
+        "store.window_size",
+        "retrieve.dense.max_chars",
+        "retrieve.dense_weight",
+        "retrieve.rrf_k",
+        "retrieve.n_queries",
+        "retrieve.bm25.k1",
+    } <= offered
     assert "store.facts_batch" not in offered and len(offered) < len(DESIGN_FIELDS)
 
 
@@ -296,11 +355,20 @@ def test_typed_values_from_the_grammar_are_applied_as_they_are():
 
     from memsteer_dspy.optimize.proposer import apply_changes
 
-    design = apply_changes(BASE, [DesignChange(field="store.window_size", value=4),
-                                  DesignChange(field="store.unit", value="window"),
-                                  DesignChange(field="store.fields", value=["text", "date"]),
-                                  DesignChange(field="retrieve.time_filter", value=False)])  # fmt: skip
-    assert (design.store.window_size, design.store.unit, design.store.fields) == (4, "window", ["text", "date"])
+    design = apply_changes(
+        BASE,
+        [
+            DesignChange(field="store.window_size", value=4),
+            DesignChange(field="store.unit", value="window"),
+            DesignChange(field="store.fields", value=["text", "date"]),
+            DesignChange(field="retrieve.time_filter", value=False),
+        ],
+    )
+    assert (design.store.window_size, design.store.unit, design.store.fields) == (
+        4,
+        "window",
+        ["text", "date"],
+    )
     assert design.retrieve.time_filter is False
     lm = ProposerLM([{"rationale": "r", "changes": [{"field": "retrieve.top_k", "value": 30}]}])
     out = DesignProposer(lm, output="changes")(BASE, HISTORY, "fb", seen=SEEN, iteration=1)

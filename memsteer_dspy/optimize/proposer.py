@@ -110,11 +110,15 @@ class ProposerAdapter(dspy.JSONAdapter):
             },
             role="assistant",
         )
-        return "\n\n".join([
-            "All interactions will be structured in the following way, with the appropriate values filled in.",
-            "Inputs will have the following structure:", inputs,
-            "Outputs will be a JSON object with the following fields.", outputs,
-        ])  # fmt: skip
+        return "\n\n".join(
+            [
+                "All interactions will be structured in the following way, with the appropriate values filled in.",
+                "Inputs will have the following structure:",
+                inputs,
+                "Outputs will be a JSON object with the following fields.",
+                outputs,
+            ]
+        )
 
 
 class RevisionEntry(BaseModel):
@@ -248,11 +252,16 @@ def changes_signature(allowed: tuple[str, ...]) -> type[dspy.Signature]:
     accepts any design field and value (an API LM that strays is told what was invalid)."""
     from memsteer_dspy.supervision.limits import bounded_type
 
-    items = {"anyOf": [
-        {"type": "object", "properties": {"field": {"const": f}, "value": field_value_schema(f)},
-         "required": ["field", "value"]}
-        for f in allowed
-    ]}  # fmt: skip
+    items = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"field": {"const": f}, "value": field_value_schema(f)},
+                "required": ["field", "value"],
+            }
+            for f in allowed
+        ]
+    }
     changes = bounded_type(list[DesignChange], "DesignChanges", minItems=1, maxItems=4, items=items)
     return ProposeDesignChanges.with_updated_fields("changes", type_=changes)
 
@@ -325,12 +334,17 @@ class DesignProposer(dspy.Module):
     """
 
     def __init__(
-        self, lm: Any = None, *, fixed_budget: int | None = None, max_resamples: int = 3,
-        resample_temperature: float = 0.7, history_tokens: int = HISTORY_TOKENS,
+        self,
+        lm: Any = None,
+        *,
+        fixed_budget: int | None = None,
+        max_resamples: int = 3,
+        resample_temperature: float = 0.7,
+        history_tokens: int = HISTORY_TOKENS,
         output: Literal["design", "changes"] = "design",
         check: Callable[[MemoryDesign], None] | None = check_local_models,
         explore: bool = True,
-    ):  # fmt: skip
+    ):
         super().__init__()
         self.check = check
         self.explore = explore
@@ -347,18 +361,25 @@ class DesignProposer(dspy.Module):
         self._schema = design_space_schema()
 
     def _call(
-        self, current: MemoryDesign, history: str, feedback: str, config: dict[str, Any],
+        self,
+        current: MemoryDesign,
+        history: str,
+        feedback: str,
+        config: dict[str, Any],
         allowed: tuple[str, ...] | None = None,
-    ):  # fmt: skip
+    ):
         original = self.propose.signature
         if allowed is not None:
             self.propose.signature = changes_signature(allowed)
         try:
             with dspy.context(adapter=self.adapter):
                 return self.propose(
-                    current_design=compact_design(current), design_space=self._schema,
-                    revision_history=history, feedback=feedback, config=config,
-                )  # fmt: skip
+                    current_design=compact_design(current),
+                    design_space=self._schema,
+                    revision_history=history,
+                    feedback=feedback,
+                    config=config,
+                )
         finally:
             self.propose.signature = original
 
@@ -381,8 +402,10 @@ class DesignProposer(dspy.Module):
 
     def _pin(self, design: MemoryDesign, notes: list[str]) -> MemoryDesign:
         if self.fixed_budget is not None and design.context.budget_tokens != self.fixed_budget:
-            notes.append(f"context.budget_tokens {design.context.budget_tokens} pinned back to the fixed "
-                         f"budget {self.fixed_budget}")  # fmt: skip
+            notes.append(
+                f"context.budget_tokens {design.context.budget_tokens} pinned back to the fixed "
+                f"budget {self.fixed_budget}"
+            )
             design = design.model_copy(
                 update={
                     "context": design.context.model_copy(
@@ -393,9 +416,14 @@ class DesignProposer(dspy.Module):
         return design
 
     def forward(
-        self, current: MemoryDesign, history: list[RevisionEntry], feedback: str, *,
-        seen: dict[str, str] | None = None, iteration: int = 0,
-    ) -> Proposal:  # fmt: skip
+        self,
+        current: MemoryDesign,
+        history: list[RevisionEntry],
+        feedback: str,
+        *,
+        seen: dict[str, str] | None = None,
+        iteration: int = 0,
+    ) -> Proposal:
         """Propose a revision of ``current``. ``seen`` maps the key of every earlier candidate to
         a label (``"iteration 3, rejected"``); ``iteration`` numbers the rollouts."""
         import time
@@ -443,8 +471,14 @@ class DesignProposer(dspy.Module):
                 if _is_parse_error(exc):
                     error, raw = _validation_error(exc)
                 else:
-                    attempts.append(ProposalAttempt(kind="error", error=f"{type(exc).__name__}: {exc}",
-                                                    seconds=time.perf_counter() - t0, **_cfg(config)))  # fmt: skip
+                    attempts.append(
+                        ProposalAttempt(
+                            kind="error",
+                            error=f"{type(exc).__name__}: {exc}",
+                            seconds=time.perf_counter() - t0,
+                            **_cfg(config),
+                        )
+                    )
                     return Proposal(
                         status="failed", attempts=attempts, error=f"{type(exc).__name__}: {exc}"
                     )
@@ -458,28 +492,50 @@ class DesignProposer(dspy.Module):
                 if sent_back:
                     return Proposal(status="invalid", attempts=attempts, error=error)
                 sent_back = True
-                extra.append(RevisionEntry(
-                    iteration=iteration, status="invalid",
-                    note=f"your last proposal was not a valid design: {error}. Return a complete, valid design.",
-                ))  # fmt: skip
+                extra.append(
+                    RevisionEntry(
+                        iteration=iteration,
+                        status="invalid",
+                        note=f"your last proposal was not a valid design: {error}. Return a complete, valid design.",
+                    )
+                )
                 continue
             design = self._pin(design, notes)
             key = design.key()
             rationale = str(getattr(pred, "rationale", "") or "")
             if key in seen:
-                attempts.append(ProposalAttempt(kind="duplicate", duplicate_of=seen[key], design_key=key,
-                                                seconds=seconds, notes=notes, **_cfg(config)))  # fmt: skip
+                attempts.append(
+                    ProposalAttempt(
+                        kind="duplicate",
+                        duplicate_of=seen[key],
+                        design_key=key,
+                        seconds=seconds,
+                        notes=notes,
+                        **_cfg(config),
+                    )
+                )
                 if resamples >= self.max_resamples:
-                    return Proposal(status="duplicate", design=design, rationale=rationale, attempts=attempts,
-                                    error=f"every proposal repeated an earlier candidate ({seen[key]})")  # fmt: skip
+                    return Proposal(
+                        status="duplicate",
+                        design=design,
+                        rationale=rationale,
+                        attempts=attempts,
+                        error=f"every proposal repeated an earlier candidate ({seen[key]})",
+                    )
                 resamples += 1
-                extra.append(RevisionEntry(
-                    iteration=iteration, status="duplicate", changes=design_diff(current, design),
-                    note=f"identical to the design of {seen[key]}; propose a different design",
-                ))  # fmt: skip
+                extra.append(
+                    RevisionEntry(
+                        iteration=iteration,
+                        status="duplicate",
+                        changes=design_diff(current, design),
+                        note=f"identical to the design of {seen[key]}; propose a different design",
+                    )
+                )
                 base_t = _temperature(self.propose.lm)
-                config = {"rollout_id": iteration * 100 + resamples,
-                          "temperature": max(self.resample_temperature, base_t or 0.0)}  # fmt: skip
+                config = {
+                    "rollout_id": iteration * 100 + resamples,
+                    "temperature": max(self.resample_temperature, base_t or 0.0),
+                }
                 continue
             attempts.append(
                 ProposalAttempt(
