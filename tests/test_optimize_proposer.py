@@ -151,6 +151,10 @@ def test_changes_output_applies_fields_to_the_current_design():
     assert "changes: retrieve.top_k=40" in out.attempts[0].notes[0]
     schema = json.loads(field_value(lm.calls[0]["user"], "design_space"))
     assert "retrieve" in schema["properties"]
+    # a "changes" reply is short: its output is capped so a looping reply costs seconds
+    from memsteer_dspy.optimize.proposer import CHANGES_MAX_TOKENS
+
+    assert lm.calls[0]["kwargs"].get("max_tokens") == CHANGES_MAX_TOKENS
 
 
 def test_changes_output_invalid_value_is_sent_back_and_no_change_is_a_duplicate():
@@ -236,7 +240,7 @@ def test_exploration_offers_only_fields_not_tried_since_the_last_accept(monkeypa
     monkeypatch.setattr(
         proposer_module,
         "changes_signature",
-        lambda allowed: offered.append(allowed) or real(allowed),
+        lambda allowed, current=None: offered.append(allowed) or real(allowed, current),
     )
     history = [
         RevisionEntry(iteration=0, status="baseline"),
@@ -282,6 +286,54 @@ def test_exploration_offers_only_fields_not_tried_since_the_last_accept(monkeypa
         by_field["store.fields"]["type"] == "array"
         and "text" in by_field["store.fields"]["items"]["enum"]
     )
+
+
+def test_the_grammar_offers_no_value_that_changes_nothing_and_no_endless_list_or_text():
+    """Measured with the embedded proposer: one reply repeated "date", "author" inside
+    ``store.fields`` until max_tokens (443 s), and two of four calls of one iteration re-proposed
+    the value the design already had. The schema handed to the LM now rules both out."""
+    from pydantic import TypeAdapter
+
+    from memsteer_dspy.optimize.proposer import (
+        MAX_RATIONALE_CHARS,
+        MAX_VALUE_CHARS,
+        changes_signature,
+    )
+
+    current = BASE.model_copy(
+        update={"store": BASE.store.model_copy(update={"date_format": "long"})}
+    )
+    fields = (
+        "store.fields",
+        "store.date_format",
+        "context.show_ids",
+        "retrieve.dense.embedder",
+        "retrieve.reranker_model",
+        "retrieve.top_k",
+    )
+    sig = changes_signature(fields, current)
+    js = TypeAdapter(sig.output_fields["changes"].annotation).json_schema()
+    value = {
+        a["properties"]["field"]["const"]: a["properties"]["value"] for a in js["items"]["anyOf"]
+    }
+    assert value["store.fields"]["maxItems"] == 6 and value["store.fields"]["uniqueItems"] is True
+    assert value["store.date_format"]["enum"] == ["iso", "none"]  # not the current "long"
+    assert value["context.show_ids"] == {"type": "boolean", "enum": [False]}  # current: true
+    assert value["retrieve.dense.embedder"]["maxLength"] == MAX_VALUE_CHARS
+    assert all(
+        alt.get("maxLength") == MAX_VALUE_CHARS
+        for alt in value["retrieve.reranker_model"]["anyOf"]
+        if alt.get("type") == "string"
+    )
+    assert value["retrieve.top_k"]["type"] == "integer"  # numbers keep their bounds only
+    rationale = TypeAdapter(sig.output_fields["rationale"].annotation).json_schema()
+    assert rationale["maxLength"] == MAX_RATIONALE_CHARS
+    # without a current design every allowed value stays on offer (parsing is never narrowed)
+    plain = TypeAdapter(changes_signature(fields).output_fields["changes"].annotation).json_schema()
+    by_field = {
+        a["properties"]["field"]["const"]: a["properties"]["value"] for a in plain["items"]["anyOf"]
+    }
+    assert by_field["store.date_format"]["enum"] == ["iso", "long", "none"]
 
 
 def test_every_field_is_offered_again_when_few_are_left():

@@ -226,8 +226,34 @@ def tried_fields(history: list[RevisionEntry]) -> set[str]:
     return tried
 
 
-def field_value_schema(path: str) -> dict[str, Any]:
-    """The JSON schema of one design field's value: its type, allowed values and bounds."""
+# Longest free-text value a "changes" proposal may write (a model folder path, a query instruction)
+# and its rationale: a grammar-bound small model otherwise can loop inside one string or list until
+# max_tokens (measured: 443 s on one reply repeating "date", "author" inside store.fields).
+MAX_VALUE_CHARS = 200
+MAX_RATIONALE_CHARS = 400
+# Output tokens of one "changes" reply: four changes and a 400-character rationale need ~250.
+CHANGES_MAX_TOKENS = 600
+
+
+def _bounded(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with every array and free string given an upper bound."""
+    schema = dict(schema)
+    if "anyOf" in schema:
+        schema["anyOf"] = [_bounded(s) for s in schema["anyOf"]]
+    if schema.get("type") == "array":
+        items = schema.get("items") or {}
+        schema["maxItems"] = len(items["enum"]) if "enum" in items else 16
+        schema["uniqueItems"] = True
+    elif schema.get("type") == "string" and "enum" not in schema:
+        schema.setdefault("maxLength", MAX_VALUE_CHARS)
+    return schema
+
+
+def field_value_schema(path: str, current: Any = None) -> dict[str, Any]:
+    """The JSON schema of one design field's value: its type, allowed values and bounds (arrays
+    and free strings bounded). With ``current`` (the field's value in the current design) a
+    choice field leaves that value out, so a grammar-bound proposer cannot write a change that
+    changes nothing (measured: 2 of 4 calls in one iteration re-proposed the current value)."""
     from typing import Annotated
 
     from pydantic import TypeAdapter
@@ -240,30 +266,54 @@ def field_value_schema(path: str) -> dict[str, Any]:
     annotation = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
     schema = TypeAdapter(annotation).json_schema()
     schema.pop("title", None)
+    schema = _bounded(schema)
+    if current is not None and isinstance(current, bool) and schema.get("type") == "boolean":
+        return {"type": "boolean", "enum": [not current]}
+    if current is not None and "enum" in schema and current in schema["enum"]:
+        others = [v for v in schema["enum"] if v != current]
+        if others:
+            schema["enum"] = others
     return schema
 
 
-def changes_signature(allowed: tuple[str, ...]) -> type[dspy.Signature]:
+def _current_value(design: MemoryDesign, path: str) -> Any:
+    node: Any = design
+    for part in path.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def changes_signature(
+    allowed: tuple[str, ...], current: MemoryDesign | None = None
+) -> type[dspy.Signature]:
     """:class:`ProposeDesignChanges` whose output schema offers only the ``allowed`` fields, each
     with the type of its own value (one alternative per field: ``{"field": "store.window_size",
     "value": <integer>}``), and asks for at least one change. A grammar-constrained LM can then
     neither name another field nor write a value of the wrong type (measured before this: 17 of
-    20 embedded proposals were invalid, e.g. ``window_size = "strconv(2 * 3)"``). Parsing still
-    accepts any design field and value (an API LM that strays is told what was invalid)."""
+    20 embedded proposals were invalid, e.g. ``window_size = "strconv(2 * 3)"``). With
+    ``current``, a choice field offers only values other than the current one. Lists, free strings
+    and the rationale are bounded. Parsing still accepts any design field and value (an API LM
+    that strays is told what was invalid)."""
     from memsteer_dspy.supervision.limits import bounded_type
+
+    def value(f: str) -> dict[str, Any]:
+        return field_value_schema(f, None if current is None else _current_value(current, f))
 
     items = {
         "anyOf": [
             {
                 "type": "object",
-                "properties": {"field": {"const": f}, "value": field_value_schema(f)},
+                "properties": {"field": {"const": f}, "value": value(f)},
                 "required": ["field", "value"],
             }
             for f in allowed
         ]
     }
     changes = bounded_type(list[DesignChange], "DesignChanges", minItems=1, maxItems=4, items=items)
-    return ProposeDesignChanges.with_updated_fields("changes", type_=changes)
+    rationale = bounded_type(str, "Rationale", maxLength=MAX_RATIONALE_CHARS)
+    return ProposeDesignChanges.with_updated_fields("changes", type_=changes).with_updated_fields(
+        "rationale", type_=rationale
+    )
 
 
 def apply_changes(current: MemoryDesign, changes: list[DesignChange]) -> MemoryDesign:
@@ -370,7 +420,7 @@ class DesignProposer(dspy.Module):
     ):
         original = self.propose.signature
         if allowed is not None:
-            self.propose.signature = changes_signature(allowed)
+            self.propose.signature = changes_signature(allowed, current)
         try:
             with dspy.context(adapter=self.adapter):
                 return self.propose(
@@ -431,7 +481,10 @@ class DesignProposer(dspy.Module):
         seen = seen or {}
         extra: list[RevisionEntry] = []
         attempts: list[ProposalAttempt] = []
-        config: dict[str, Any] = {}
+        # a "changes" reply is a few fields and a short rationale: cap it, so a reply that loops
+        # costs seconds, not minutes (a cut reply is still parsed as far as it goes)
+        limit = {"max_tokens": CHANGES_MAX_TOKENS} if self.output == "changes" else {}
+        config: dict[str, Any] = dict(limit)
         resamples = 0
         sent_back = False
         exclude = tried_fields(history)
@@ -533,6 +586,7 @@ class DesignProposer(dspy.Module):
                 )
                 base_t = _temperature(self.propose.lm)
                 config = {
+                    **limit,
                     "rollout_id": iteration * 100 + resamples,
                     "temperature": max(self.resample_temperature, base_t or 0.0),
                 }
