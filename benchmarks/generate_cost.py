@@ -63,13 +63,9 @@ def generation_config(name: str, candidates: int, seed: int) -> GenerationConfig
     """The named configuration, every check on, stopping only when ``candidates`` are done."""
     lean = name == "lean"
     return GenerationConfig(
-        n=candidates,
-        max_candidates=candidates,
-        seed=seed,
-        lean=lean,
-        bounded=True,
+        n=candidates, max_candidates=candidates, seed=seed, lean=lean, bounded=True,
         bundle=small_lm_bundle_config(steered=lean),
-    )
+    )  # fmt: skip
 
 
 def role_costs(out: Path) -> dict[str, Any]:
@@ -123,28 +119,20 @@ def role_costs(out: Path) -> dict[str, Any]:
 
 
 def print_costs(name: str, cost: dict[str, Any]) -> None:
-    print(
-        f"\n== {name}: accepted {cost['accepted']} of {cost['candidates']} candidates "
-        f"(kept {100 * cost['kept_fraction']:.1f}%), wall {cost['wall_seconds']:.0f}s"
-    )
+    print(f"\n== {name}: accepted {cost['accepted']} of {cost['candidates']} candidates "
+          f"(kept {100 * cost['kept_fraction']:.1f}%), wall {cost['wall_seconds']:.0f}s")  # fmt: skip
     print(
         f"  {'role':<16}{'calls':>7}{'prompt':>10}{'evaluated':>11}{'completion':>12}{'seconds':>10}"
     )
     for role, t in [*cost["roles"].items(), ("total", cost["total"])]:
-        print(
-            f"  {role:<16}{t['calls']:>7.0f}{t['prompt']:>10.0f}{t['evaluated']:>11.0f}"
-            f"{t['completion']:>12.0f}{t['seconds']:>10.1f}"
-        )
+        print(f"  {role:<16}{t['calls']:>7.0f}{t['prompt']:>10.0f}{t['evaluated']:>11.0f}"
+              f"{t['completion']:>12.0f}{t['seconds']:>10.1f}")  # fmt: skip
     per = cost["per_accepted"]
     if per:
-        print(
-            f"  per accepted item: {per['tokens']:.0f} tokens ({per['evaluated_tokens']:.0f} evaluated), "
-            f"{per['calls']:.1f} calls, {per['lm_seconds']:.1f} s of LM time, {per['wall_seconds']:.1f} s wall"
-        )
-    print(
-        f"  accepted by answer type {cost['accepted_by_answer_type']}, by question form "
-        f"{cost['accepted_by_question_word']}, by evidence records {cost['accepted_by_evidence_count']}"
-    )
+        print(f"  per accepted item: {per['tokens']:.0f} tokens ({per['evaluated_tokens']:.0f} evaluated), "
+              f"{per['calls']:.1f} calls, {per['lm_seconds']:.1f} s of LM time, {per['wall_seconds']:.1f} s wall")  # fmt: skip
+    print(f"  accepted by answer type {cost['accepted_by_answer_type']}, by question form "
+          f"{cost['accepted_by_question_word']}, by evidence records {cost['accepted_by_evidence_count']}")  # fmt: skip
     print(f"  rejected by reason {cost['rejected_by_reason']}")
 
 
@@ -188,12 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     lm(
         messages=[{"role": "user", "content": "Reply with the word ok."}], max_tokens=16
     )  # load untimed
-    print(
-        f"{args.user}: {len(history)} records; seed {args.seed}, {args.candidates} candidates per "
-        f"configuration; LM {args.lm} (loaded in {time.perf_counter() - t0:.1f}s, {os.cpu_count()} cores); "
-        f"folders under {out}",
-        flush=True,
-    )
+    print(f"{args.user}: {len(history)} records; seed {args.seed}, {args.candidates} candidates per "
+          f"configuration; LM {args.lm} (loaded in {time.perf_counter() - t0:.1f}s, {os.cpu_count()} cores); "
+          f"folders under {out}", flush=True)  # fmt: skip
     for name in names:
         folder = out / name
         if folder.exists() and any(folder.iterdir()):
@@ -208,14 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         while done < args.candidates:
             done = min(args.candidates, done + args.chunk)
             for name in names:
-                generate_supervision(
-                    history,
-                    dict.fromkeys(GENERATION_ROLES, lm),
-                    out / name,
-                    generation_config(name, done, args.seed),
-                    lm_description=dict.fromkeys(GENERATION_ROLES, args.lm),
-                    progress=True,
-                )
+                generate_supervision(history, dict.fromkeys(GENERATION_ROLES, lm), out / name,
+                                     generation_config(name, done, args.seed),
+                                     lm_description=dict.fromkeys(GENERATION_ROLES, args.lm), progress=True)  # fmt: skip
     except KeyboardInterrupt:
         stopped = True
         print(
@@ -226,15 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         if (out / name / "run.json").exists():
             results[name] = role_costs(out / name)
             print_costs(name, results[name])
-    report: dict[str, Any] = {
-        "user": args.user,
-        "seed": args.seed,
-        "candidates": args.candidates,
-        "stopped_early": stopped,
-        "lm": args.lm,
-        "cores": os.cpu_count(),
-        "configs": results,
-    }
+    report: dict[str, Any] = {"user": args.user, "seed": args.seed, "candidates": args.candidates,
+                              "stopped_early": stopped, "lm": args.lm, "cores": os.cpu_count(),
+                              "configs": results}  # fmt: skip
     if "v1" in results and "lean" in results:
         report["ratios_lean_over_v1"] = ratios(results["lean"], results["v1"])
         print("\n== lean / v1, measured in this run:")

@@ -73,32 +73,11 @@ def main() -> None:
                 out = tmp / f"{command}-{threads}"
                 before = len(server.requests)
                 if command == "evaluate":
-                    args = [
-                        "evaluate",
-                        "--format",
-                        "jsonl",
-                        "--path",
-                        str(DEMO),
-                        "--limit",
-                        str(opts.items),
-                        "--no-cache",
-                        "--out",
-                        str(out),
-                    ]
+                    args = ["evaluate", "--format", "jsonl", "--path", str(DEMO), "--limit", str(opts.items),
+                            "--no-cache", "--out", str(out)]  # fmt: skip
                 else:
-                    args = [
-                        "generate",
-                        "--format",
-                        "jsonl",
-                        "--path",
-                        str(DEMO),
-                        "--n",
-                        str(opts.candidates),
-                        "--max-candidates",
-                        str(opts.candidates),
-                        "--out",
-                        str(out),
-                    ]
+                    args = ["generate", "--format", "jsonl", "--path", str(DEMO), "--n", str(opts.candidates),
+                            "--max-candidates", str(opts.candidates), "--out", str(out)]  # fmt: skip
                 report, seconds = run(
                     [*args, "--config", str(config), "--threads", str(max(threads, 1))]
                 )
@@ -112,11 +91,8 @@ def main() -> None:
                         len(lines) == len({json.loads(x)["qa_id"] for x in lines}) == opts.items
                     ), lines
                 else:
-                    n = sum(
-                        len((out / f).read_text().splitlines())
-                        for f in ("train.jsonl", "val.jsonl", "rejected.jsonl")
-                        if (out / f).exists()
-                    )
+                    n = sum(len((out / f).read_text().splitlines()) for f in ("train.jsonl", "val.jsonl",
+                            "rejected.jsonl") if (out / f).exists())  # fmt: skip
                     assert n == report["candidates"] == opts.candidates, (n, report["candidates"])
             (t1, b1, r1), (t4, b4, r4) = seen[1], seen[4]
             same = b1 == b4 and r1 == r4 and sum(c for c, _, _ in b4.values()) == r4

@@ -84,12 +84,9 @@ def signature_classes():
     for mod_info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{pkg.__name__}.{mod_info.name}")
         classes = [
-            obj
-            for obj in vars(module).values()
-            if inspect.isclass(obj)
-            and issubclass(obj, dspy.Signature)
-            and obj.__module__ == module.__name__
-        ]
+            obj for obj in vars(module).values()
+            if inspect.isclass(obj) and issubclass(obj, dspy.Signature) and obj.__module__ == module.__name__
+        ]  # fmt: skip
         classes.sort(key=lambda c: inspect.getsourcelines(c)[1])
         if classes:
             yield module, classes

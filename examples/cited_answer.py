@@ -81,13 +81,8 @@ class CitedAnswer(dspy.Module):
         read = self.read(question=question, answer_type=answer_type, records=quoted)
         cited = expand_citations(read.cited_ids, sentences)
         if not read.answerable or not cited:
-            return dspy.Prediction(
-                answer="I don't know",
-                draft=read.answer,
-                supported=False,
-                citations=cited,
-                cited_text="",
-            )
+            return dspy.Prediction(answer="I don't know", draft=read.answer, supported=False, citations=cited,
+                                   cited_text="")  # fmt: skip
         cited_text = "\n".join(f"{c} {sentences[c]}" for c in cited)
         check = self.verify(
             question=question,
@@ -95,13 +90,8 @@ class CitedAnswer(dspy.Module):
             context=cited_text,
             draft_answer=read.answer,
         )
-        return dspy.Prediction(
-            answer=check.answer,
-            draft=read.answer,
-            supported=bool(check.supported),
-            citations=cited,
-            cited_text=cited_text,
-        )
+        return dspy.Prediction(answer=check.answer, draft=read.answer, supported=bool(check.supported),
+                               citations=cited, cited_text=cited_text)  # fmt: skip
 
 
 def retrieve(history_path: Path, question: str, k: int) -> list[Record]:
@@ -147,20 +137,9 @@ def main(argv: list[str] | None = None) -> int:
 
     lm = load_lm_config(None, lm=args.lm).lm("answerer")
     pred = run(args.question, lm, history_path=args.history, k=args.k, answer_type=args.answer_type)
-    print(
-        json.dumps(
-            {
-                "question": args.question,
-                "answer": pred.answer,
-                "draft": pred.draft,
-                "supported": pred.supported,
-                "citations": pred.citations,
-                "cited_text": pred.cited_text,
-            },
-            indent=2,
-            ensure_ascii=False,
-        )
-    )
+    print(json.dumps({"question": args.question, "answer": pred.answer, "draft": pred.draft,
+                      "supported": pred.supported, "citations": pred.citations, "cited_text": pred.cited_text},
+                     indent=2, ensure_ascii=False))  # fmt: skip
     return 0
 
 

@@ -60,37 +60,16 @@ def run_one(
     needs_lm = search in ("hill", "population")
     lm, usage = _lm_source(args.lm, needs_lm)
     config = OptimizeConfig(
-        iterations=args.iterations,
-        objective="recall",
-        protocol="as_of",
-        seed=args.seed,
-        search=search,
-        parents=args.parents,
-        accept=args.accept,
-        proposer_output="changes",
-        feedback_tokens=args.feedback_tokens,
-        max_build_calls=0,
-        guard=args.guard or [],
-        guard_margin=args.guard_margin,
-        val_from=args.val_from,
-    )
+        iterations=args.iterations, objective="recall", protocol="as_of", seed=args.seed, search=search,
+        parents=args.parents, accept=args.accept, proposer_output="changes", feedback_tokens=args.feedback_tokens,
+        max_build_calls=0, guard=args.guard or [], guard_margin=args.guard_margin, val_from=args.val_from,
+    )  # fmt: skip
     folder = out / setting / search
-    kwargs: dict[str, Any] = dict(
-        config=config,
-        lms=lm,
-        init_design=MemoryDesign.base_bm25(),
-        cache_dir=args.cache_dir,
-        usage=usage,
-        test_source=f"official held-out ({setting})",
-    )
+    kwargs: dict[str, Any] = dict(config=config, lms=lm, init_design=MemoryDesign.base_bm25(), cache_dir=args.cache_dir,
+                                  usage=usage, test_source=f"official held-out ({setting})")  # fmt: skip
     if search in ("random", "tpe"):
-        kwargs["search_proposer"] = OptunaProposer(
-            search,
-            MemoryDesign.base_bm25(),
-            "recall",
-            seed=args.seed,
-            indexes=args.indexes.split(","),
-        )
+        kwargs["search_proposer"] = OptunaProposer(search, MemoryDesign.base_bm25(), "recall", seed=args.seed,
+                                                   indexes=args.indexes.split(","))  # fmt: skip
     t0 = time.perf_counter()
     if len(histories) == 1:
         ((persona, history),) = histories.items()
@@ -102,25 +81,14 @@ def run_one(
     cost = res.entries[-1].cost_total
     t = res.test
     return {
-        "setting": setting,
-        "search": search,
-        "iterations": len(res.entries) - 1,
-        "n_train": len(train),
-        "n_val": len(opt.val),
-        "n_test": t.n if t else 0,
-        "designs_evaluated": sum(e.score is not None for e in res.entries)
+        "setting": setting, "search": search, "iterations": len(res.entries) - 1, "n_train": len(train),
+        "n_val": len(opt.val), "n_test": t.n if t else 0, "designs_evaluated": sum(e.score is not None for e in res.entries)
         + sum(1 for e in res.entries for sc in e.sub_screens if sc.get("score")),
-        "val_initial": res.baseline_score.delivered_recall,
-        "val_best": res.best_score.delivered_recall,
-        "test": t.model_dump(mode="json") if t else None,
-        "lm_calls": cost.calls,
-        "tokens": cost.total_tokens,
-        "seconds_recorded": cost.seconds,
-        "seconds_this_call": round(seconds, 1),
-        "best_iteration": res.best_iteration,
-        "best_design_key": res.best_design.key(),
-        "out": str(folder),
-    }
+        "val_initial": res.baseline_score.delivered_recall, "val_best": res.best_score.delivered_recall,
+        "test": t.model_dump(mode="json") if t else None, "lm_calls": cost.calls, "tokens": cost.total_tokens,
+        "seconds_recorded": cost.seconds, "seconds_this_call": round(seconds, 1), "best_iteration": res.best_iteration,
+        "best_design_key": res.best_design.key(), "out": str(folder),
+    }  # fmt: skip
 
 
 def _pct(v: float | None) -> str:
@@ -158,11 +126,8 @@ def render(rows: list[dict[str, Any]], args) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__,
-    )
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)  # fmt: skip
     ap.add_argument(
         "--searches", default="random,tpe", help="comma list of hill, population, random, tpe"
     )
@@ -171,32 +136,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--accept", default="strict", choices=["strict", "paired"])
     ap.add_argument("--parents", default="softmax", choices=["softmax", "pareto"])
-    ap.add_argument(
-        "--guard",
-        action="append",
-        help="non-inferiority guard metric (repeatable), e.g. recall_at_10",
-    )
-    ap.add_argument(
-        "--guard-margin",
-        type=float,
-        default=None,
-        help="guards as non-inferiority tests with this margin (0-1)",
-    )
-    ap.add_argument(
-        "--val-from",
-        default="val",
-        choices=["val", "train+val"],
-        help="items that select: validation, or training + validation",
-    )
+    ap.add_argument("--guard", action="append",
+                    help="non-inferiority guard metric (repeatable), e.g. recall_at_10")  # fmt: skip
+    ap.add_argument("--guard-margin", type=float, default=None,
+                    help="guards as non-inferiority tests with this margin (0-1)")  # fmt: skip
+    ap.add_argument("--val-from", default="val", choices=["val", "train+val"],
+                    help="items that select: validation, or training + validation")  # fmt: skip
     ap.add_argument(
         "--lm", default=None, help="proposer LM for hill/population (default: the configured one)"
     )
     ap.add_argument("--feedback-tokens", type=int, default=1200)
-    ap.add_argument(
-        "--indexes",
-        default="bm25",
-        help="random/tpe: index kinds to sample (bm25,dense,hybrid need the dense extra)",
-    )
+    ap.add_argument("--indexes", default="bm25",
+                    help="random/tpe: index kinds to sample (bm25,dense,hybrid need the dense extra)")  # fmt: skip
     ap.add_argument(
         "--shared-only", action="store_true", help="only the design shared by all personas"
     )
@@ -234,11 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             results_path.write_text(json.dumps(rows, indent=2) + "\n")
             (args.out / "results.md").write_text(render(rows, args))
             t = row["test"]
-            print(
-                f"  test deliv. {_ci(t, 'delivered_recall')} R@10 {_ci(t, 'recall_at_10')} -> {t['verdict']}",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"  test deliv. {_ci(t, 'delivered_recall')} R@10 {_ci(t, 'recall_at_10')} -> {t['verdict']}",
+                  file=sys.stderr, flush=True)  # fmt: skip
     (args.out / "results.md").write_text(render(rows, args))
     print(render(rows, args))
     return 0

@@ -129,12 +129,8 @@ def small_lm_bundle_config(**overrides) -> BundleConfig:
     the tasks at :data:`STEERED_MIX` (every answer type, a third two-record items) and steers toward
     the kinds the accepted items lack; ``steered=False`` is the earlier 80/20 one-/two-record draw
     without answer-type targets."""
-    values = {
-        "record_token_cap": 150,
-        "min_records": 3,
-        "max_records": 3,
-        "evidence_weights": {1: 0.8, 2: 0.2},
-    }
+    values = {"record_token_cap": 150, "min_records": 3, "max_records": 3,
+              "evidence_weights": {1: 0.8, 2: 0.2}}  # fmt: skip
     if overrides.pop("steered", True):
         values.update(STEERED_MIX)
     values.update(overrides)
@@ -142,10 +138,8 @@ def small_lm_bundle_config(**overrides) -> BundleConfig:
 
 
 # The small profile's target mix when steered: every answer kind, and a third multi-record items.
-STEERED_MIX: dict = {
-    "evidence_weights": {1: 0.65, 2: 0.35},
-    "answer_type_weights": {"entity": 0.35, "number": 0.25, "date": 0.25, "list": 0.15},
-}
+STEERED_MIX: dict = {"evidence_weights": {1: 0.65, 2: 0.35},
+                     "answer_type_weights": {"entity": 0.35, "number": 0.25, "date": 0.25, "list": 0.15}}  # fmt: skip
 
 
 class Task(BaseModel):
@@ -162,9 +156,7 @@ class Task(BaseModel):
     def description(self) -> str:
         text = QUESTION_TYPES.get(self.question_type, self.question_type)
         if self.answer_type:
-            text += (
-                f"; the answer should be {ANSWER_TYPE_TEXT.get(self.answer_type, self.answer_type)}"
-            )
+            text += f"; the answer should be {ANSWER_TYPE_TEXT.get(self.answer_type, self.answer_type)}"
         return text
 
 
@@ -446,11 +438,8 @@ def sample_task(rng: random.Random, config: BundleConfig | None = None) -> Task:
     config = config or BundleConfig()
     counts = sorted(c for c, w in config.evidence_weights.items() if w > 0)
     count = rng.choices(counts, weights=[config.evidence_weights[c] for c in counts])[0]
-    types = [
-        t
-        for t in _TYPES_BY_COUNT.get(count, ("aggregation",))
-        if config.question_types is None or t in config.question_types
-    ]
+    types = [t for t in _TYPES_BY_COUNT.get(count, ("aggregation",))
+             if config.question_types is None or t in config.question_types]  # fmt: skip
     if not types:
         types = list(config.question_types or ["fact"])
     return Task(question_type=rng.choice(types), evidence_count=count)
@@ -498,11 +487,8 @@ def steered_task(
     counts = steered(weights, mix.evidence_counts if mix else None)
     keys = sorted(counts)
     count = rng.choices(keys, weights=[counts[c] for c in keys])[0]
-    types = [
-        t
-        for t in _TYPES_BY_COUNT.get(count, ("aggregation",))
-        if config.question_types is None or t in config.question_types
-    ] or ["fact"]
+    types = [t for t in _TYPES_BY_COUNT.get(count, ("aggregation",))
+             if config.question_types is None or t in config.question_types] or ["fact"]  # fmt: skip
     suited = {a for t in types for a in ANSWER_TYPES_BY_QUESTION.get(t, ())}
     weights = steered(config.answer_type_weights, mix.answer_types if mix else None)
     options = sorted(a for a in weights if a in suited) or sorted(suited) or ["entity"]
@@ -519,15 +505,9 @@ def steered_task(
 def _bundle_record(record: Record, cap: int | None) -> BundleRecord:
     spans, truncated = _visible_spans(record, cap)
     return BundleRecord(
-        id=record.id,
-        kind=record.kind,
-        date=record.timestamp.date().isoformat() if record.timestamp else None,
-        author=record.author,
-        thread_id=record.thread_id,
-        title=record.title,
-        spans=spans,
-        truncated=truncated,
-    )
+        id=record.id, kind=record.kind, date=record.timestamp.date().isoformat() if record.timestamp else None,
+        author=record.author, thread_id=record.thread_id, title=record.title, spans=spans, truncated=truncated,
+    )  # fmt: skip
 
 
 def _render_tokens(records: Sequence[BundleRecord]) -> int:
@@ -597,13 +577,9 @@ def expand_bundle(
         weight, src, kind = frontier[pick]
         path.append((src, pick, kind))
     bundle = Bundle(
-        id=_bundle_id(seed_id, members),
-        seed_id=seed_id,
-        method="graph",
-        records=records,
-        path=path,
+        id=_bundle_id(seed_id, members), seed_id=seed_id, method="graph", records=records, path=path,
         tokens=_render_tokens(records),
-    )
+    )  # fmt: skip
     return bundle, None
 
 
@@ -635,13 +611,8 @@ def random_bundle(
         if rec.spans and used + cost <= config.token_budget:
             records.append(rec)
             used += cost
-    return Bundle(
-        id=_bundle_id(seed_id, [r.id for r in records]),
-        seed_id=seed_id,
-        method="random",
-        records=records,
-        tokens=_render_tokens(records),
-    ), None
+    return Bundle(id=_bundle_id(seed_id, [r.id for r in records]), seed_id=seed_id, method="random",
+                  records=records, tokens=_render_tokens(records)), None  # fmt: skip
 
 
 def bundle_from_records(
@@ -650,13 +621,8 @@ def bundle_from_records(
     """A bundle of exactly the given records (fidelity checks build bundles from QA evidence)."""
     config = config or BundleConfig()
     records = [_bundle_record(history[rid], config.record_token_cap) for rid in record_ids]
-    return Bundle(
-        id=_bundle_id(record_ids[0], record_ids),
-        seed_id=record_ids[0],
-        method="given",
-        records=records,
-        tokens=_render_tokens(records),
-    )
+    return Bundle(id=_bundle_id(record_ids[0], record_ids), seed_id=record_ids[0], method="given",
+                  records=records, tokens=_render_tokens(records))  # fmt: skip
 
 
 class BundleSampler:

@@ -486,9 +486,8 @@ class _Progress:
 def _check_folder(out: Path, identity: dict[str, Any], *, restart: bool = False) -> None:
     """The demo's same-run check, through the run-folder layer: a folder holding a demo with
     other settings (size, LMs, history) is a RunMismatchError naming them; ``restart`` empties it."""
-    RunFolder.open(
-        out, run_key("demo", options=identity), restart=restart, legacy_files=(SETTINGS_FILE,)
-    ).save()
+    RunFolder.open(out, run_key("demo", options=identity), restart=restart,
+                   legacy_files=(SETTINGS_FILE,)).save()  # fmt: skip
 
 
 def run_demo(
@@ -538,13 +537,9 @@ def run_demo(
     else:
         tracker = Tracker.disabled()
     result = DemoResult(
-        out_dir=str(out.resolve()),
-        settings=settings,
-        sized_down=settings.sized_down(),
-        user=history.user_id,
-        records=len(history),
-        lm=described,
-    )
+        out_dir=str(out.resolve()), settings=settings, sized_down=settings.sized_down(), user=history.user_id,
+        records=len(history), lm=described,
+    )  # fmt: skip
     _save(out, identity, result)
     d0 = MemoryDesign.base_bm25()
     d0 = d0.model_copy(
@@ -573,41 +568,15 @@ def run_demo(
     designs = [("Base-BM25", d0), ("MemSteer-Opt", best)]
     for i, (label, design) in enumerate(designs):
         if i and design.key() == d0.key():
-            row = result.rows[0].model_copy(
-                update={
-                    "label": label,
-                    "same_as": "Base-BM25",
-                    "lm_calls": 0,
-                    "cache_hits": 0,
-                    "tokens": 0,
-                    "seconds": 0.0,
-                }
-            )
+            row = result.rows[0].model_copy(update={"label": label, "same_as": "Base-BM25", "lm_calls": 0,
+                                                    "cache_hits": 0, "tokens": 0, "seconds": 0.0})  # fmt: skip
             result.rows.append(row)
-            result.stages.append(
-                StageReport(
-                    name=f"eval {label}",
-                    status="skipped",
-                    detail="no revision was accepted: the best design is Base-BM25",
-                )
-            )
+            result.stages.append(StageReport(name=f"eval {label}", status="skipped",
+                                             detail="no revision was accepted: the best design is Base-BM25"))  # fmt: skip
             say(f"[{3 + i}/4] evaluation of {label}: skipped, {result.stages[-1].detail}")
             continue
-        _evaluate(
-            label,
-            design,
-            history,
-            items,
-            answered,
-            lm_config,
-            out / "eval" / _slug(label),
-            settings,
-            tracker,
-            cache,
-            say,
-            result,
-            step=3 + i,
-        )
+        _evaluate(label, design, history, items, answered, lm_config, out / "eval" / _slug(label),
+                  settings, tracker, cache, say, result, step=3 + i)  # fmt: skip
         _save(out, identity, result)
 
     if len(result.rows) == 2:
@@ -689,14 +658,10 @@ def _supervision(history, lm_config, folder: Path, settings: DemoSettings, say, 
         for r in GENERATION_ROLES
     )
     config = GenerationConfig(
-        bounded=bounded,
-        n=settings.n_supervision,
-        max_candidates=settings.max_candidates,
-        seed=settings.seed,
-        threads=settings.threads,
-        batch_size=min(4, settings.max_candidates),
+        bounded=bounded, n=settings.n_supervision, max_candidates=settings.max_candidates, seed=settings.seed,
+        threads=settings.threads, batch_size=min(4, settings.max_candidates),
         bundle=small_lm_bundle_config() if profile == "small" else BundleConfig(),
-    )
+    )  # fmt: skip
     done = read_log(folder)
     accepted_before = sum(r.status == "accepted" for r in done)
     finished = accepted_before >= config.n or len(done) >= config.candidate_limit
@@ -715,53 +680,30 @@ def _supervision(history, lm_config, folder: Path, settings: DemoSettings, say, 
             )
 
     summary = generate_supervision(
-        history,
-        lms,
-        folder,
-        config,
-        lm_description=lm_config.describe(),
+        history, lms, folder, config, lm_description=lm_config.describe(),
         progress=True if say.bars else (hook if say.fn is not None else False),
-    )
+    )  # fmt: skip
     sup = SupervisionSet.load(folder)
     result.supervision = {
-        "folder": str(folder),
-        "accepted": summary.get("accepted", 0),
-        "candidates": summary.get("candidates", 0),
-        "skipped_bundles": summary.get("skipped_bundles", 0),
-        "train": len(sup.train),
-        "val": len(sup.val),
-        "kept_fraction": summary.get("kept_fraction"),
-        "rejected_by_stage": summary.get("rejected_by_stage", {}),
-        "lm_calls": sum(summary.get("lm_calls", {}).values()),
-        "wall_seconds": summary.get("wall_seconds"),
-    }
+        "folder": str(folder), "accepted": summary.get("accepted", 0), "candidates": summary.get("candidates", 0),
+        "skipped_bundles": summary.get("skipped_bundles", 0), "train": len(sup.train), "val": len(sup.val),
+        "kept_fraction": summary.get("kept_fraction"), "rejected_by_stage": summary.get("rejected_by_stage", {}),
+        "lm_calls": sum(summary.get("lm_calls", {}).values()), "wall_seconds": summary.get("wall_seconds"),
+    }  # fmt: skip
     status = "reused" if finished else ("resumed" if done else "ran")
-    result.stages.append(
-        StageReport(
-            name="supervision",
-            status=status,
-            seconds=round(time.perf_counter() - t0, 1),
-            detail=f"{len(sup)} accepted of {summary.get('candidates', 0)} candidates "
-            f"({len(sup.train)} train / {len(sup.val)} val)",
-        )
-    )
+    result.stages.append(StageReport(
+        name="supervision", status=status, seconds=round(time.perf_counter() - t0, 1),
+        detail=f"{len(sup)} accepted of {summary.get('candidates', 0)} candidates "
+               f"({len(sup.train)} train / {len(sup.val)} val)",
+    ))  # fmt: skip
     say(f"  supervision: {result.stages[-1].detail}")
     return sup.train, sup.val
 
 
 def _optimize(
-    history,
-    train,
-    val,
-    d0: MemoryDesign,
-    lm_config,
-    folder: Path,
-    settings: DemoSettings,
-    tracker,
-    cache: Path,
-    say,
-    result: DemoResult,
-) -> MemoryDesign:
+    history, train, val, d0: MemoryDesign, lm_config, folder: Path, settings: DemoSettings, tracker, cache: Path,
+    say, result: DemoResult,
+) -> MemoryDesign:  # fmt: skip
     """Stage 2: MemSteer-Opt from Base-BM25 (resumable); returns the best design."""
     from memsteer_dspy.optimize.loop import MemSteerOpt, OptimizeConfig
 
@@ -780,16 +722,10 @@ def _optimize(
         result.stages.append(StageReport(name="optimization", status="skipped", detail=reason))
         return d0
     config = OptimizeConfig(
-        iterations=settings.iterations,
-        objective=settings.objective,
-        feedback="stratified",
-        seed=settings.seed,
-        per_stage=settings.per_stage,
-        feedback_tokens=settings.feedback_tokens,
-        protocol="full",
-        threads=settings.threads,
-        max_resamples=settings.max_resamples,
-    )
+        iterations=settings.iterations, objective=settings.objective, feedback="stratified", seed=settings.seed,
+        per_stage=settings.per_stage, feedback_tokens=settings.feedback_tokens, protocol="full",
+        threads=settings.threads, max_resamples=settings.max_resamples,
+    )  # fmt: skip
 
     def on_event(event: dict[str, Any]) -> None:
         primary = "delivered_recall" if event["objective"] == "recall" else "accuracy"
@@ -797,10 +733,8 @@ def _optimize(
         c = getattr(cand, primary, None) if cand is not None else None
         b = getattr(best, primary, None) if best is not None else None
         name = "delivered recall" if primary == "delivered_recall" else "accuracy"
-        line = (
-            f"  iteration {event['iteration']}/{event['total']}: {event['status']}, candidate {name} "
-            f"{_pct(c)}, best {_pct(b)} ({event['cost_total'].short()})"
-        )
+        line = (f"  iteration {event['iteration']}/{event['total']}: {event['status']}, candidate {name} "
+                f"{_pct(c)}, best {_pct(b)} ({event['cost_total'].short()})")  # fmt: skip
         if event.get("changes"):
             line += "  [" + "; ".join(event["changes"])[:160] + "]"
         elif event.get("reason") and event["status"] not in ("baseline", "accepted"):
@@ -808,24 +742,11 @@ def _optimize(
         say(line)
 
     opt = MemSteerOpt(
-        history,
-        train,
-        val,
-        folder,
-        config=config,
-        lms=lm_config.lm,
-        init_design=d0,
-        tracker=tracker,
-        cache_dir=cache,
-        usage=lm_config.usage_by_role,
-        on_event=on_event,
-        run_params={
-            "supervision": str(Path(folder).parent / "supervision"),
-            "lm": lm_config.describe(),
-            "demo_size": settings.size,
-            "context_budget": settings.context_budget,
-        },
-    )
+        history, train, val, folder, config=config, lms=lm_config.lm, init_design=d0, tracker=tracker,
+        cache_dir=cache, usage=lm_config.usage_by_role, on_event=on_event,
+        run_params={"supervision": str(Path(folder).parent / "supervision"), "lm": lm_config.describe(),
+                    "demo_size": settings.size, "context_budget": settings.context_budget},
+    )  # fmt: skip
     done = len(opt.read_trajectory()) if (folder / "trajectory.jsonl").exists() else 0
     say(
         f"[2/4] optimization: MemSteer-Opt from Base-BM25, {config.iterations} iterations, objective "
@@ -837,49 +758,25 @@ def _optimize(
     best_entry = next(e for e in reversed(res.entries) if e.accepted)
     changes = [c for e in res.entries if e.accepted for c in e.changes]
     result.optimization = {
-        "ran": True,
-        "folder": str(folder),
-        "objective": config.objective,
-        "iterations": len(res.entries) - 1,
-        "accepted_path": res.accepted_path,
-        "baseline": res.baseline_score.short(),
-        "best": res.best_score.short(),
-        "best_design_key": best.key(),
-        "best_iteration": best_entry.iteration,
-        "changes": changes,
-        "statuses": [e.status for e in res.entries],
-        "cost": res.entries[-1].cost_total.model_dump(),
+        "ran": True, "folder": str(folder), "objective": config.objective, "iterations": len(res.entries) - 1,
+        "accepted_path": res.accepted_path, "baseline": res.baseline_score.short(), "best": res.best_score.short(),
+        "best_design_key": best.key(), "best_iteration": best_entry.iteration, "changes": changes,
+        "statuses": [e.status for e in res.entries], "cost": res.entries[-1].cost_total.model_dump(),
         "parent_run_id": res.parent_run_id,
-    }
+    }  # fmt: skip
     status = "reused" if done and done > config.iterations else ("resumed" if done else "ran")
-    result.stages.append(
-        StageReport(
-            name="optimization",
-            status=status,
-            seconds=round(time.perf_counter() - t0, 1),
-            detail=f"{len(res.entries) - 1} iterations, accepted path {res.accepted_path}; "
-            f"validation {res.baseline_score.short()} -> {res.best_score.short()}",
-        )
-    )
+    result.stages.append(StageReport(
+        name="optimization", status=status, seconds=round(time.perf_counter() - t0, 1),
+        detail=f"{len(res.entries) - 1} iterations, accepted path {res.accepted_path}; "
+               f"validation {res.baseline_score.short()} -> {res.best_score.short()}",
+    ))  # fmt: skip
     return best.model_copy(update={"name": best.name or "best"})
 
 
 def _evaluate(
-    label: str,
-    design: MemoryDesign,
-    history,
-    items: list[QAItem],
-    answered: list[QAItem],
-    lm_config,
-    folder: Path,
-    settings: DemoSettings,
-    tracker,
-    cache: Path,
-    say,
-    result: DemoResult,
-    *,
-    step: int,
-) -> None:
+    label: str, design: MemoryDesign, history, items: list[QAItem], answered: list[QAItem], lm_config,
+    folder: Path, settings: DemoSettings, tracker, cache: Path, say, result: DemoResult, *, step: int,
+) -> None:  # fmt: skip
     """Stage 3/4: score one design on the hand-written set: R@k on every item, accuracy and QS
     on ``answered``; books its LM cost and logs an MLflow run."""
     from memsteer_dspy.evaluation import evaluate_design
@@ -913,27 +810,14 @@ def _evaluate(
             say.fn(f"  {r.qa_id} ({r.question_type}): {verdict}")
 
     try:
-        recall = evaluate_design(
-            system,
-            items,
-            metrics="recall",
-            protocol="full",
-            threads=settings.threads,
-            out_dir=folder / "recall",
-            on_item=on_item,
-        )
+        recall = evaluate_design(system, items, metrics="recall", protocol="full", threads=settings.threads,
+                                 out_dir=folder / "recall", on_item=on_item)  # fmt: skip
         if bar is not None:
             bar.update(len(items) - bar.n)  # items resumed from disk
         answer = evaluate_design(
-            system,
-            answered,
-            metrics="all",
-            judge_lm=lm_config.lm("judge"),
-            protocol="full",
-            threads=settings.threads,
-            out_dir=folder / "answer",
-            on_item=on_item,
-        )
+            system, answered, metrics="all", judge_lm=lm_config.lm("judge"), protocol="full",
+            threads=settings.threads, out_dir=folder / "answer", on_item=on_item,
+        )  # fmt: skip
         if bar is not None:
             bar.update(bar.total - bar.n)
     finally:
@@ -943,27 +827,14 @@ def _evaluate(
     rs, a = recall.summary, answer.summary
     cost = book.totals
     row = DesignRow(
-        label=label,
-        design_name=design.name,
-        design_key=design.key(),
-        accuracy=a.accuracy,
-        qs=a.qs,
-        n_answered=a.n,
-        recall_at_10=rs.recall_at_10,
-        delivered_recall=rs.delivered_recall,
-        n_recall=rs.n,
-        lm_calls=int(cost["calls"]),
-        cache_hits=int(cost["cache_hits"]),
-        tokens=int(cost["total_tokens"]),
-        seconds=round(float(cost["seconds"]), 1),
-        errors=rs.errors + a.errors,
-        cost_usd=cost.get("cost_usd"),
-        item_correct={
-            i.qa_id: None if i.correct is None else float(i.correct) for i in answer.items
-        },
+        label=label, design_name=design.name, design_key=design.key(), accuracy=a.accuracy, qs=a.qs,
+        n_answered=a.n, recall_at_10=rs.recall_at_10, delivered_recall=rs.delivered_recall, n_recall=rs.n,
+        lm_calls=int(cost["calls"]), cache_hits=int(cost["cache_hits"]), tokens=int(cost["total_tokens"]),
+        seconds=round(float(cost["seconds"]), 1), errors=rs.errors + a.errors, cost_usd=cost.get("cost_usd"),
+        item_correct={i.qa_id: None if i.correct is None else float(i.correct) for i in answer.items},
         item_recall={i.qa_id: i.recall_at_10 for i in recall.items},
         item_delivered={i.qa_id: i.delivered_recall for i in recall.items},
-    )
+    )  # fmt: skip
     result.rows.append(row)
     if row.errors:
         result.notes.append(
@@ -971,15 +842,11 @@ def _evaluate(
         )
     n_new = len(items) + len(answered) - before
     status = "reused" if n_new <= 0 else ("resumed" if before else "ran")
-    result.stages.append(
-        StageReport(
-            name=f"eval {label}",
-            status=status,
-            seconds=round(time.perf_counter() - t0, 1),
-            detail=f"accuracy {_pct(row.accuracy)}, QS {_pct(row.qs)} on {row.n_answered}; R@10 {_pct(row.recall_at_10)} "
-            f"on {row.n_recall}",
-        )
-    )
+    result.stages.append(StageReport(
+        name=f"eval {label}", status=status, seconds=round(time.perf_counter() - t0, 1),
+        detail=f"accuracy {_pct(row.accuracy)}, QS {_pct(row.qs)} on {row.n_answered}; R@10 {_pct(row.recall_at_10)} "
+               f"on {row.n_recall}",
+    ))  # fmt: skip
     say(f"  {label}: {result.stages[-1].detail}")
     _track_evaluation(tracker, folder, label, design, row, settings)
 
@@ -991,9 +858,8 @@ def _items_done(path: Path) -> int:
         return sum(1 for line in f if line.strip())
 
 
-def _track_evaluation(
-    tracker, folder: Path, label: str, design: MemoryDesign, row: DesignRow, settings: DemoSettings
-) -> None:
+def _track_evaluation(tracker, folder: Path, label: str, design: MemoryDesign, row: DesignRow,
+                      settings: DemoSettings) -> None:  # fmt: skip
     """One MLflow run per evaluated design (resumed by the run id kept in the folder)."""
     from memsteer_dspy.tracking import flatten
 
@@ -1001,22 +867,13 @@ def _track_evaluation(
         return
     marker = folder / "mlflow_run_id"
     previous = marker.read_text().strip() if marker.exists() else None
-    rid = tracker.start_run(
-        f"demo-eval-{_slug(label)}",
-        resume_run_id=previous,
-        tags={"memsteer.kind": "demo-evaluation", "memsteer.design": label},
-    )
+    rid = tracker.start_run(f"demo-eval-{_slug(label)}", resume_run_id=previous,
+                            tags={"memsteer.kind": "demo-evaluation", "memsteer.design": label})  # fmt: skip
     if not rid:
         return
     write_atomic(marker, rid + "\n")
-    params = {
-        "label": label,
-        "design_key": row.design_key,
-        "demo_size": settings.size,
-        "context_budget": settings.context_budget,
-        "n_answered": row.n_answered,
-        "n_recall": row.n_recall,
-    }
+    params = {"label": label, "design_key": row.design_key, "demo_size": settings.size,
+              "context_budget": settings.context_budget, "n_answered": row.n_answered, "n_recall": row.n_recall}  # fmt: skip
     params.update(
         {
             f"design.{k}": v
@@ -1024,19 +881,11 @@ def _track_evaluation(
         }
     )
     tracker.log_params(rid, params)
-    tracker.log_metrics(
-        rid,
-        {
-            "accuracy": row.accuracy,
-            "qs": row.qs,
-            "recall_at_10": row.recall_at_10,
-            "delivered_recall": row.delivered_recall,
-            "lm_calls": row.lm_calls,
-            "lm_tokens": row.tokens,
-            "wall_seconds": row.seconds,
-            "lm_cost_usd": row.cost_usd,
-        },
-    )
+    tracker.log_metrics(rid, {
+        "accuracy": row.accuracy, "qs": row.qs, "recall_at_10": row.recall_at_10,
+        "delivered_recall": row.delivered_recall, "lm_calls": row.lm_calls, "lm_tokens": row.tokens,
+        "wall_seconds": row.seconds, "lm_cost_usd": row.cost_usd,
+    })  # fmt: skip
     for sub in ("answer", "recall"):
         summary = folder / sub / "summary.json"
         if summary.exists():

@@ -123,12 +123,9 @@ def distinct_in_order(
 
 
 def any_all_recall(
-    ranked_record_ids: list[list[str]],
-    evidence_ids: Iterable[str],
-    answer_session_ids: Iterable[str],
-    session_of: Callable[[str], str | None],
-    ks: Iterable[int] = ANY_ALL_KS,
-) -> dict[str, float]:
+    ranked_record_ids: list[list[str]], evidence_ids: Iterable[str], answer_session_ids: Iterable[str],
+    session_of: Callable[[str], str | None], ks: Iterable[int] = ANY_ALL_KS,
+) -> dict[str, float]:  # fmt: skip
     """``turn_any@k``, ``turn_all@k`` (gold = the evidence turns) and ``session_any@k``,
     ``session_all@k`` (gold = the answer sessions; the ranking = distinct sessions of the ranked
     turns) for each k; a level without gold is left out."""
@@ -324,27 +321,17 @@ class Judge:
 
 
 def evaluate_item(
-    system: MemorySystem,
-    item: QAItem,
-    *,
-    metrics: Metrics = "all",
-    judge: Judge | None = None,
+    system: MemorySystem, item: QAItem, *, metrics: Metrics = "all", judge: Judge | None = None,
     protocol: Protocol = "full",
-) -> ItemResult:
+) -> ItemResult:  # fmt: skip
     """Evaluate one QA item; never raises — a failure is recorded with its stage and scores 0."""
     t0 = time.perf_counter()
     res = ItemResult(
-        qa_id=item.id,
-        question=item.question,
-        question_type=item.question_type,
-        answer_type=str(item.answer_type),
-        reference=item.answer,
-        evidence_ids=list(item.evidence_ids),
+        qa_id=item.id, question=item.question, question_type=item.question_type,
+        answer_type=str(item.answer_type), reference=item.answer, evidence_ids=list(item.evidence_ids),
         question_date=item.question_date.isoformat() if item.question_date else None,
-        design_key=system.design.key(),
-        metrics=metrics,
-        qa_hash=qa_content_hash([item]),
-    )
+        design_key=system.design.key(), metrics=metrics, qa_hash=qa_content_hash([item]),
+    )  # fmt: skip
     as_of = item.question_date if protocol == "as_of" else None
     history = system.user_history
     gold = [e for e in item.evidence_ids if e in history]
@@ -359,7 +346,9 @@ def evaluate_item(
         res.trace = trace
         res.empty_context = trace.empty_context
         for k in RECALL_KS:
-            setattr(res, f"recall_at_{k}", recall_at_k(trace.ranked_record_ids, gold, k))
+            setattr(
+                res, f"recall_at_{k}", recall_at_k(trace.ranked_record_ids, gold, k)
+            )
         res.delivered_recall = delivered_recall(trace.delivered_record_ids, gold)
         res.any_all_recall = _item_any_all(system, item, trace)
         if metrics == "all":
@@ -389,13 +378,9 @@ def evaluate_item(
 
 
 def evaluation_key(
-    system: MemorySystem,
-    *,
-    metrics: str,
-    protocol: str,
-    judge_lm: Any = None,
+    system: MemorySystem, *, metrics: str, protocol: str, judge_lm: Any = None,
     options: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # fmt: skip
     """The same-run key of an evaluation (see :mod:`memsteer_dspy.runfolder`): history, protocol,
     design, metrics and the LMs whose answers enter the scores. QA content is checked per item
     (each result carries its item's ``qa_hash``), so a run resumed with more items (a larger
@@ -407,24 +392,17 @@ def evaluation_key(
     if metrics == "all":
         lms["judge"] = judge_lm
     return run_key(
-        "evaluate",
-        history=system.user_history,
-        protocol=protocol,
-        design_key=design.key(),
-        metrics=metrics,
-        lms=lms,
-        options=options or {},
-    )
+        "evaluate", history=system.user_history, protocol=protocol, design_key=design.key(),
+        metrics=metrics, lms=lms, options=options or {},
+    )  # fmt: skip
 
 
 def unresolved_evidence(history: Any, items: Iterable[QAItem]) -> list[dict[str, str]]:
     """Evidence ids of ``items`` that are not record ids of ``history``, one entry each."""
     return [
         {"qa_id": q.id, "evidence_id": e, "reason": "no record with this id in the history"}
-        for q in items
-        for e in q.evidence_ids
-        if e not in history
-    ]
+        for q in items for e in q.evidence_ids if e not in history
+    ]  # fmt: skip
 
 
 def evaluate_design(
@@ -481,19 +459,14 @@ def evaluate_design(
     if out_dir is not None:
         folder = RunFolder.open(
             out_dir,
-            evaluation_key(
-                system, metrics=metrics, protocol=protocol, judge_lm=judge_lm, options=key_options
-            ),
-            restart=restart or not resume,
-            legacy_files=("items.jsonl", "summary.json"),
-        )
+            evaluation_key(system, metrics=metrics, protocol=protocol, judge_lm=judge_lm, options=key_options),
+            restart=restart or not resume, legacy_files=("items.jsonl", "summary.json"),
+        )  # fmt: skip
         hashes = {q.id: qa_content_hash([q]) for q in items}
         for obj in folder.log("items.jsonl").read():
             r = ItemResult.model_validate(obj)
             if r.qa_id in hashes and r.qa_hash != hashes[r.qa_id]:
-                raise RunMismatchError(
-                    folder.path, [(f"qa[{r.qa_id}]", r.qa_hash or "(no hash)", hashes[r.qa_id])]
-                )
+                raise RunMismatchError(folder.path, [(f"qa[{r.qa_id}]", r.qa_hash or "(no hash)", hashes[r.qa_id])])
             if r.error is None and r.qa_id in hashes:
                 done[r.qa_id] = r
     todo = [q for q in items if q.id not in done]
@@ -526,18 +499,13 @@ def evaluate_design(
     for r in ordered:
         by_type.setdefault(r.question_type or "unknown", []).append(r)
     summary = EvaluationSummary(
-        **overall.model_dump(),
-        design_key=key,
-        design_name=system.design.name,
-        metrics=metrics,
-        protocol=protocol,
-        user=system.user_history.user_id,
-        history_fingerprint=system.user_history.fingerprint,
+        **overall.model_dump(), design_key=key, design_name=system.design.name, metrics=metrics,
+        protocol=protocol, user=system.user_history.user_id, history_fingerprint=system.user_history.fingerprint,
         by_type={t: summarize_items(rs, metrics) for t, rs in sorted(by_type.items())},
         unresolved_evidence=unresolved_evidence(system.user_history, items),
         unresolved_items=sum(bool(r.unresolved_evidence) for r in ordered),
         seconds=round(time.perf_counter() - t0, 3),
-    )
+    )  # fmt: skip
     report = EvaluationReport(summary=summary, items=ordered)
     if folder is not None:
         folder.write_text("items.jsonl", "".join(r.model_dump_json() + "\n" for r in ordered))
@@ -578,13 +546,10 @@ def read_qa_jsonl(path: str | Path) -> list[QAItem]:
                 field = ".".join(str(p) for p in errs[0]["loc"]) if errs else None
                 msg = errs[0]["msg"] if errs else str(exc)
                 raise InputError(
-                    msg,
-                    file=path,
-                    line=n,
-                    field=field,
+                    msg, file=path, line=n, field=field,
                     record=obj.get("id") if isinstance(obj, dict) else None,
                     hint="each line must be one QAItem as QAItem.model_dump_json() writes it",
-                ) from None
+                ) from None  # fmt: skip
             if item.id in seen:
                 raise InputError(f"duplicate QA id {item.id!r}", file=path, line=n, record=item.id)
             seen.add(item.id)
@@ -627,34 +592,20 @@ def evaluate_instances(
                 design, loaded.history, cache_dir=cache_dir, lms=lms, threads=threads
             )
             report = evaluate_design(
-                system,
-                loaded.qa_items,
-                metrics=metrics,
-                judge_lm=judge_lm,
-                protocol=protocol,
-                threads=threads,
-                out_dir=out / _safe_name(user) if out is not None else None,
-            )
+                system, loaded.qa_items, metrics=metrics, judge_lm=judge_lm, protocol=protocol,
+                threads=threads, out_dir=out / _safe_name(user) if out is not None else None,
+            )  # fmt: skip
         except (InputError, ConfigError):
             raise  # a bad design or option fails every instance alike: stop at the first
         except Exception as exc:  # this instance's memory could not be built: its items score 0
             report = None
             for q in loaded.qa_items:
-                pooled.append(
-                    ItemResult(
-                        qa_id=q.id,
-                        question=q.question,
-                        question_type=q.question_type,
-                        reference=q.answer,
-                        evidence_ids=list(q.evidence_ids),
-                        correct=False if metrics == "all" else None,
-                        qs=0.0 if metrics == "all" else None,
-                        error=f"{type(exc).__name__}: {exc}",
-                        error_stage="build",
-                        design_key=design.key(),
-                        metrics=metrics,
-                    )
-                )
+                pooled.append(ItemResult(
+                    qa_id=q.id, question=q.question, question_type=q.question_type, reference=q.answer,
+                    evidence_ids=list(q.evidence_ids), correct=False if metrics == "all" else None,
+                    qs=0.0 if metrics == "all" else None, error=f"{type(exc).__name__}: {exc}",
+                    error_stage="build", design_key=design.key(), metrics=metrics,
+                ))  # fmt: skip
         else:
             pooled.extend(report.items)
         if on_instance is not None:
@@ -666,15 +617,11 @@ def evaluate_instances(
     for r in pooled:
         by_type.setdefault(r.question_type or "unknown", []).append(r)
     summary = EvaluationSummary(
-        **overall.model_dump(),
-        design_key=design.key(),
-        design_name=design.name,
-        metrics=metrics,
-        protocol=protocol,
-        user=f"{users} instances",
+        **overall.model_dump(), design_key=design.key(), design_name=design.name, metrics=metrics,
+        protocol=protocol, user=f"{users} instances",
         by_type={t: summarize_items(rs, metrics) for t, rs in sorted(by_type.items())},
         seconds=round(time.perf_counter() - t0, 3),
-    )
+    )  # fmt: skip
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         write_atomic(out / "summary.json", summary.model_dump_json(indent=2) + "\n")

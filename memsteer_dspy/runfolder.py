@@ -147,11 +147,9 @@ class JsonlLog:
                 if pending_error is not None:  # a bad line with more lines after it
                     raise InputError(
                         f"line {pending_error[0]} of the run log is damaged ({pending_error[1]}) and is "
-                        "not the last line, so it is not a torn write",
-                        file=self.path,
-                        line=pending_error[0],
+                        "not the last line, so it is not a torn write", file=self.path, line=pending_error[0],
                         hint="rerun with --restart to start this run over, or use a new --out folder",
-                    )
+                    )  # fmt: skip
                 if not raw.endswith(b"\n"):
                     break  # torn: killed mid-write
                 if not raw.strip():
@@ -233,10 +231,8 @@ def run_key(
     if qa is not None:
         key["qa_hash"] = qa_content_hash(qa)
     if lms is not None:
-        key["lms"] = {
-            r: (v if isinstance(v, str) or v is None else lm_identity(v))
-            for r, v in sorted(lms.items())
-        }
+        key["lms"] = {r: (v if isinstance(v, str) or v is None else lm_identity(v))
+                      for r, v in sorted(lms.items())}  # fmt: skip
     if options is not None:
         key["options"] = json.loads(json.dumps(dict(options), sort_keys=True, default=str))
     return key
@@ -250,11 +246,10 @@ class RunMismatchError(InputError):
         parts = [f"{f}: folder has {a!r}, this run has {b!r}" for f, a, b in differences]
         super().__init__(
             f"{folder} holds a different run ({'; '.join(parts)}); nothing was reused",
-            file=folder / KEY_FILE,
-            field=differences[0][0] if differences else None,
+            file=folder / KEY_FILE, field=differences[0][0] if differences else None,
             hint="rerun with the folder's settings to resume it, pass --restart to start over "
             "in this folder, or use a new --out folder",
-        )
+        )  # fmt: skip
 
 
 def _differences(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
@@ -276,9 +271,8 @@ class RunFolder:
         self.key = key
         self.state = state
         self.session: dict[str, Any] = {
-            "started": datetime.now(UTC).isoformat(timespec="seconds"),
-            "wall_seconds": 0.0,
-        }
+            "started": datetime.now(UTC).isoformat(timespec="seconds"), "wall_seconds": 0.0,
+        }  # fmt: skip
         self.state.setdefault("sessions", []).append(self.session)
         self._t0 = time.perf_counter()
         self._logs: dict[str, JsonlLog] = {}
@@ -314,11 +308,8 @@ class RunFolder:
             try:
                 state = json.loads(key_path.read_text(encoding="utf-8"))
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise InputError(
-                    f"run.json is not valid JSON ({exc})",
-                    file=key_path,
-                    hint="pass --restart to start this run over, or use a new --out folder",
-                ) from None
+                raise InputError(f"run.json is not valid JSON ({exc})", file=key_path,
+                                 hint="pass --restart to start this run over, or use a new --out folder") from None  # fmt: skip
             old = state.get("key")
             if old is None:
                 raise RunMismatchError(path, [("key", None, "(this run)")])
@@ -330,10 +321,9 @@ class RunFolder:
             if present:
                 raise InputError(
                     f"{path} holds results ({', '.join(present)}) but no run.json, so it cannot be "
-                    "checked to be the same run",
-                    file=path,
+                    "checked to be the same run", file=path,
                     hint="pass --restart to start over in this folder, or use a new --out folder",
-                )
+                )  # fmt: skip
             state = {"key": key}
         if extra:
             state.update({k: v for k, v in extra.items() if k not in ("key", "sessions")})

@@ -41,9 +41,8 @@ def paired_differences(a: Sequence[float | None], b: Sequence[float | None]) -> 
     """``b - a`` over the pairs where both are measured (a length mismatch is an error)."""
     if len(a) != len(b):
         raise ValueError(f"paired scores need equally long vectors (got {len(a)} and {len(b)})")
-    return np.array(
-        [y - x for x, y in zip(a, b, strict=True) if x is not None and y is not None], dtype=float
-    )
+    return np.array([y - x for x, y in zip(a, b, strict=True) if x is not None and y is not None],
+                    dtype=float)  # fmt: skip
 
 
 def _resampled_means(d: np.ndarray, resamples: int, seed: int) -> np.ndarray:
@@ -53,13 +52,9 @@ def _resampled_means(d: np.ndarray, resamples: int, seed: int) -> np.ndarray:
 
 
 def paired_bootstrap_ci(
-    a: Sequence[float | None],
-    b: Sequence[float | None],
-    *,
-    resamples: int = RESAMPLES,
-    seed: int = SEED,
-    level: float = LEVEL,
-) -> tuple[float, float] | None:
+    a: Sequence[float | None], b: Sequence[float | None], *, resamples: int = RESAMPLES,
+    seed: int = SEED, level: float = LEVEL,
+) -> tuple[float, float] | None:  # fmt: skip
     """Percentile bootstrap interval of the mean of ``b - a`` (None without any pair)."""
     d = paired_differences(a, b)
     if len(d) == 0:
@@ -71,12 +66,8 @@ def paired_bootstrap_ci(
 
 
 def paired_bootstrap_p(
-    a: Sequence[float | None],
-    b: Sequence[float | None],
-    *,
-    resamples: int = RESAMPLES,
-    seed: int = SEED,
-) -> float:
+    a: Sequence[float | None], b: Sequence[float | None], *, resamples: int = RESAMPLES, seed: int = SEED,
+) -> float:  # fmt: skip
     """One-sided p-value that ``b`` is not better than ``a`` on average (1.0 without any pair)."""
     d = paired_differences(a, b)
     if len(d) == 0 or not np.any(d):
@@ -168,18 +159,8 @@ def paired_comparison(
         raise ValueError(f"primary metric {primary_metric!r} is not among the scores given")
     metrics = [m for m in initial_scores if m in best_scores]
     n = max((len(initial_scores[m]) for m in metrics), default=0)
-    out = PairedComparison(
-        n=n,
-        source=source,
-        primary=primary_metric,
-        initial={},
-        best={},
-        diff={},
-        ci95={},
-        resamples=resamples,
-        seed=seed,
-        level=level,
-    )
+    out = PairedComparison(n=n, source=source, primary=primary_metric, initial={}, best={}, diff={}, ci95={},
+                           resamples=resamples, seed=seed, level=level)  # fmt: skip
     for m in metrics:
         a, b = initial_scores[m], best_scores[m]
         d = paired_differences(a, b)
@@ -200,15 +181,9 @@ RECALL_METRICS = ("recall_at_10", "delivered_recall")
 
 
 def compare_item_results(
-    initial_items: Sequence[object],
-    best_items: Sequence[object],
-    *,
-    answered: bool,
-    primary: str | None = None,
-    source: str = "",
-    seed: int = SEED,
-    resamples: int = RESAMPLES,
-) -> PairedComparison:
+    initial_items: Sequence[object], best_items: Sequence[object], *, answered: bool,
+    primary: str | None = None, source: str = "", seed: int = SEED, resamples: int = RESAMPLES,
+) -> PairedComparison:  # fmt: skip
     """:func:`paired_comparison` of two designs' per-item evaluation results (objects with
     ``qa_id``, ``recall_at_10``, ``delivered_recall`` and, when ``answered``, ``correct``), paired
     by ``qa_id`` in the order of ``initial_items``. ``primary`` defaults to ``accuracy`` when

@@ -32,19 +32,10 @@ from memsteer_dspy.normalize import normalize_text
 from memsteer_dspy.runfolder import RunMismatchError
 
 TINY = DemoSettings(
-    size="tiny",
-    n_supervision=4,
-    max_candidates=8,
-    bundle_profile="small",
-    iterations=2,
-    objective="recall",
-    feedback_tokens=400,
-    per_stage=2,
-    accuracy_items=5,
-    context_budget=300,
-    answer_max_tokens=64,
-    max_resamples=1,
-)
+    size="tiny", n_supervision=4, max_candidates=8, bundle_profile="small", iterations=2,
+    objective="recall", feedback_tokens=400, per_stage=2, accuracy_items=5, context_budget=300,
+    answer_max_tokens=64, max_resamples=1,
+)  # fmt: skip
 
 LABEL = re.compile(r"^\[(R\d+\.\d+)\] (.*)$", re.M)
 WORD = re.compile(r"[A-Za-z]{5,}")
@@ -107,15 +98,8 @@ class DemoEngine:
         with self._lock:
             self.log.append((role, prompt, completion))
             self.max_tokens.append((role, request.config.max_tokens))
-        return Response(
-            id=None,
-            model="scripted",
-            message=Message.assistant(text),
-            finish_reason="stop",
-            usage=Usage(
-                input_tokens=prompt, output_tokens=completion, total_tokens=prompt + completion
-            ),
-        )
+        return Response(id=None, model="scripted", message=Message.assistant(text), finish_reason="stop",
+                        usage=Usage(input_tokens=prompt, output_tokens=completion, total_tokens=prompt + completion))  # fmt: skip
 
     def reply(self, system: str, user: str) -> tuple[str, dict]:
         if "`fact_span_ids`" in system:
@@ -126,27 +110,18 @@ class DemoEngine:
             facts = re.findall(r"R\d+\.\d+", field_value(user, "facts"))
             records = sorted(set(re.findall(r"\bR\d+\b", field_value(user, "evidence"))))
             return "auditor", {
-                "fact_checks": [
-                    {"span_id": f, "rationale": "stated", "verdict": "supported"} for f in facts
-                ],
-                "record_checks": [
-                    {"record_id": r, "rationale": "used", "verdict": "supported"} for r in records
-                ],
-                "answer_rationale": "stated",
-                "answer_support": "supported",
-                "consistency_rationale": "as planned",
-                "consistency": "supported",
-            }
+                "fact_checks": [{"span_id": f, "rationale": "stated", "verdict": "supported"} for f in facts],
+                "record_checks": [{"record_id": r, "rationale": "used", "verdict": "supported"} for r in records],
+                "answer_rationale": "stated", "answer_support": "supported",
+                "consistency_rationale": "as planned", "consistency": "supported",
+            }  # fmt: skip
         if "`cited_ids`" in system:
             answer, sentences = self.planned[field_value(user, "question")]
             lines = dict(
                 (text, label) for label, text in LABEL.findall(field_value(user, "records"))
             )
-            return "blind_reader", {
-                "cited_ids": [lines[s] for s in sentences if s in lines],
-                "answer": answer,
-                "answerable": True,
-            }
+            return "blind_reader", {"cited_ids": [lines[s] for s in sentences if s in lines], "answer": answer,
+                                    "answerable": True}  # fmt: skip
         if "`design_space`" in system:
             change = self.proposals.pop(0)
             design = json.loads(field_value(user, "current_design"))
@@ -185,14 +160,10 @@ class DemoEngine:
         others = [text for r in list(by_record)[count:] for _, text in by_record[r]]
         self.hints[answer] = (others or [""])[0]
         return {
-            "fact_span_ids": facts,
-            "answer_span_id": answer_label,
-            "answer": answer,
-            "answer_type": "entity",
+            "fact_span_ids": facts, "answer_span_id": answer_label, "answer": answer, "answer_type": "entity",
             "evidence": [{"record_id": r, "contribution": "states a fact"} for r in chosen],
-            "operations": ["lookup"],
-            "ask": "which word the sentence holds",
-        }
+            "operations": ["lookup"], "ask": "which word the sentence holds",
+        }  # fmt: skip
 
     def question(self, user: str) -> dict:
         answer = field_value(user, "answer")
@@ -210,17 +181,8 @@ def scripted_config(engine: DemoEngine) -> LMConfig:
     """Every role on the scripted engine, booking usage under its role like a real LM."""
     cfg = LMConfig.uniform("openai/scripted-demo")
     for role in cfg.roles:
-        cfg.set_lm(
-            role,
-            RoleLM(
-                "scripted/demo",
-                role=role,
-                meter=cfg.meter,
-                engine=engine,
-                num_retries=0,
-                cache=False,
-            ),
-        )
+        cfg.set_lm(role, RoleLM("scripted/demo", role=role, meter=cfg.meter, engine=engine, num_retries=0,
+                                cache=False))  # fmt: skip
     return cfg
 
 
@@ -318,10 +280,8 @@ def test_table_comes_from_real_computation(demo_run):
         assert row.recall_at_10 == pytest.approx(rep.summary.recall_at_10)
         assert row.delivered_recall == pytest.approx(rep.summary.delivered_recall)
         # accuracy: the scripted answerer is right exactly when the delivered context holds the answer
-        hits = [
-            _contains(system.retrieve(q.question, question_date=q.question_date).context, q.answer)
-            for q in answered
-        ]
+        hits = [_contains(system.retrieve(q.question, question_date=q.question_date).context, q.answer)
+                for q in answered]  # fmt: skip
         assert row.n_answered == len(answered)
         assert row.accuracy == pytest.approx(sum(hits) / len(hits))
         # LM calls: one answer per item, plus one judge call per item not matched exactly
@@ -414,18 +374,12 @@ def test_too_little_supervision_skips_optimization(tmp_path):
     Base-BM25, says why optimization was skipped, and never crashes."""
     engine = engine_for_demo()
     engine.plan = lambda records, count: {
-        "fact_span_ids": [],
-        "answer_span_id": "R9.9",
-        "answer": "",
-        "answer_type": "entity",
-        "evidence": [],
-        "operations": [],
-        "ask": "",
-    }
+        "fact_span_ids": [], "answer_span_id": "R9.9", "answer": "", "answer_type": "entity",
+        "evidence": [], "operations": [], "ask": "",
+    }  # fmt: skip
     settings = TINY.model_copy(update={"max_candidates": 2, "accuracy_items": 2})
-    result = run_demo(
-        tmp_path / "run", scripted_config(engine), settings=settings, tracking=False, progress=False
-    )
+    result = run_demo(tmp_path / "run", scripted_config(engine), settings=settings, tracking=False,
+                      progress=False)  # fmt: skip
     assert result.supervision["accepted"] == 0
     assert result.optimization == {"ran": False, "reason": result.optimization["reason"]}
     assert any("optimization skipped" in n for n in result.notes)
@@ -454,15 +408,9 @@ def test_demo_at_the_smallest_size_with_the_embedded_model(tmp_path):
         pytest.skip(f"embedded model unavailable: {exc}")
     cfg = LMConfig.uniform("local/qwen2.5-coder-1.5b")
     smallest = demo_settings(
-        "small",
-        n_supervision=2,
-        max_candidates=3,
-        iterations=1,
-        accuracy_items=2,
-        context_budget=600,
-        feedback_tokens=800,
-        per_stage=2,
-    )
+        "small", n_supervision=2, max_candidates=3, iterations=1, accuracy_items=2, context_budget=600,
+        feedback_tokens=800, per_stage=2,
+    )  # fmt: skip
     result = run_demo(tmp_path / "run", cfg, settings=smallest, progress=False)
 
     assert [r.label for r in result.rows] == ["Base-BM25", "MemSteer-Opt"]
@@ -472,11 +420,8 @@ def test_demo_at_the_smallest_size_with_the_embedded_model(tmp_path):
     assert base.accuracy is not None and base.recall_at_10 is not None
     d0 = MemoryDesign.base_bm25()
     d0 = d0.model_copy(update={"context": d0.context.model_copy(update={"budget_tokens": 600})})
-    rep = evaluate_design(
-        MemorySystem.from_design(d0, load_demo().history),
-        list(load_demo().qa_items),
-        metrics="recall",
-    )
+    rep = evaluate_design(MemorySystem.from_design(d0, load_demo().history), list(load_demo().qa_items),
+                          metrics="recall")  # fmt: skip
     assert base.recall_at_10 == pytest.approx(rep.summary.recall_at_10)
     if result.optimization["ran"]:
         assert result.optimization["iterations"] == 1
@@ -494,14 +439,9 @@ def test_heldout_comparison_of_two_rows_gives_the_optimizers_test_object():
     from memsteer_dspy.demo import DesignRow, heldout_comparison
 
     ids = [f"q{i}" for i in range(20)]
-    base = DesignRow(
-        label="Base-BM25",
-        design_name="b",
-        design_key="k0",
-        item_recall=dict.fromkeys(ids, 0.0),
-        item_delivered=dict.fromkeys(ids, 0.0),
-        item_correct={i: 0.0 for i in ids[:10]},
-    )
+    base = DesignRow(label="Base-BM25", design_name="b", design_key="k0",
+                     item_recall=dict.fromkeys(ids, 0.0), item_delivered=dict.fromkeys(ids, 0.0),
+                     item_correct={i: 0.0 for i in ids[:10]})  # fmt: skip
     win = base.model_copy(
         update={"label": "MemSteer-Opt", "item_delivered": dict.fromkeys(ids, 1.0)}
     )

@@ -45,10 +45,8 @@ def test_as_of_protocol_never_retrieves_records_from_the_question_date_on(loaded
         i for i in loaded.qa_items if i.question_date and i.question_date > date(2024, 6, 1)
     )
     as_of_history = history.as_of(item.question_date, inclusive=False)
-    fresh = MemorySystem.from_design(
-        MemoryDesign.base_bm25().model_copy(update={"retrieve": MemoryDesign.base_bm25().retrieve}),
-        as_of_history,
-    )
+    fresh = MemorySystem.from_design(MemoryDesign.base_bm25().model_copy(update={"retrieve": MemoryDesign.base_bm25().retrieve}),
+                                     as_of_history)  # fmt: skip
     mine = next(r for r in report.items if r.qa_id == item.id).trace
     theirs = fresh.retrieve(item.question, question_date=item.question_date)
     # same candidates; BM25 statistics differ slightly (IDF over more records), so compare sets
@@ -74,22 +72,8 @@ def test_external_sources_change_the_history(rhelm_root, loaded):
 
 def test_cli_evaluate_recall_json(rhelm_root, tmp_path):
     runner = CliRunner()
-    args = [
-        "evaluate",
-        "--format",
-        "rhelm",
-        "--path",
-        str(rhelm_root),
-        "--user",
-        PERSONA,
-        "--metrics",
-        "recall",
-        "--json",
-        "--cache-dir",
-        str(tmp_path / "cache"),
-        "--out",
-        str(tmp_path / "out"),
-    ]
+    args = ["evaluate", "--format", "rhelm", "--path", str(rhelm_root), "--user", PERSONA, "--metrics", "recall",
+            "--json", "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "out")]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
@@ -124,22 +108,8 @@ def test_cli_evaluate_recall_json(rhelm_root, tmp_path):
 
 
 def test_cli_evaluate_text_table(rhelm_root, tmp_path):
-    result = CliRunner().invoke(
-        app,
-        [
-            "evaluate",
-            "--path",
-            str(rhelm_root),
-            "--user",
-            PERSONA,
-            "--no-external",
-            "--metrics",
-            "recall",
-            "--no-cache",
-            "--limit",
-            "20",
-        ],
-    )
+    result = CliRunner().invoke(app, ["evaluate", "--path", str(rhelm_root), "--user", PERSONA, "--no-external",
+                                      "--metrics", "recall", "--no-cache", "--limit", "20"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert (
         "R@10" in result.stdout and "overall" in result.stdout and "protocol as_of" in result.stdout
@@ -149,20 +119,8 @@ def test_cli_evaluate_text_table(rhelm_root, tmp_path):
 def test_cli_bad_design_names_the_field(rhelm_root, tmp_path):
     design = tmp_path / "bad.json"
     design.write_text(json.dumps({"retrieve": {"rerank": "colbert"}}))
-    result = CliRunner().invoke(
-        app,
-        [
-            "evaluate",
-            "--path",
-            str(rhelm_root),
-            "--user",
-            PERSONA,
-            "--metrics",
-            "recall",
-            "--design",
-            str(design),
-        ],
-    )
+    result = CliRunner().invoke(app, ["evaluate", "--path", str(rhelm_root), "--user", PERSONA,
+                                      "--metrics", "recall", "--design", str(design)])  # fmt: skip
     assert result.exit_code == 2
     assert "retrieve.rerank" in result.output and "'cross_encoder'" in result.output
 
@@ -170,21 +128,7 @@ def test_cli_bad_design_names_the_field(rhelm_root, tmp_path):
 def test_cli_qa_file(rhelm_root, loaded, tmp_path):
     qa = tmp_path / "val.jsonl"
     qa.write_text("".join(q.model_dump_json() + "\n" for q in loaded.qa_items[:3]))
-    result = CliRunner().invoke(
-        app,
-        [
-            "evaluate",
-            "--path",
-            str(rhelm_root),
-            "--user",
-            PERSONA,
-            "--qa",
-            str(qa),
-            "--metrics",
-            "recall",
-            "--json",
-            "--no-cache",
-        ],
-    )
+    result = CliRunner().invoke(app, ["evaluate", "--path", str(rhelm_root), "--user", PERSONA, "--qa", str(qa),
+                                      "--metrics", "recall", "--json", "--no-cache"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["n"] == 3

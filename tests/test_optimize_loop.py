@@ -27,15 +27,9 @@ def run(tmp_path, replies, *, iterations, objective="recall", lms=None, max_buil
         iterations=iterations, objective=objective, max_build_calls=max_build_calls
     )
     opt = MemSteerOpt(
-        small_history(),
-        small_qa(),
-        small_qa(),
-        tmp_path / "run",
-        init_design=NARROW,
-        config=config,
-        lms={"proposer": lm, **(lms or {})},
-        **kw,
-    )
+        small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=NARROW,
+        config=config, lms={"proposer": lm, **(lms or {})}, **kw,
+    )  # fmt: skip
     return opt, lm
 
 
@@ -234,16 +228,9 @@ def test_rhelm_persona_end_to_end_with_recall_objective_and_mlflow(tmp_path, rhe
     out = tmp_path / "opt"
     tracker = Tracker.for_history(out, loaded.history.user_id, loaded.history.fingerprint)
     opt = MemSteerOpt(
-        loaded.history,
-        train,
-        val,
-        out,
-        config=OptimizeConfig(iterations=3, objective="recall", protocol="as_of"),
-        lms={"proposer": lm},
-        tracker=tracker,
-        cache_dir=tmp_path / "cache",
-        run_params={"supervision": "official"},
-    )
+        loaded.history, train, val, out, config=OptimizeConfig(iterations=3, objective="recall", protocol="as_of"),
+        lms={"proposer": lm}, tracker=tracker, cache_dir=tmp_path / "cache", run_params={"supervision": "official"},
+    )  # fmt: skip
     res = opt.run()
     assert len(train) == 35 and len(val) == 17
     assert [e.iteration for e in res.entries] == [0, 1, 2, 3]
@@ -258,10 +245,8 @@ def test_rhelm_persona_end_to_end_with_recall_objective_and_mlflow(tmp_path, rhe
     exp = client.get_experiment_by_name(f"memsteer/Elena_Morales/{loaded.history.fingerprint}")
     runs = client.search_runs([exp.experiment_id])
     parent = next(r for r in runs if r.info.run_id == res.parent_run_id)
-    children = sorted(
-        (r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id),
-        key=lambda r: r.info.run_name,
-    )
+    children = sorted((r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id),
+                      key=lambda r: r.info.run_name)  # fmt: skip
     assert [r.info.run_name for r in children] == ["iter-000", "iter-001", "iter-002", "iter-003"]
     assert (
         parent.data.params["objective"] == "recall"
@@ -299,19 +284,13 @@ def test_rhelm_persona_end_to_end_with_recall_objective_and_mlflow(tmp_path, rhe
 def test_recall_then_accuracy_screens_before_answering(tmp_path):
     lm = answerer_and_judge()
     start = changed(NARROW, retrieve__top_k=2, retrieve__pool=2)
-    replies = [
-        proposal(changed(NARROW, retrieve__top_k=1, retrieve__pool=1, context__show_kind=True)),
-        proposal(changed(NARROW, retrieve__top_k=4, retrieve__pool=4)),
-    ]
+    replies = [proposal(changed(NARROW, retrieve__top_k=1, retrieve__pool=1, context__show_kind=True)),
+               proposal(changed(NARROW, retrieve__top_k=4, retrieve__pool=4))]  # fmt: skip
     opt = MemSteerOpt(
-        small_history(),
-        small_qa(),
-        small_qa(),
-        tmp_path / "run",
-        init_design=MemoryDesign.from_dict(start),
+        small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=MemoryDesign.from_dict(start),
         config=OptimizeConfig(iterations=2, objective="recall-then-accuracy"),
         lms={"proposer": ProposerLM(replies), "answerer": lm, "judge": lm},
-    )
+    )  # fmt: skip
     res = opt.run()
     screened, accepted = res.entries[1], res.entries[2]
     assert (
@@ -331,23 +310,13 @@ def test_recall_then_accuracy_screens_before_answering(tmp_path):
 
 
 def test_changes_proposer_output_runs_the_same_loop(tmp_path):
-    reply = {
-        "rationale": "wider",
-        "changes": [
-            {"field": "retrieve.top_k", "value": "3"},
-            {"field": "retrieve.pool", "value": "3"},
-        ],
-    }
+    reply = {"rationale": "wider", "changes": [{"field": "retrieve.top_k", "value": "3"},
+                                               {"field": "retrieve.pool", "value": "3"}]}  # fmt: skip
     lm = ProposerLM([reply])
     opt = MemSteerOpt(
-        small_history(),
-        small_qa(),
-        small_qa(),
-        tmp_path / "run",
-        init_design=NARROW,
-        lms={"proposer": lm},
+        small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=NARROW, lms={"proposer": lm},
         config=OptimizeConfig(iterations=1, objective="recall", proposer_output="changes"),
-    )
+    )  # fmt: skip
     res = opt.run()
     assert res.entries[1].status == "accepted" and res.best_design.retrieve.top_k == 3
     assert (

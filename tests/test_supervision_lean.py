@@ -101,9 +101,8 @@ def test_lean_audit_rejection_keeps_the_blind_result():
 
 def test_lean_run_batch_serves_blind_reads_before_audits():
     shared = scripted(plan_reply(), question_reply(), blind_reply(), audit_reply())
-    gen = MemSteerGenerator(
-        dict.fromkeys(["planner", "question_writer", "auditor", "blind_reader"], shared), lean=True
-    )
+    gen = MemSteerGenerator(dict.fromkeys(["planner", "question_writer", "auditor", "blind_reader"], shared),
+                            lean=True)  # fmt: skip
     stages = []
     outcomes = gen.run_batch([(small_bundle(), FACT, 0)], lambda s, d, t: stages.append(s))
     assert outcomes[0].status == "accepted", outcomes[0].detail
@@ -111,14 +110,9 @@ def test_lean_run_batch_serves_blind_reads_before_audits():
 
 
 def chatty(i: int) -> Record:
-    return Record(
-        id=f"chat:{i}",
-        kind="conversation_turn",
-        thread_id="chat",
-        position=i,
-        timestamp=datetime(2024, 5, 1, 9, i),
-        text="User: honestly i feel a bit tired today and just want to relax for a while.",
-    )
+    return Record(id=f"chat:{i}", kind="conversation_turn", thread_id="chat", position=i,
+                  timestamp=datetime(2024, 5, 1, 9, i),
+                  text="User: honestly i feel a bit tired today and just want to relax for a while.")  # fmt: skip
 
 
 def test_prefilter_rejects_a_bundle_with_nothing_concrete_before_any_lm_call():
@@ -153,16 +147,9 @@ def test_the_earlier_pipeline_has_no_prefilter():
 
 def test_cached_prompt_tokens_are_booked_and_evaluated_tokens_derived():
     class Tracker:
-        usage_data = {
-            "m": [
-                {
-                    "prompt_tokens": 900,
-                    "completion_tokens": 40,
-                    "prompt_tokens_details": {"cached_tokens": 700},
-                },
-                {"prompt_tokens": 100, "completion_tokens": 5, "prompt_tokens_details": None},
-            ]
-        }
+        usage_data = {"m": [{"prompt_tokens": 900, "completion_tokens": 40,
+                             "prompt_tokens_details": {"cached_tokens": 700}},
+                            {"prompt_tokens": 100, "completion_tokens": 5, "prompt_tokens_details": None}]}  # fmt: skip
 
     assert _usage_tokens(Tracker()) == (1000, 45, 700)
     cost = RoleCost(prompt_tokens=1000, cached_tokens=700, completion_tokens=45)
@@ -224,20 +211,12 @@ def test_the_earlier_profile_draws_no_answer_type():
 
 def test_accepted_distribution_by_answer_type_question_and_evidence_count():
     def item(i, q, at, ev, qt):
-        return QAItem(
-            id=f"q{i}",
-            question=q,
-            answer="x",
-            answer_type=AnswerType(at),
-            evidence_ids=ev,
-            question_type=qt,
-        )
+        return QAItem(id=f"q{i}", question=q, answer="x", answer_type=AnswerType(at), evidence_ids=ev,
+                      question_type=qt)  # fmt: skip
 
-    items = [
-        item(1, "When did I visit Lila?", "date", ["a"], "temporal"),
-        item(2, "How many seed trays will Lila bring?", "number", ["a", "b"], "aggregation"),
-        item(3, "Who sent the compost order?", "entity", ["b"], "fact"),
-    ]
+    items = [item(1, "When did I visit Lila?", "date", ["a"], "temporal"),
+             item(2, "How many seed trays will Lila bring?", "number", ["a", "b"], "aggregation"),
+             item(3, "Who sent the compost order?", "entity", ["b"], "fact")]  # fmt: skip
     dist = accepted_distribution(items)
     assert dist["accepted_by_answer_type"] == {"date": 1, "number": 1, "entity": 1}
     assert dist["accepted_by_question_word"] == {"when": 1, "how many": 1, "who": 1}

@@ -27,15 +27,9 @@ from memsteer_dspy.errors import MemsteerError
 
 FORMATS = ("jsonl", "rhelm", "locomo", "hf", "longmemeval", "atm")
 ROLE_NAMES = (
-    "planner",
-    "question_writer",
-    "auditor",
-    "blind_reader",
-    "answerer",
-    "judge",
-    "quality_judge",
-    "proposer",
-)
+    "planner", "question_writer", "auditor", "blind_reader",
+    "answerer", "judge", "quality_judge", "proposer",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -54,14 +48,9 @@ class HistoryArgs:
         from memsteer_dspy.loaders import load_history
 
         return load_history(
-            self.format,
-            self.path,
-            user=self.user,
-            external=self.external,
-            on_error=self.on_error,
-            columns=self.columns,
-            split=self.split,
-        )
+            self.format, self.path, user=self.user, external=self.external,
+            on_error=self.on_error, columns=self.columns, split=self.split,
+        )  # fmt: skip
 
 
 def _with_params(func, params: list[inspect.Parameter], target: str, build):
@@ -82,106 +71,30 @@ def _with_params(func, params: list[inspect.Parameter], target: str, build):
     new_sig = sig.replace(parameters=[*kept, *params])
     wrapper.__signature__ = new_sig
     # typer reads annotations through typing.get_type_hints: keep them in step with the signature
-    wrapper.__annotations__ = {
-        p.name: p.annotation
-        for p in new_sig.parameters.values()
-        if p.annotation is not inspect.Parameter.empty
-    }
+    wrapper.__annotations__ = {p.name: p.annotation for p in new_sig.parameters.values()
+                               if p.annotation is not inspect.Parameter.empty}
     return wrapper
 
 
 def _kw(name: str, annotation: Any, default: Any) -> inspect.Parameter:
-    return inspect.Parameter(
-        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
-    )
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
 def history_options(func):
     """Add the history options; the command receives ``history: HistoryArgs``."""
     params = [
-        _kw(
-            "format",
-            Annotated[
-                str, typer.Option("--format", "-f", help=f"History format: {', '.join(FORMATS)}.")
-            ],
-            "rhelm",
-        ),
-        _kw(
-            "path",
-            Annotated[
-                Path | None,
-                typer.Option(
-                    "--path",
-                    "-p",
-                    help="History file or folder (RHELM: the benchmark root; default ../shared/benchmarks/rhelm).",
-                ),
-            ],
-            None,
-        ),
-        _kw(
-            "user",
-            Annotated[
-                str | None,
-                typer.Option(
-                    "--user",
-                    "-u",
-                    help="User id (RHELM: the persona, e.g. Elena_Morales; LoCoMo: the sample_id; LongMemEval: the question_id; ATM-Bench: the QA file stem, e.g. atm-bench-hard).",
-                ),
-            ],
-            None,
-        ),
-        _kw(
-            "external",
-            Annotated[
-                bool,
-                typer.Option(
-                    "--external/--no-external",
-                    help="RHELM: include emails and attachments (external sources).",
-                ),
-            ],
-            True,
-        ),
-        _kw(
-            "on_error",
-            Annotated[
-                str,
-                typer.Option(
-                    "--on-error",
-                    help="On a malformed line or file: 'raise' (stop with an error naming it) or 'skip' (report it and go on).",
-                ),
-            ],
-            "raise",
-        ),
-        _kw(
-            "columns",
-            Annotated[
-                str | None,
-                typer.Option(
-                    "--columns",
-                    help="hf: column mapping, e.g. 'id=msg_id,text=body,timestamp=date,thread_id=conv'.",
-                ),
-            ],
-            None,
-        ),
-        _kw(
-            "split",
-            Annotated[
-                str | None,
-                typer.Option(
-                    "--split",
-                    help="hf: dataset split to read (default: the only or 'train' split).",
-                ),
-            ],
-            None,
-        ),
-    ]
+        _kw("format", Annotated[str, typer.Option("--format", "-f", help=f"History format: {', '.join(FORMATS)}.")], "rhelm"),
+        _kw("path", Annotated[Path | None, typer.Option("--path", "-p", help="History file or folder (RHELM: the benchmark root; default ../shared/benchmarks/rhelm).")], None),
+        _kw("user", Annotated[str | None, typer.Option("--user", "-u", help="User id (RHELM: the persona, e.g. Elena_Morales; LoCoMo: the sample_id; LongMemEval: the question_id; ATM-Bench: the QA file stem, e.g. atm-bench-hard).")], None),
+        _kw("external", Annotated[bool, typer.Option("--external/--no-external", help="RHELM: include emails and attachments (external sources).")], True),
+        _kw("on_error", Annotated[str, typer.Option("--on-error", help="On a malformed line or file: 'raise' (stop with an error naming it) or 'skip' (report it and go on).")], "raise"),
+        _kw("columns", Annotated[str | None, typer.Option("--columns", help="hf: column mapping, e.g. 'id=msg_id,text=body,timestamp=date,thread_id=conv'.")], None),
+        _kw("split", Annotated[str | None, typer.Option("--split", help="hf: dataset split to read (default: the only or 'train' split).")], None),
+    ]  # fmt: skip
 
     def build(**kw) -> HistoryArgs:
         if kw["format"] not in FORMATS:
-            raise typer.BadParameter(
-                f"unknown format {kw['format']!r}; choose one of {', '.join(FORMATS)}",
-                param_hint="--format",
-            )
+            raise typer.BadParameter(f"unknown format {kw['format']!r}; choose one of {', '.join(FORMATS)}", param_hint="--format")
         if kw["on_error"] not in ("raise", "skip"):
             raise typer.BadParameter("choose 'raise' or 'skip'", param_hint="--on-error")
         return HistoryArgs(**kw)
@@ -192,48 +105,13 @@ def history_options(func):
 def lm_options(func):
     """Add ``--config``, ``--lm`` and ``--lm-<role>``; the command receives ``lm_config``."""
     params = [
-        _kw(
-            "config",
-            Annotated[
-                Path | None,
-                typer.Option("--config", "-c", help="TOML config (see memsteer.example.toml)."),
-            ],
-            None,
-        ),
-        _kw(
-            "lm",
-            Annotated[
-                str | None,
-                typer.Option(
-                    "--lm",
-                    help="LM for every role: a LiteLLM model string (openai/gpt-4.1-mini, ollama_chat/qwen2.5, ...), local/qwen2.5-coder-1.5b, or llamacpp/<file.gguf>.",
-                ),
-            ],
-            None,
-        ),
-    ]
+        _kw("config", Annotated[Path | None, typer.Option("--config", "-c", help="TOML config (see memsteer.example.toml).")], None),
+        _kw("lm", Annotated[str | None, typer.Option("--lm", help="LM for every role: a LiteLLM model string (openai/gpt-4.1-mini, ollama_chat/qwen2.5, ...), local/qwen2.5-coder-1.5b, or llamacpp/<file.gguf>.")], None),
+    ]  # fmt: skip
     for role in ROLE_NAMES:
         flag = "--lm-" + role.replace("_", "-")
-        params.append(
-            _kw(
-                f"lm_{role}",
-                Annotated[str | None, typer.Option(flag, help=f"LM for the {role} role only.")],
-                None,
-            )
-        )
-    params.append(
-        _kw(
-            "api_base",
-            Annotated[
-                str | None,
-                typer.Option(
-                    "--api-base",
-                    help="Endpoint of an OpenAI-compatible server (vLLM, llama-server, ...; e.g. http://127.0.0.1:8080/v1) for every openai/<name> LM given by --lm / --lm-<role>.",
-                ),
-            ],
-            None,
-        )
-    )
+        params.append(_kw(f"lm_{role}", Annotated[str | None, typer.Option(flag, help=f"LM for the {role} role only.")], None))
+    params.append(_kw("api_base", Annotated[str | None, typer.Option("--api-base", help="Endpoint of an OpenAI-compatible server (vLLM, llama-server, ...; e.g. http://127.0.0.1:8080/v1) for every openai/<name> LM given by --lm / --lm-<role>.")], None))  # fmt: skip
 
     def build(config=None, lm=None, api_base=None, **roles):
         from memsteer_dspy.lm import load_lm_config
@@ -256,21 +134,16 @@ def cli_errors(func):
             typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
-            typer.secho(
-                "interrupted: finished work is on disk; rerun the same command to resume.", err=True
-            )
+            typer.secho("interrupted: finished work is on disk; rerun the same command to resume.", err=True)
             raise typer.Exit(130) from None
         except OSError as exc:
             if exc.errno not in _WRITE_ERRNOS:
                 raise
             # disk full, file too large, read-only: one message; every file written so far is whole
             where = f" writing {exc.filename}" if exc.filename else ""
-            typer.secho(
-                f"error{where}: {exc.strerror or exc}. Finished work is on disk (whole files and "
-                "log lines only); make room and rerun the same command to resume.",
-                fg=typer.colors.RED,
-                err=True,
-            )
+            typer.secho(f"error{where}: {exc.strerror or exc}. Finished work is on disk (whole files and "
+                        "log lines only); make room and rerun the same command to resume.",
+                        fg=typer.colors.RED, err=True)  # fmt: skip
             raise typer.Exit(1) from None
 
     return wrapper

@@ -70,14 +70,9 @@ def demo(
         raise typer.BadParameter(f"choose one of {', '.join(SIZES)}", param_hint="--size")
     settings = demo_settings(size, threads=threads)
     result = run_demo(
-        out,
-        lm_config,
-        settings=settings,
-        tracking_uri=tracking_uri,
-        tracking=not no_tracking,
-        progress=True,
-        restart=restart,
-    )
+        out, lm_config, settings=settings, tracking_uri=tracking_uri, tracking=not no_tracking,
+        progress=True, restart=restart,
+    )  # fmt: skip
     if json_out:
         echo_json(result.model_dump(mode="json"))
         return

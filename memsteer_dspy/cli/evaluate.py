@@ -87,9 +87,7 @@ def evaluate(
     ] = None,
     restart: Annotated[
         bool,
-        typer.Option(
-            "--restart", help="Empty the --out folder and start over instead of resuming."
-        ),
+        typer.Option("--restart", help="Empty the --out folder and start over instead of resuming."),
     ] = False,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (the summary) instead of a table.")
@@ -154,27 +152,16 @@ def evaluate(
         raise typer.BadParameter("choose 'as_of' or 'full'", param_hint="--protocol")
     d = MemoryDesign.base_bm25() if design == "base-bm25" else MemoryDesign.load(design)
     if all_instances:
-        return _evaluate_all(
-            history,
-            lm_config,
-            d,
-            metrics,
-            out,
-            json_out,
-            threads,
-            protocol,
-            limit,
-            None if no_cache else (cache_dir or default_cache_dir()),
-        )
+        return _evaluate_all(history, lm_config, d, metrics, out, json_out, threads, protocol, limit,
+                             None if no_cache else (cache_dir or default_cache_dir()))  # fmt: skip
     loaded = history.load()
     if qa == "official":
         items = list(loaded.qa_items)
         if not items:
             raise InputError(
-                f"the {history.format} history has no official QA items",
-                field="--qa",
+                f"the {history.format} history has no official QA items", field="--qa",
                 hint="pass --qa <path to a QA JSONL file> (e.g. the train.jsonl or val.jsonl `memsteer generate` writes)",
-            )
+            )  # fmt: skip
     else:
         items = read_qa_jsonl(qa)
     if limit is not None:
@@ -182,20 +169,9 @@ def evaluate(
     protocol = protocol or ("as_of" if history.format == "rhelm" else "full")
 
     if compare is not None:
-        _compare(
-            compare,
-            loaded,
-            items,
-            lm_config,
-            metrics=metrics,
-            protocol=protocol,
-            threads=threads,
-            out=out,
-            cache=None if no_cache else (cache_dir or default_cache_dir()),
-            seed=seed,
-            json_out=json_out,
-            source=qa,
-        )
+        _compare(compare, loaded, items, lm_config, metrics=metrics, protocol=protocol, threads=threads, out=out,
+                 cache=None if no_cache else (cache_dir or default_cache_dir()), seed=seed, json_out=json_out,
+                 source=qa)  # fmt: skip
         return
     needs = d.lm_uses(answering=metrics == "all")
     lms = {}
@@ -205,16 +181,9 @@ def evaluate(
     cache = None if no_cache else (cache_dir or default_cache_dir())
     system = MemorySystem.from_design(d, loaded.history, cache_dir=cache, lms=lms, threads=threads)
     report = evaluate_design(
-        system,
-        items,
-        metrics=metrics,
-        judge_lm=judge_lm,
-        protocol=protocol,
-        threads=threads,
-        out_dir=out,
-        restart=restart,
-        usage=lm_config.usage_by_role,
-    )
+        system, items, metrics=metrics, judge_lm=judge_lm, protocol=protocol, threads=threads, out_dir=out,
+        restart=restart, usage=lm_config.usage_by_role,
+    )  # fmt: skip
     result = report.as_json()
     if needs or judge_lm is not None:
         result["lms"] = lm_config.describe()
@@ -287,25 +256,12 @@ def _compare(
         system = MemorySystem.from_design(
             d, loaded.history, cache_dir=cache, lms=lms, threads=threads
         )
-        reports.append(
-            evaluate_design(
-                system,
-                items,
-                metrics=metrics,
-                judge_lm=judge_lm,
-                protocol=protocol,
-                threads=threads,
-                out_dir=(out / label) if out is not None else None,
-            )
-        )
-    comp = compare_item_results(
-        reports[0].items, reports[1].items, answered=metrics == "all", seed=seed, source=source
-    )
-    result = {
-        "a": {"spec": specs[0], "design_key": designs[0].key()},
-        "b": {"spec": specs[1], "design_key": designs[1].key()},
-        **comp.model_dump(mode="json"),
-    }
+        reports.append(evaluate_design(system, items, metrics=metrics, judge_lm=judge_lm, protocol=protocol,
+                                       threads=threads, out_dir=(out / label) if out is not None else None))  # fmt: skip
+    comp = compare_item_results(reports[0].items, reports[1].items, answered=metrics == "all", seed=seed,
+                                source=source)  # fmt: skip
+    result = {"a": {"spec": specs[0], "design_key": designs[0].key()},
+              "b": {"spec": specs[1], "design_key": designs[1].key()}, **comp.model_dump(mode="json")}  # fmt: skip
     if out is not None:
         import json
 
@@ -314,28 +270,19 @@ def _compare(
     if json_out:
         echo_json(result)
         return
-    typer.echo(
-        f"A = {specs[0]} ({designs[0].key()})   B = {specs[1]} ({designs[1].key()})   {comp.n} items, "
-        f"protocol {protocol}, metrics {metrics}"
-    )
+    typer.echo(f"A = {specs[0]} ({designs[0].key()})   B = {specs[1]} ({designs[1].key()})   {comp.n} items, "
+               f"protocol {protocol}, metrics {metrics}")  # fmt: skip
     typer.echo(
         f"{'metric':<18} {'A':>7} {'B':>7} {'B - A':>7}  95% CI (paired bootstrap, seed {seed})"
     )
     for m in comp.initial:
-        typer.echo(
-            f"{m:<18} {_fmt(comp.initial[m])} {_fmt(comp.best.get(m))} "
-            f"{points(comp.diff.get(m), '   -  '):>7}  {points_ci(comp.ci95.get(m), '-')}"
-        )
-    typer.echo(
-        f"verdict on {comp.primary}: B is {comp.verdict} than A"
-        if comp.verdict != "inconclusive"
-        else f"verdict on {comp.primary}: inconclusive (the interval contains 0)"
-    )
+        typer.echo(f"{m:<18} {_fmt(comp.initial[m])} {_fmt(comp.best.get(m))} "
+                   f"{points(comp.diff.get(m), '   -  '):>7}  {points_ci(comp.ci95.get(m), '-')}")  # fmt: skip
+    typer.echo(f"verdict on {comp.primary}: B is {comp.verdict} than A" if comp.verdict != "inconclusive"
+               else f"verdict on {comp.primary}: inconclusive (the interval contains 0)")  # fmt: skip
     typer.echo(
         f"one-sided p (B not better): bootstrap {comp.p_bootstrap:.3f}, sign test {comp.p_sign:.3f}"
     )
-
-
 def _evaluate_all(
     history: HistoryArgs, lm_config, d, metrics, out, json_out, threads, protocol, limit, cache
 ) -> None:
@@ -357,17 +304,10 @@ def _evaluate_all(
     judge_lm = lm_config.lm("judge") if metrics == "all" else None
     with typer.progressbar(length=n, label="instances", file=sys.stderr) as bar:
         report = evaluate_instances(
-            (instance_loaded(i, history.path, history.on_error) for i in instances),
-            d,
-            metrics=metrics,
-            lms=lms,
-            judge_lm=judge_lm,
-            protocol=protocol or "full",
-            threads=threads,
-            out_dir=out,
-            cache_dir=cache,
-            on_instance=lambda user, rep: bar.update(1),
-        )
+            (instance_loaded(i, history.path, history.on_error) for i in instances), d, metrics=metrics,
+            lms=lms, judge_lm=judge_lm, protocol=protocol or "full", threads=threads, out_dir=out,
+            cache_dir=cache, on_instance=lambda user, rep: bar.update(1),
+        )  # fmt: skip
     s = report.summary
     if json_out:
         result = report.as_json()

@@ -152,18 +152,9 @@ def generate(
         for r in GENERATION_ROLES
     )
     config = GenerationConfig(
-        n=n,
-        max_candidates=max_candidates,
-        method=method,
-        checks=checks,
-        seed=seed,
-        threads=threads,
-        batch_size=batch_size,
-        max_demos=max_demos,
-        bundle=bundle_config,
-        bounded=bounded,
-        lean=lean,
-    )
+        n=n, max_candidates=max_candidates, method=method, checks=checks, seed=seed, threads=threads,
+        batch_size=batch_size, max_demos=max_demos, bundle=bundle_config, bounded=bounded, lean=lean,
+    )  # fmt: skip
     lms = {role: lm_config.lm(role) for role in GENERATION_ROLES}
     described = lm_config.describe()
     typer.echo(
@@ -172,14 +163,9 @@ def generate(
         err=True,
     )
     summary = generate_supervision(
-        loaded.history,
-        lms,
-        out,
-        config,
-        lm_description=described,
-        restart=restart,
+        loaded.history, lms, out, config, lm_description=described, restart=restart,
         usage=lm_config.usage_by_role,
-    )
+    )  # fmt: skip
     summary["lm_usage_by_role"] = lm_config.usage_by_role()
     if as_json:
         echo_json(summary)
@@ -233,44 +219,26 @@ def assess(
     )
 
     if not supervision and not fidelity:
-        raise InputError(
-            "nothing to assess",
-            field="--supervision",
-            hint="pass --supervision <generate output folder> (repeatable) and/or --fidelity",
-        )
+        raise InputError("nothing to assess", field="--supervision",
+                         hint="pass --supervision <generate output folder> (repeatable) and/or --fidelity")  # fmt: skip
     loaded = history.load()
     report: dict = {"user": loaded.history.user_id, "lm": lm_config.describe()}
     local = ("local", "llamacpp")
     lines: list[str] = []
     if supervision:
         bounded = getattr(lm_config.spec("quality_judge"), "backend", "litellm") in local
-        quality = assess_quality(
-            loaded.history,
-            supervision,
-            lm_config.lm("quality_judge"),
-            limit=limit,
-            seed=seed,
-            bounded=bounded,
-        )
+        quality = assess_quality(loaded.history, supervision, lm_config.lm("quality_judge"), limit=limit, seed=seed,
+                                 bounded=bounded)  # fmt: skip
         report["quality"] = quality
         lines.append(format_quality(quality))
     if fidelity:
         if not loaded.qa_items:
-            raise InputError(
-                f"the {history.format} history has no official QA items to check against",
-                field="--fidelity",
-                hint="use a format with QA (rhelm, locomo) or drop --fidelity",
-            )
+            raise InputError(f"the {history.format} history has no official QA items to check against",
+                             field="--fidelity", hint="use a format with QA (rhelm, locomo) or drop --fidelity")  # fmt: skip
         lms = {r: lm_config.lm(r) for r in ("auditor", "blind_reader")}
         bounded = all(getattr(lm_config.spec(r), "backend", "litellm") in local for r in lms)
         fid = assess_fidelity(
-            loaded.history,
-            loaded.qa_items,
-            lms,
-            limit=limit,
-            seed=seed,
-            bounded=bounded,
-            progress=True,
+            loaded.history, loaded.qa_items, lms, limit=limit, seed=seed, bounded=bounded, progress=True
         )
         report["fidelity"] = fid
         lines.append(format_fidelity(fid))

@@ -147,13 +147,7 @@ def _with_cached_tokens(usage: Any, evaluated: int) -> Any:
     if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
         return usage
     cached = max(0, usage["prompt_tokens"] - int(evaluated))
-    return {
-        **usage,
-        "prompt_tokens_details": {
-            **(usage.get("prompt_tokens_details") or {}),
-            "cached_tokens": cached,
-        },
-    }
+    return {**usage, "prompt_tokens_details": {**(usage.get("prompt_tokens_details") or {}), "cached_tokens": cached}}
 
 
 class LlamaCppEngine:

@@ -47,11 +47,9 @@ def iter_json_lines(
                     skipped.append(SkippedInput(str(path), n, reason))
                     continue
                 raise InputError(
-                    reason,
-                    file=path,
-                    line=n,
+                    reason, file=path, line=n,
                     hint="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8), or use --on-error skip",
-                ) from None
+                ) from None  # fmt: skip
             if not line.strip():
                 continue
             try:
@@ -63,11 +61,9 @@ def iter_json_lines(
                     )
                     continue
                 raise InputError(
-                    f"invalid JSON: {exc.msg} at column {exc.colno}",
-                    file=path,
-                    line=n,
+                    f"invalid JSON: {exc.msg} at column {exc.colno}", file=path, line=n,
                     hint="each line must be one JSON object; use --on-error skip to skip bad lines",
-                ) from None
+                ) from None  # fmt: skip
 
 
 def read_records(
@@ -95,14 +91,9 @@ def read_records(
             if on_error == "skip":
                 skipped.append(SkippedInput(str(path), n, reason))
                 continue
-            raise DuplicateRecordError(
-                reason,
-                file=path,
-                line=n,
-                record=record.id,
-                hint="record ids must be unique within one history; "
-                "use --on-error skip to keep the first",
-            )
+            raise DuplicateRecordError(reason, file=path, line=n, record=record.id,
+                                       hint="record ids must be unique within one history; "
+                                       "use --on-error skip to keep the first")  # fmt: skip
         first_line[record.id] = n
         records.append(
             record.model_copy(update={"metadata": {**record.metadata, "source": f"{path}:{n}"}})
@@ -156,10 +147,9 @@ def load_jsonl(path: str | Path, *, user: str | None = None, on_error: str = "ra
         records_path = path / "records.jsonl"
         if not records_path.exists():
             raise InputError(
-                "folder has no records.jsonl",
-                file=path,
+                "folder has no records.jsonl", file=path,
                 hint="point --path at a .jsonl file, or at a folder holding records.jsonl (and qa.jsonl)",
-            )
+            )  # fmt: skip
         qa_path = path / "qa.jsonl" if (path / "qa.jsonl").exists() else None
     else:
         records_path = path
@@ -170,8 +160,6 @@ def load_jsonl(path: str | Path, *, user: str | None = None, on_error: str = "ra
     qa = read_qa_items(qa_path, on_error=on_error, skipped=skipped) if qa_path else []
     unresolved = [
         UnresolvedEvidence(q.id, e, "no record with this id")
-        for q in qa
-        for e in q.evidence_ids
-        if e not in history
-    ]
+        for q in qa for e in q.evidence_ids if e not in history
+    ]  # fmt: skip
     return Loaded(history, qa, unresolved, skipped)

@@ -81,12 +81,9 @@ class MemoryUnit:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id,
-            "kind": self.kind,
-            "thread_id": self.thread_id,
-            "index_text": self.index_text,
-            "parts": [p.to_dict() for p in self.parts],
-        }
+            "id": self.id, "kind": self.kind, "thread_id": self.thread_id,
+            "index_text": self.index_text, "parts": [p.to_dict() for p in self.parts],
+        }  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MemoryUnit:
@@ -106,12 +103,9 @@ class StoreReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "units": self.units,
-            "records": self.records,
-            "records_stored": self.records_stored,
-            "failures": self.failures,
-            "built_seconds": round(self.built_seconds, 3),
-        }
+            "units": self.units, "records": self.records, "records_stored": self.records_stored,
+            "failures": self.failures, "built_seconds": round(self.built_seconds, 3),
+        }  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,14 +189,9 @@ def _window_units(history: History, spec: StoreSpec) -> list[MemoryUnit]:
             chunk = recs[s : s + size]
             uid = chunk[0].id if thread_id is None else f"{thread_id}[{s}:{s + len(chunk)}]"
             units.append(
-                MemoryUnit(
-                    uid,
-                    "window",
-                    tuple(_record_part(r) for r in chunk),
-                    "\n\n".join(render_indexed(r, spec) for r in chunk),
-                    thread_id,
-                )
-            )
+                MemoryUnit(uid, "window", tuple(_record_part(r) for r in chunk),
+                           "\n\n".join(render_indexed(r, spec) for r in chunk), thread_id)
+            )  # fmt: skip
     return units
 
 
@@ -211,14 +200,9 @@ def _thread_units(history: History, spec: StoreSpec) -> list[MemoryUnit]:
     for thread_id, recs in _sequences(history):
         uid = recs[0].id if thread_id is None else f"thread:{thread_id}"
         units.append(
-            MemoryUnit(
-                uid,
-                "thread",
-                tuple(_record_part(r) for r in recs),
-                "\n\n".join(render_indexed(r, spec) for r in recs),
-                thread_id,
-            )
-        )
+            MemoryUnit(uid, "thread", tuple(_record_part(r) for r in recs),
+                       "\n\n".join(render_indexed(r, spec) for r in recs), thread_id)
+        )  # fmt: skip
     return units
 
 
@@ -250,14 +234,9 @@ def _section_units(history: History, spec: StoreSpec) -> list[MemoryUnit]:
         for i, piece in enumerate(pieces, start=1):
             uid = r.id if len(pieces) == 1 else f"{r.id}§{i}"
             units.append(
-                MemoryUnit(
-                    uid,
-                    "section",
-                    (UnitPart((r.id,), piece, record_day(r)),),
-                    render_indexed(r, spec, piece),
-                    r.thread_id,
-                )
-            )
+                MemoryUnit(uid, "section", (UnitPart((r.id,), piece, record_day(r)),),
+                           render_indexed(r, spec, piece), r.thread_id)
+            )  # fmt: skip
     return units
 
 
@@ -310,25 +289,16 @@ def _fact_units(
             head = recs[0]
             header = render_indexed(head, spec, text)
             units.append(
-                MemoryUnit(
-                    f"fact:{n}",
-                    "facts",
-                    (UnitPart(tuple(src), text, max(days) if days else None),),
-                    header,
-                    head.thread_id,
-                )
-            )
+                MemoryUnit(f"fact:{n}", "facts", (UnitPart(tuple(src), text, max(days) if days else None),),
+                           header, head.thread_id)
+            )  # fmt: skip
     return units
 
 
 def build_units(
-    history: History,
-    spec: StoreSpec,
-    *,
-    extract_facts: FactExtractor | None = None,
-    threads: int = 1,
-    report: StoreReport | None = None,
-) -> list[MemoryUnit]:
+    history: History, spec: StoreSpec, *, extract_facts: FactExtractor | None = None,
+    threads: int = 1, report: StoreReport | None = None,
+) -> list[MemoryUnit]:  # fmt: skip
     """Store_s(H): the memory units of ``history`` under the store parameters ``spec``."""
     report = report if report is not None else StoreReport()
     if spec.unit == "record":
@@ -423,11 +393,9 @@ class MemoryStore:
             for u in self.units:
                 f.write(json.dumps(u.to_dict(), ensure_ascii=False) + "\n")
         meta = {
-            "history_fingerprint": self.history.fingerprint,
-            "store_key": key,
-            "store": self.spec.model_dump(mode="json"),
-            "report": self.report.to_dict(),
-        }
+            "history_fingerprint": self.history.fingerprint, "store_key": key,
+            "store": self.spec.model_dump(mode="json"), "report": self.report.to_dict(),
+        }  # fmt: skip
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
         _replace_dir(tmp, folder)
 

@@ -160,12 +160,10 @@ class OptimizeConfig(BaseModel):
         "bootstrap", description="accept='paired': one-sided paired bootstrap or exact sign test."
     )
     lm_retrieval_margin: float = Field(
-        0.02,
-        ge=0,
-        le=1,
+        0.02, ge=0, le=1,
         description="A design that calls an LM at retrieval time must beat the best LM-free design "
         "found so far by this much (primary metric) to be accepted.",
-    )
+    )  # fmt: skip
     guard: list[str] = Field(
         default_factory=list,
         description="Non-inferiority guards: metrics (recall_at_1/5/10, delivered_recall, accuracy) a "
@@ -173,12 +171,10 @@ class OptimizeConfig(BaseModel):
         "items (one-sided, same accept_test and accept_alpha), on top of the accept rule.",
     )
     guard_margin: float | None = Field(
-        None,
-        gt=0,
-        lt=1,
+        None, gt=0, lt=1,
         description="Guards as a non-inferiority test: pass only when the paired bootstrap shows the "
         "candidate above current - guard_margin (p < accept_alpha). None: reject only a significant loss.",
-    )
+    )  # fmt: skip
     val_from: Literal["val", "train+val"] = Field(
         "val",
         description="Items that select (accept rule, guards, parent choice, the best design): 'val', or "
@@ -186,12 +182,10 @@ class OptimizeConfig(BaseModel):
         "also select; feedback still comes from the training items alone).",
     )
     proposals: int = Field(
-        1,
-        ge=1,
-        le=8,
+        1, ge=1, le=8,
         description="K proposals per iteration from the LM proposer (search hill or population), each "
         "screened by retrieval-only recall on validation; the best goes on to be scored and judged.",
-    )
+    )  # fmt: skip
     screen_subchanges: bool = Field(
         True,
         description="objective='recall' (cheap scoring), LM proposer: a rejected or failed proposal "
@@ -222,14 +216,11 @@ class Cost(BaseModel):
             if v.get("cost_usd") is not None:
                 mine["cost_usd"] = (mine.get("cost_usd") or 0.0) + v["cost_usd"]
         return Cost(
-            calls=self.calls + other.calls,
-            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            calls=self.calls + other.calls, prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
-            total_tokens=self.total_tokens + other.total_tokens,
-            seconds=round(self.seconds + other.seconds, 3),
-            cost_usd=_add_usd(self.cost_usd, other.cost_usd),
-            by_role=roles,
-        )
+            total_tokens=self.total_tokens + other.total_tokens, seconds=round(self.seconds + other.seconds, 3),
+            cost_usd=_add_usd(self.cost_usd, other.cost_usd), by_role=roles,
+        )  # fmt: skip
 
     def short(self) -> str:
         usd = f", ${self.cost_usd:.4f}" if self.cost_usd is not None else ""
@@ -298,15 +289,8 @@ class TrajectoryEntry(BaseModel):
         note = self.reason or ""
         if self.status == "baseline":
             note = "the initial design"
-        return RevisionEntry(
-            iteration=self.iteration,
-            status=self.status,
-            changes=self.changes,
-            score=score,
-            rationale=self.rationale,
-            note=note,
-            tried_alone=self.tried_alone,
-        )
+        return RevisionEntry(iteration=self.iteration, status=self.status, changes=self.changes, score=score,
+                             rationale=self.rationale, note=note, tried_alone=self.tried_alone)  # fmt: skip
 
 
 class OptimizeResult(BaseModel):
@@ -331,35 +315,20 @@ class OptimizeResult(BaseModel):
         """``summary.json``: the result in machine-readable form (``test`` as in the issue)."""
         total = self.entries[-1].cost_total if self.entries else Cost()
         return {
-            "out": self.out_dir,
-            "iterations": len(self.entries) - 1,
-            "accepted_path": self.accepted_path,
-            "best_iteration": self.best_iteration,
-            "best_design_key": self.best_design.key(),
-            "initial": self.baseline_score.model_dump(),
-            "best": self.best_score.model_dump(),
-            "cost": total.model_dump(),
-            "tracking_uri": self.tracking_uri,
-            "mlflow_parent_run_id": self.parent_run_id,
+            "out": self.out_dir, "iterations": len(self.entries) - 1, "accepted_path": self.accepted_path,
+            "best_iteration": self.best_iteration, "best_design_key": self.best_design.key(),
+            "initial": self.baseline_score.model_dump(), "best": self.best_score.model_dump(),
+            "cost": total.model_dump(), "tracking_uri": self.tracking_uri, "mlflow_parent_run_id": self.parent_run_id,
             "test": self.test.model_dump(mode="json") if self.test is not None else None,
             "candidates": [
-                {
-                    "iteration": e.iteration,
-                    "status": e.status,
-                    "design_key": e.design_key,
-                    "parent_iteration": e.parent_iteration,
-                    "score": (e.score or e.screen_score).model_dump()
-                    if (e.score or e.screen_score)
-                    else None,
-                    "retrieval_lm_calls": e.retrieval_lm_calls,
-                    "accept_stats": e.accept_stats,
-                    "lm_calls": e.cost.calls,
-                    "tokens": e.cost.total_tokens,
-                    "seconds": e.cost.seconds,
-                }
+                {"iteration": e.iteration, "status": e.status, "design_key": e.design_key,
+                 "parent_iteration": e.parent_iteration, "score": (e.score or e.screen_score).model_dump()
+                 if (e.score or e.screen_score) else None, "retrieval_lm_calls": e.retrieval_lm_calls,
+                 "accept_stats": e.accept_stats, "lm_calls": e.cost.calls, "tokens": e.cost.total_tokens,
+                 "seconds": e.cost.seconds}
                 for e in self.entries
             ],
-        }
+        }  # fmt: skip
 
 
 @dataclass
@@ -395,11 +364,8 @@ def _usage_delta(
         if any(d.values()):
             roles[role] = d
     usd = [r["cost_usd"] for r in roles.values() if r.get("cost_usd") is not None]
-    return Cost(
-        **{k: sum(r[k] for r in roles.values()) for k in USAGE_KEYS},
-        cost_usd=sum(usd) if usd else None,
-        by_role=roles,
-    )
+    return Cost(**{k: sum(r[k] for r in roles.values()) for k in USAGE_KEYS},
+                cost_usd=sum(usd) if usd else None, by_role=roles)  # fmt: skip
 
 
 def lm_usage(lm: Any) -> dict[str, int]:
@@ -451,27 +417,15 @@ class MemSteerOpt:
     """
 
     def __init__(
-        self,
-        history: History,
-        train: list[QAItem],
-        val: list[QAItem],
-        out_dir: str | Path,
-        *,
-        config: OptimizeConfig | None = None,
-        lms: Mapping[str, Any] | Callable[[str], Any] | None = None,
-        init_design: MemoryDesign | None = None,
-        proposer: DesignProposer | None = None,
-        tracker: Tracker | None = None,
-        cache_dir: str | Path | None = None,
+        self, history: History, train: list[QAItem], val: list[QAItem], out_dir: str | Path, *,
+        config: OptimizeConfig | None = None, lms: Mapping[str, Any] | Callable[[str], Any] | None = None,
+        init_design: MemoryDesign | None = None, proposer: DesignProposer | None = None,
+        tracker: Tracker | None = None, cache_dir: str | Path | None = None,
         usage: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
-        on_event: Callable[[dict[str, Any]], None] | None = None,
-        run_params: Mapping[str, Any] | None = None,
-        test: list[QAItem] | None = None,
-        test_source: str = "",
-        evaluator: Evaluator | None = None,
-        search_proposer: Proposer | None = None,
-        restart: bool = False,
-    ):
+        on_event: Callable[[dict[str, Any]], None] | None = None, run_params: Mapping[str, Any] | None = None,
+        test: list[QAItem] | None = None, test_source: str = "", evaluator: Evaluator | None = None,
+        search_proposer: Proposer | None = None, restart: bool = False,
+    ):  # fmt: skip
         self.config = config or OptimizeConfig()
         if self.config.objective not in OBJECTIVES:
             raise ConfigError(
@@ -485,7 +439,7 @@ class MemSteerOpt:
             raise InputError(
                 f"MemSteer-Opt needs training and validation QA items (got {len(train)} train, {len(val)} val)",
                 hint="generate supervision (memsteer generate) or use --supervision official",
-            )
+            )  # fmt: skip
         self.history = history
         self.train = train
         self.val = val_items(train, val, self.config)
@@ -507,29 +461,17 @@ class MemSteerOpt:
         if overlap:
             raise InputError(
                 f"{len(overlap)} test item(s) are also train or validation items (e.g. {sorted(overlap)[0]!r})",
-                field="--test",
-                hint="held-out items must be ones the optimizer never sees",
-            )
+                field="--test", hint="held-out items must be ones the optimizer never sees",
+            )  # fmt: skip
         self.evaluator: Evaluator = evaluator or HistoryEvaluator(
-            history,
-            lm=self.lm,
-            protocol=self.config.protocol,
-            threads=self.config.threads,
-            cache_dir=cache_dir,
-            answering=self.config.objective != "recall",
-        )
+            history, lm=self.lm, protocol=self.config.protocol, threads=self.config.threads,
+            cache_dir=cache_dir, answering=self.config.objective != "recall",
+        )  # fmt: skip
         c = self.config
         self.rule: AcceptRule = (
-            PairedAccept(
-                c.objective,
-                alpha=c.accept_alpha,
-                margin=c.accept_margin,
-                test=c.accept_test,
-                seed=c.seed,
-            )
-            if c.accept == "paired"
-            else StrictAccept(c.objective)
-        )
+            PairedAccept(c.objective, alpha=c.accept_alpha, margin=c.accept_margin, test=c.accept_test, seed=c.seed)
+            if c.accept == "paired" else StrictAccept(c.objective)
+        )  # fmt: skip
         self.guards = (
             NonInferiorityGuard(
                 c.guard,
@@ -537,7 +479,7 @@ class MemSteerOpt:
                 test=c.accept_test,
                 seed=c.seed,
                 margin=c.guard_margin,
-            )
+            )  # fmt: skip
             if c.guard
             else None
         )
@@ -582,14 +524,10 @@ class MemSteerOpt:
     def proposer(self) -> DesignProposer:
         if self._proposer is None:
             self._proposer = DesignProposer(
-                self.lm("proposer"),
-                fixed_budget=self.fixed_budget,
-                max_resamples=self.config.max_resamples,
-                resample_temperature=self.config.resample_temperature,
-                history_tokens=self.config.history_tokens,
-                output=self.config.proposer_output,
-                check=self._check_buildable,
-            )
+                self.lm("proposer"), fixed_budget=self.fixed_budget, max_resamples=self.config.max_resamples,
+                resample_temperature=self.config.resample_temperature, history_tokens=self.config.history_tokens,
+                output=self.config.proposer_output, check=self._check_buildable,
+            )  # fmt: skip
         elif self._proposer.fixed_budget is None:
             self._proposer.fixed_budget = self.fixed_budget
         return self._proposer
@@ -629,27 +567,13 @@ class MemSteerOpt:
     def _settings(self) -> dict[str, Any]:
         c = self.config
         return {
-            "history_fingerprint": self.history.fingerprint,
-            "user": self.history.user_id,
-            "objective": c.objective,
-            "feedback": c.feedback,
-            "seed": c.seed,
-            "train_ids": ids_digest(self.train),
-            "val_ids": ids_digest(self.val),
-            "init_design_key": self.d0.key(),
-            "protocol": c.protocol,
-            "n_train": len(self.train),
-            "n_val": len(self.val),
-            "search": c.search,
-            "parents": c.parents,
-            "accept": c.accept,
-            "guard": c.guard,
-            "guard_margin": c.guard_margin,
-            "val_from": c.val_from,
+            "history_fingerprint": self.history.fingerprint, "user": self.history.user_id, "objective": c.objective,
+            "feedback": c.feedback, "seed": c.seed, "train_ids": ids_digest(self.train), "val_ids": ids_digest(self.val),
+            "init_design_key": self.d0.key(), "protocol": c.protocol, "n_train": len(self.train), "n_val": len(self.val),
+            "search": c.search, "parents": c.parents, "accept": c.accept, "guard": c.guard, "guard_margin": c.guard_margin, "val_from": c.val_from,
             "n_test": len(self.test),
-            "test_ids": ids_digest(self.test) if self.test else None,
-            "test_source": self.test_source,
-        }
+            "test_ids": ids_digest(self.test) if self.test else None, "test_source": self.test_source,
+        }  # fmt: skip
 
     def run_key(self) -> dict[str, Any]:
         """The same-run key of this optimization (:func:`memsteer_dspy.runfolder.run_key`): every
@@ -668,24 +592,15 @@ class MemSteerOpt:
             lms["judge"] = self._lm_or_none("judge")
         if self.search_proposer.uses_feedback:
             lms["proposer"] = (
-                getattr(self._proposer, "lm", None)
-                if self._proposer is not None
-                else self._lm_or_none("proposer")
-            )
+                getattr(self._proposer, "lm", None) if self._proposer is not None else self._lm_or_none("proposer")
+            )  # fmt: skip
         options = {k: v for k, v in c.model_dump(mode="json").items() if k not in KEY_EXCLUDED}
         key = run_key(
-            "optimize",
-            history=self.history,
-            protocol=c.protocol,
-            design_key=self.d0.key(),
-            lms={r: lm_identity(lm) for r, lm in lms.items()},
-            options=options,
-        )
-        key["qa_hash"] = {
-            "train": qa_content_hash(self.train),
-            "val": qa_content_hash(self.val),
-            "test": qa_content_hash(self.test),
-        }
+            "optimize", history=self.history, protocol=c.protocol, design_key=self.d0.key(),
+            lms={r: lm_identity(lm) for r, lm in lms.items()}, options=options,
+        )  # fmt: skip
+        key["qa_hash"] = {"train": qa_content_hash(self.train), "val": qa_content_hash(self.val),
+                          "test": qa_content_hash(self.test)}  # fmt: skip
         return key
 
     def _lm_or_none(self, role: str) -> Any:
@@ -705,13 +620,8 @@ class MemSteerOpt:
         """Open the run folder through the run-folder layer: resume only the same run (see
         :meth:`run_key`), ``restart`` empties it first. The settings beside the key in ``run.json``
         are descriptive (the report and summaries read them)."""
-        folder = RunFolder.open(
-            self.out,
-            self.run_key(),
-            restart=self.restart,
-            legacy_files=("trajectory.jsonl",),
-            extra=self._settings(),
-        )
+        folder = RunFolder.open(self.out, self.run_key(), restart=self.restart,
+                                legacy_files=("trajectory.jsonl",), extra=self._settings())  # fmt: skip
         folder.state["iterations"] = self.config.iterations
         folder.state["config"] = self.config.model_dump(mode="json")
         return folder
@@ -732,19 +642,13 @@ class MemSteerOpt:
             try:
                 e = TrajectoryEntry.model_validate(obj)
             except ValueError as exc:
-                raise InputError(
-                    f"not a trajectory entry ({exc})",
-                    file=log.path,
-                    line=n,
-                    hint="rerun with --restart to start this run over",
-                ) from None
+                raise InputError(f"not a trajectory entry ({exc})", file=log.path, line=n,
+                                 hint="rerun with --restart to start this run over") from None  # fmt: skip
             if e.iteration != len(entries):
                 raise InputError(
                     f"iteration {e.iteration} follows iteration {len(entries) - 1}: the trajectory has a gap",
-                    file=log.path,
-                    line=n,
-                    hint="rerun with --restart to start this run over",
-                )
+                    file=log.path, line=n, hint="rerun with --restart to start this run over",
+                )  # fmt: skip
             entries.append(e)
         return entries
 
@@ -770,17 +674,8 @@ class MemSteerOpt:
 
     def _feedback(self, state: _TrainState, t: int) -> Feedback:
         c = self.config
-        return build_feedback(
-            self.train,
-            state.results,
-            state.diagnoses,
-            self.history,
-            mode=c.feedback,
-            seed=c.seed,
-            iteration=t,
-            n_random=c.n_random,
-            per_stage=c.per_stage,
-        )
+        return build_feedback(self.train, state.results, state.diagnoses, self.history, mode=c.feedback, seed=c.seed,
+                              iteration=t, n_random=c.n_random, per_stage=c.per_stage)  # fmt: skip
 
     # -- one candidate ------------------------------------------------------------------------
     def _score(
@@ -793,14 +688,8 @@ class MemSteerOpt:
             _, rep = self.evaluate(design, self.val, "recall", folder / "val-recall")
             screen = Score.from_summary(rep.summary, "recall")
             if not passes_screen(objective, screen, current):
-                return (
-                    None,
-                    screen,
-                    (
-                        f"screened out by recall ({screen.short()} vs the current "
-                        f"{current.short()}); not answered"
-                    ),
-                )
+                return None, screen, (f"screened out by recall ({screen.short()} vs the current "
+                                      f"{current.short()}); not answered")  # fmt: skip
         metrics = metrics_for(objective)
         _, rep = self.evaluate(design, self.val, metrics, folder / "val")
         self._last_items = rep.items
@@ -812,19 +701,12 @@ class MemSteerOpt:
         by_id = {r.qa_id: r for r in items}
         ids = [q.id for q in self.val]
         return Candidate(
-            iteration=iteration,
-            design=design,
-            score=score,
-            item_ids=ids,
-            item_scores=[
-                item_primary(self.config.objective, by_id[i]) if i in by_id else None for i in ids
-            ],
+            iteration=iteration, design=design, score=score, item_ids=ids,
+            item_scores=[item_primary(self.config.objective, by_id[i]) if i in by_id else None for i in ids],
             retrieval_lm_calls=retrieval_lm_calls(design),
-            item_metrics={
-                m: [item_metric(m, by_id[i]) if i in by_id else None for i in ids]
-                for m in self.config.guard
-            },
-        )
+            item_metrics={m: [item_metric(m, by_id[i]) if i in by_id else None for i in ids]
+                          for m in self.config.guard},
+        )  # fmt: skip
 
     def candidate(self, entry: TrajectoryEntry) -> Candidate:
         """A scored entry as accept rules and parent selectors see it (per-item validation scores
@@ -841,13 +723,8 @@ class MemSteerOpt:
 
     def pool(self, entries: list[TrajectoryEntry]) -> list[Candidate]:
         """Every scored design so far (the population search's pool)."""
-        return [
-            self.candidate(e)
-            for e in entries
-            if e.score is not None
-            and e.design is not None
-            and e.status in ("baseline", "accepted", "rejected")
-        ]
+        return [self.candidate(e) for e in entries
+                if e.score is not None and e.design is not None and e.status in ("baseline", "accepted", "rejected")]  # fmt: skip
 
     def _best_lm_free(self, entries: list[TrajectoryEntry]) -> Candidate | None:
         free = [c for c in self.pool(entries) if not c.uses_lm]
@@ -869,12 +746,8 @@ class MemSteerOpt:
                 guarded.stats = decision.stats
                 return guarded
         if decision.accepted and self.config.lm_retrieval_margin is not None:
-            veto = lm_margin_decision(
-                cand,
-                self._best_lm_free(entries),
-                self.config.objective,
-                self.config.lm_retrieval_margin,
-            )
+            veto = lm_margin_decision(cand, self._best_lm_free(entries), self.config.objective,
+                                      self.config.lm_retrieval_margin)  # fmt: skip
             if veto is not None:
                 veto.stats = {**decision.stats, **veto.stats}
                 return veto
@@ -910,13 +783,8 @@ class MemSteerOpt:
         return proposal
 
     def _best_of_k(
-        self,
-        t: int,
-        parent: MemoryDesign,
-        entries: list[TrajectoryEntry],
-        feedback_text: str,
-        first: Proposal,
-    ) -> Proposal:
+        self, t: int, parent: MemoryDesign, entries: list[TrajectoryEntry], feedback_text: str, first: Proposal
+    ) -> Proposal:  # fmt: skip
         """``--proposals K``: K-1 more proposals (each told the earlier ones, so they differ), all
         screened by retrieval-only recall on validation; returns the best, with every attempt."""
         folder = self._iter_dir(t)
@@ -938,13 +806,8 @@ class MemSteerOpt:
                     if e.design_key
                 }
                 try:
-                    prop = self.search_proposer.propose(
-                        parent,
-                        [e.revision() for e in entries],
-                        feedback_text,
-                        seen={**seen, **extra_seen},
-                        iteration=t * 100 + k,
-                    )
+                    prop = self.search_proposer.propose(parent, [e.revision() for e in entries], feedback_text,
+                                                        seen={**seen, **extra_seen}, iteration=t * 100 + k)  # fmt: skip
                 except Exception as exc:  # noqa: BLE001 - one failed call loses one proposal
                     prop = Proposal(status="failed", error=f"{type(exc).__name__}: {exc}")
                 write_atomic(path, prop.model_dump_json(indent=2) + "\n")
@@ -964,23 +827,16 @@ class MemSteerOpt:
         if not screened:
             return first.model_copy(update={"attempts": attempts})
         key, neg_k, best = max(screened, key=lambda x: (x[0], x[1]))
-        note = (
-            f"best of {len(found)} proposals by retrieval-only recall on validation (proposal {-neg_k}: "
-            f"delivered recall {key[0]:.3f}, R@10 {key[1]:.3f})"
-        )
+        note = (f"best of {len(found)} proposals by retrieval-only recall on validation (proposal {-neg_k}: "
+                f"delivered recall {key[0]:.3f}, R@10 {key[1]:.3f})")  # fmt: skip
         return best.model_copy(
             update={"attempts": attempts, "rationale": f"{best.rationale}\n\n({note})"}
         )
 
     def _screen_subchanges(
-        self,
-        t: int,
-        parent: MemoryDesign,
-        proposed: MemoryDesign,
-        incumbent: Candidate,
-        entries: list[TrajectoryEntry],
-        entry: TrajectoryEntry,
-    ) -> tuple[MemoryDesign, Candidate] | None:
+        self, t: int, parent: MemoryDesign, proposed: MemoryDesign, incumbent: Candidate,
+        entries: list[TrajectoryEntry], entry: TrajectoryEntry,
+    ) -> tuple[MemoryDesign, Candidate] | None:  # fmt: skip
         """Score each single-field sub-change of a rejected multi-field proposal (cheap scoring
         only); returns the best accepted one, if any. Every screen is written to the entry."""
         variants = single_field_variants(parent, proposed)
@@ -1007,12 +863,8 @@ class MemSteerOpt:
                 continue
             cand = self._candidate_of(t, design, score, self._last_items)
             decision = self._decide(cand, incumbent, entries)
-            screen.update(
-                status="accepted" if decision.accepted else "rejected",
-                score=score.model_dump(),
-                reason=decision.reason,
-                stats=decision.stats,
-            )
+            screen.update(status="accepted" if decision.accepted else "rejected", score=score.model_dump(),
+                          reason=decision.reason, stats=decision.stats)  # fmt: skip
             entry.sub_screens.append(screen)
             if decision.accepted and (
                 chosen is None or accept(self.config.objective, score, chosen[1].score)
@@ -1029,39 +881,19 @@ class MemSteerOpt:
         run = self.folder.state
         entries = self.read_trajectory()
         self.parent_run_id = self.tracker.start_run(
-            f"optimize-{self.history.user_id}",
-            resume_run_id=run.get("parent_run_id"),
+            f"optimize-{self.history.user_id}", resume_run_id=run.get("parent_run_id"),
             tags={"memsteer.kind": "optimize", "memsteer.user": self.history.user_id},
-        )
+        )  # fmt: skip
         if self.parent_run_id:
             run["parent_run_id"] = self.parent_run_id
             run["tracking_uri"] = self.tracker.uri
         self.folder.save()
-        self.tracker.log_params(
-            self.parent_run_id,
-            {
-                **{
-                    k: run[k]
-                    for k in (
-                        "history_fingerprint",
-                        "user",
-                        "objective",
-                        "feedback",
-                        "seed",
-                        "protocol",
-                        "n_train",
-                        "n_val",
-                        "iterations",
-                        "init_design_key",
-                        "search",
-                        "accept",
-                        "n_test",
-                    )
-                },
-                "init_design": self.d0.name,
-                **self.run_params,
-            },
-        )
+        self.tracker.log_params(self.parent_run_id, {
+            **{k: run[k] for k in ("history_fingerprint", "user", "objective", "feedback", "seed", "protocol",
+                                   "n_train", "n_val", "iterations", "init_design_key", "search", "accept",
+                                   "n_test")},
+            "init_design": self.d0.name, **self.run_params,
+        })  # fmt: skip
         status = "FAILED"
         try:
             result = self._loop(entries)
@@ -1103,15 +935,10 @@ class MemSteerOpt:
         self._write_outputs(entries)
         best = best_of(entries)
         result = OptimizeResult(
-            best_design=MemoryDesign.from_dict(best.design),
-            best_score=best.score,
-            baseline_score=entries[0].score,
-            entries=entries,
-            out_dir=str(self.out),
-            parent_run_id=self.parent_run_id,
-            tracking_uri=self.tracker.uri if self.tracker.active else None,
-            best_iteration=best.iteration,
-        )
+            best_design=MemoryDesign.from_dict(best.design), best_score=best.score, baseline_score=entries[0].score,
+            entries=entries, out_dir=str(self.out), parent_run_id=self.parent_run_id,
+            tracking_uri=self.tracker.uri if self.tracker.active else None, best_iteration=best.iteration,
+        )  # fmt: skip
         result.test = self._held_out(entries)
         self._write_outputs(entries, result)
         return result
@@ -1132,41 +959,20 @@ class MemSteerOpt:
         folder = self.out / "test" / ("initial" if chosen.key() == initial.key() else "best")
         _, r1 = self.evaluate(chosen, self.test, metrics, folder)
         primary = "delivered_recall" if objective == "recall" else "accuracy"
-        comp = compare_item_results(
-            r0.items,
-            r1.items,
-            answered=metrics == "all",
-            primary=primary,
-            source=self.test_source,
-            seed=self.config.seed,
-        )
+        comp = compare_item_results(r0.items, r1.items, answered=metrics == "all", primary=primary,
+                                    source=self.test_source, seed=self.config.seed)  # fmt: skip
         names = list(comp.initial)
         rid = self.parent_run_id
-        metrics_out: dict[str, float | None] = {
-            "test_n": float(comp.n),
-            "test_p_bootstrap": comp.p_bootstrap,
-            "test_p_sign": comp.p_sign,
-        }
+        metrics_out: dict[str, float | None] = {"test_n": float(comp.n), "test_p_bootstrap": comp.p_bootstrap,
+                                                "test_p_sign": comp.p_sign}  # fmt: skip
         for m in names:
             ci = comp.ci95.get(m)
-            metrics_out.update(
-                {
-                    f"test_initial_{m}": comp.initial.get(m),
-                    f"test_best_{m}": comp.best.get(m),
-                    f"test_diff_{m}": comp.diff.get(m),
-                    f"test_ci_low_{m}": ci[0] if ci else None,
-                    f"test_ci_high_{m}": ci[1] if ci else None,
-                }
-            )
+            metrics_out.update({f"test_initial_{m}": comp.initial.get(m), f"test_best_{m}": comp.best.get(m),
+                                f"test_diff_{m}": comp.diff.get(m), f"test_ci_low_{m}": ci[0] if ci else None,
+                                f"test_ci_high_{m}": ci[1] if ci else None})  # fmt: skip
         self.tracker.log_metrics(rid, metrics_out)
-        self.tracker.set_tags(
-            rid,
-            {
-                "test_verdict": comp.verdict,
-                "test_primary": primary,
-                "test_source": self.test_source,
-            },
-        )
+        self.tracker.set_tags(rid, {"test_verdict": comp.verdict, "test_primary": primary,
+                                    "test_source": self.test_source})  # fmt: skip
         return comp
 
     def _baseline(self) -> TrajectoryEntry:
@@ -1184,35 +990,20 @@ class MemSteerOpt:
         cost = _usage_delta(before, self.usage_snapshot())
         cost.seconds = round(time.perf_counter() - t0, 3)
         entry = TrajectoryEntry(
-            iteration=0,
-            status="baseline",
-            accepted=True,
-            design=d0.model_dump(mode="json"),
-            design_key=d0.key(),
-            score=score,
-            best_key=d0.key(),
-            best_score=score,
-            selected_by="initial design",
-            train_failures=stage_counts(state.diagnoses) if state else None,
-            cost=cost,
-            cost_total=cost,
-            run_id=run_id,
-            finished_at=_now(),
-            retrieval_lm_calls=retrieval_lm_calls(d0),
-        )
+            iteration=0, status="baseline", accepted=True, design=d0.model_dump(mode="json"), design_key=d0.key(),
+            score=score, best_key=d0.key(), best_score=score, selected_by="initial design",
+            train_failures=stage_counts(state.diagnoses) if state else None, cost=cost, cost_total=cost,
+            run_id=run_id, finished_at=_now(), retrieval_lm_calls=retrieval_lm_calls(d0),
+        )  # fmt: skip
         self._track_candidate(entry, None, state)
         self._append(entry)
         self._event(entry)
         return entry
 
     def _iteration(
-        self,
-        t: int,
-        parent_entry: TrajectoryEntry,
-        best_entry: TrajectoryEntry,
-        state: _TrainState | None,
+        self, t: int, parent_entry: TrajectoryEntry, best_entry: TrajectoryEntry, state: _TrainState | None,
         entries: list[TrajectoryEntry],
-    ) -> TrajectoryEntry:
+    ) -> TrajectoryEntry:  # fmt: skip
         t0, before = time.perf_counter(), self.usage_snapshot()
         folder = self._iter_dir(t)
         folder.mkdir(parents=True, exist_ok=True)
@@ -1229,17 +1020,10 @@ class MemSteerOpt:
             proposal = self._best_of_k(t, parent, entries, feedback_text, proposal)
         incumbent_score = best_entry.score
         entry = TrajectoryEntry(
-            iteration=t,
-            status="failed",
-            accepted=False,
-            parent_key=parent.key(),
-            attempts=proposal.attempts,
-            rationale=proposal.rationale,
-            best_key=best_entry.design_key or "",
-            best_score=incumbent_score,
-            parent_iteration=parent_entry.iteration,
-            search_params=proposal.search_params,
-        )
+            iteration=t, status="failed", accepted=False, parent_key=parent.key(), attempts=proposal.attempts,
+            rationale=proposal.rationale, best_key=best_entry.design_key or "", best_score=incumbent_score,
+            parent_iteration=parent_entry.iteration, search_params=proposal.search_params,
+        )  # fmt: skip
         new_state = None
         accepted_design: MemoryDesign | None = None
         if proposal.status != "ok" or proposal.design is None:
@@ -1254,11 +1038,8 @@ class MemSteerOpt:
             entry.changes = design_diff(parent, design)
             entry.retrieval_lm_calls = retrieval_lm_calls(design)
             design.save(folder / "design.json")
-            write_atomic(
-                folder / "rationale.md",
-                f"# Iteration {t}\n\n{proposal.rationale.strip()}\n\n## Changes\n\n"
-                + "".join(f"- {c}\n" for c in entry.changes),
-            )
+            write_atomic(folder / "rationale.md", f"# Iteration {t}\n\n{proposal.rationale.strip()}\n\n## Changes\n\n"
+                          + "".join(f"- {c}\n" for c in entry.changes))  # fmt: skip
             try:
                 score, screen, reason = self._score(design, folder, incumbent_score)
             except (
@@ -1300,10 +1081,8 @@ class MemSteerOpt:
                         sub.model_dump(mode="json"),
                         sub.key(),
                     )
-                    entry.reason = (
-                        f"the proposal as a whole was {entry.status} ({entry.reason}); its sub-change "
-                        f"{'; '.join(design_diff(parent, sub))} was accepted on its own"
-                    )
+                    entry.reason = (f"the proposal as a whole was {entry.status} ({entry.reason}); its sub-change "
+                                    f"{'; '.join(design_diff(parent, sub))} was accepted on its own")  # fmt: skip
                     entry.changes = design_diff(parent, sub)
                     entry.retrieval_lm_calls = cand.retrieval_lm_calls
                     entry.status, entry.accepted = "accepted", True
@@ -1342,82 +1121,49 @@ class MemSteerOpt:
 
     # -- outputs ------------------------------------------------------------------------------
     def _event(self, entry: TrajectoryEntry) -> None:
-        self.tracker.log_metrics(
-            self.parent_run_id,
-            {
-                "best_score": entry.best_score.primary(self.config.objective)
-                if entry.best_score
-                else None,
-                "best_accuracy": entry.best_score.accuracy if entry.best_score else None,
-                "best_delivered_recall": entry.best_score.delivered_recall
-                if entry.best_score
-                else None,
-                "best_recall_at_10": entry.best_score.recall_at_10 if entry.best_score else None,
-                "candidate_accuracy": entry.score.accuracy if entry.score else None,
-                "candidate_delivered_recall": (entry.score or entry.screen_score).delivered_recall
-                if (entry.score or entry.screen_score)
-                else None,
-                "candidate_recall_at_10": (entry.score or entry.screen_score).recall_at_10
-                if (entry.score or entry.screen_score)
-                else None,
-                "accepted": float(entry.accepted),
-                "cost_lm_calls": entry.cost_total.calls,
-                "cost_tokens": entry.cost_total.total_tokens,
-                "cost_seconds": entry.cost_total.seconds,
-                "cost_usd": entry.cost_total.cost_usd,
-            },
-            step=entry.iteration,
-        )
+        self.tracker.log_metrics(self.parent_run_id, {
+            "best_score": entry.best_score.primary(self.config.objective) if entry.best_score else None,
+            "best_accuracy": entry.best_score.accuracy if entry.best_score else None,
+            "best_delivered_recall": entry.best_score.delivered_recall if entry.best_score else None,
+            "best_recall_at_10": entry.best_score.recall_at_10 if entry.best_score else None,
+            "candidate_accuracy": entry.score.accuracy if entry.score else None,
+            "candidate_delivered_recall": (entry.score or entry.screen_score).delivered_recall if (entry.score or entry.screen_score) else None,
+            "candidate_recall_at_10": (entry.score or entry.screen_score).recall_at_10 if (entry.score or entry.screen_score) else None,
+            "accepted": float(entry.accepted), "cost_lm_calls": entry.cost_total.calls,
+            "cost_tokens": entry.cost_total.total_tokens, "cost_seconds": entry.cost_total.seconds,
+            "cost_usd": entry.cost_total.cost_usd,
+        }, step=entry.iteration)  # fmt: skip
         if self.on_event is not None:
-            self.on_event(
-                {
-                    "iteration": entry.iteration,
-                    "total": self.config.iterations,
-                    "status": entry.status,
-                    "candidate": entry.score or entry.screen_score,
-                    "best": entry.best_score,
-                    "objective": self.config.objective,
-                    "cost_total": entry.cost_total,
-                    "reason": entry.reason,
-                    "changes": entry.changes,
-                    "parent": entry.parent_iteration,
-                    "lm_per_question": entry.retrieval_lm_calls,
-                }
-            )
+            self.on_event({
+                "iteration": entry.iteration, "total": self.config.iterations, "status": entry.status,
+                "candidate": entry.score or entry.screen_score, "best": entry.best_score,
+                "objective": self.config.objective, "cost_total": entry.cost_total, "reason": entry.reason,
+                "changes": entry.changes, "parent": entry.parent_iteration,
+                "lm_per_question": entry.retrieval_lm_calls,
+            })  # fmt: skip
 
     def _start_candidate_run(self, t: int) -> str | None:
         if not self.tracker.active or not self.parent_run_id:
             return None
         marker = self._iter_dir(t) / "mlflow_run_id"
         previous = marker.read_text().strip() if marker.exists() else None
-        run_id = self.tracker.start_run(
-            f"iter-{t:03d}",
-            parent_run_id=self.parent_run_id,
-            resume_run_id=previous,
-            tags={"memsteer.iteration": t},
-        )
+        run_id = self.tracker.start_run(f"iter-{t:03d}", parent_run_id=self.parent_run_id, resume_run_id=previous,
+                                        tags={"memsteer.iteration": t})  # fmt: skip
         if run_id:
             write_atomic(marker, run_id + "\n")
         return run_id
 
     def _track_candidate(
-        self,
-        entry: TrajectoryEntry,
-        feedback: Feedback | None,
-        new_state: _TrainState | None,
+        self, entry: TrajectoryEntry, feedback: Feedback | None, new_state: _TrainState | None,
         diagnosis_for_feedback: _TrainState | None = None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         rid = entry.run_id
         if not rid or not self.tracker.active:
             return
         folder = self._iter_dir(entry.iteration)
         tr = self.tracker
-        params: dict[str, Any] = {
-            "iteration": entry.iteration,
-            "status": entry.status,
-            "parent_key": entry.parent_key,
-            "design_key": entry.design_key,
-        }
+        params: dict[str, Any] = {"iteration": entry.iteration, "status": entry.status, "parent_key": entry.parent_key,
+                                  "design_key": entry.design_key}  # fmt: skip
         if entry.design is not None:
             params.update(
                 {
@@ -1429,52 +1175,26 @@ class MemSteerOpt:
             )
         tr.log_params(rid, params)
         s = entry.score or entry.screen_score
-        tr.log_metrics(
-            rid,
-            {
-                "val_accuracy": s.accuracy if s else None,
-                "val_qs": s.qs if s else None,
-                "val_recall_at_10": s.recall_at_10 if s else None,
-                "val_delivered_recall": s.delivered_recall if s else None,
-                "lm_calls": entry.cost.calls,
-                "lm_tokens": entry.cost.total_tokens,
-                "lm_prompt_tokens": entry.cost.prompt_tokens,
-                "lm_completion_tokens": entry.cost.completion_tokens,
-                "wall_seconds": entry.cost.seconds,
-                "lm_cost_usd": entry.cost.cost_usd,
-                "retrieval_lm_calls_per_question": entry.retrieval_lm_calls,
-                "accept_p": (entry.accept_stats or {}).get("p"),
-                "accept_gain": (entry.accept_stats or {}).get("gain"),
-                **(
-                    {f"train_{k}_failures": v for k, v in entry.train_failures.items()}
-                    if entry.train_failures
-                    else {}
-                ),
-            },
-            step=entry.iteration,
-        )
-        tr.set_tags(
-            rid,
-            {
-                "accepted": "true" if entry.accepted else "false",
-                "status": entry.status,
-                "selected_by": entry.selected_by or "",
-                "reason": entry.reason or "",
-            },
-        )
+        tr.log_metrics(rid, {
+            "val_accuracy": s.accuracy if s else None, "val_qs": s.qs if s else None,
+            "val_recall_at_10": s.recall_at_10 if s else None, "val_delivered_recall": s.delivered_recall if s else None,
+            "lm_calls": entry.cost.calls, "lm_tokens": entry.cost.total_tokens,
+            "lm_prompt_tokens": entry.cost.prompt_tokens, "lm_completion_tokens": entry.cost.completion_tokens,
+            "wall_seconds": entry.cost.seconds, "lm_cost_usd": entry.cost.cost_usd,
+            "retrieval_lm_calls_per_question": entry.retrieval_lm_calls,
+            "accept_p": (entry.accept_stats or {}).get("p"), "accept_gain": (entry.accept_stats or {}).get("gain"),
+            **({f"train_{k}_failures": v for k, v in entry.train_failures.items()} if entry.train_failures else {}),
+        }, step=entry.iteration)  # fmt: skip
+        tr.set_tags(rid, {"accepted": "true" if entry.accepted else "false", "status": entry.status,
+                          "selected_by": entry.selected_by or "", "reason": entry.reason or ""})  # fmt: skip
         if (folder / ".tracked").exists():  # artifacts already logged before an interruption
             tr.end_run(rid)
             return
         if entry.design is not None:
             tr.log_dict(rid, entry.design, "design.json")
-        tr.log_text(
-            rid,
-            f"# Iteration {entry.iteration} ({entry.status})\n\n{entry.rationale or '(initial design)'}\n\n"
-            + "## Changes\n\n"
-            + ("".join(f"- {c}\n" for c in entry.changes) or "(none)\n")
-            + (f"\n## Outcome\n\n{entry.reason}\n" if entry.reason else ""),
-            "rationale.md",
-        )
+        tr.log_text(rid, f"# Iteration {entry.iteration} ({entry.status})\n\n{entry.rationale or '(initial design)'}\n\n"
+                    + "## Changes\n\n" + ("".join(f"- {c}\n" for c in entry.changes) or "(none)\n")
+                    + (f"\n## Outcome\n\n{entry.reason}\n" if entry.reason else ""), "rationale.md")  # fmt: skip
         for sub in ("val", "val-recall"):
             items = folder / sub / "items.jsonl"
             if items.exists():
@@ -1510,17 +1230,10 @@ class MemSteerOpt:
             render_summary(entries, self.config, self.history, self._settings(), test=test),
         )
         if result is not None:
-            data = {
-                "user": self.history.user_id,
-                "objective": self.config.objective,
-                "search": self.config.search,
-                "parents": self.config.parents if self.config.search == "population" else None,
-                "accept": self.config.accept,
-                "feedback": self.config.feedback,
-                "n_train": len(self.train),
-                "n_val": len(self.val),
-                **result.summary(),
-            }
+            data = {"user": self.history.user_id, "objective": self.config.objective, "search": self.config.search,
+                    "parents": self.config.parents if self.config.search == "population" else None,
+                    "accept": self.config.accept, "feedback": self.config.feedback, "n_train": len(self.train),
+                    "n_val": len(self.val), **result.summary()}  # fmt: skip
             write_json(self.out / "summary.json", data)
 
     def _finish(self, status: str) -> None:
@@ -1543,22 +1256,13 @@ def _item_rows(path: Path) -> list[dict[str, Any]]:
     rows = []
     for r in JsonlLog(path).read(repair=False):
         trace = r.get("trace") or {}
-        rows.append(
-            {
-                "qa_id": r.get("qa_id"),
-                "question": r.get("question"),
-                "question_type": r.get("question_type"),
-                "reference": r.get("reference"),
-                "prediction": r.get("prediction"),
-                "correct": r.get("correct"),
-                "qs": r.get("qs"),
-                "recall_at_10": r.get("recall_at_10"),
-                "delivered_recall": r.get("delivered_recall"),
-                "evidence_ids": r.get("evidence_ids"),
-                "delivered_ids": trace.get("delivered_record_ids"),
-                "error": r.get("error"),
-            }
-        )
+        rows.append({
+            "qa_id": r.get("qa_id"), "question": r.get("question"), "question_type": r.get("question_type"),
+            "reference": r.get("reference"), "prediction": r.get("prediction"), "correct": r.get("correct"),
+            "qs": r.get("qs"), "recall_at_10": r.get("recall_at_10"), "delivered_recall": r.get("delivered_recall"),
+            "evidence_ids": r.get("evidence_ids"), "delivered_ids": trace.get("delivered_record_ids"),
+            "error": r.get("error"),
+        })  # fmt: skip
     return rows
 
 
@@ -1568,21 +1272,14 @@ def _pct(v: float | None) -> str:
 
 def render_test(test: PairedComparison) -> list[str]:
     """The held-out section of ``summary.md``."""
-    lines = [
-        "## Held-out test",
-        "",
-        f"{test.n} items ({test.source or 'test split'}), never used for feedback or selection. "
-        f"Verdict on {test.primary}: **{test.verdict}** (paired bootstrap 95% interval, {test.resamples} "
-        f"resamples, seed {test.seed}; one-sided p = {test.p_bootstrap:.3f}, sign test p = {test.p_sign:.3f}).",
-        "",
-        "| metric | initial | best | diff | 95% CI |",
-        "|---|---:|---:|---:|---|",
-    ]
+    lines = ["## Held-out test", "",
+             f"{test.n} items ({test.source or 'test split'}), never used for feedback or selection. "
+             f"Verdict on {test.primary}: **{test.verdict}** (paired bootstrap 95% interval, {test.resamples} "
+             f"resamples, seed {test.seed}; one-sided p = {test.p_bootstrap:.3f}, sign test p = {test.p_sign:.3f}).",
+             "", "| metric | initial | best | diff | 95% CI |", "|---|---:|---:|---:|---|"]  # fmt: skip
     for m in test.initial:
-        lines.append(
-            f"| {m} | {_pct(test.initial[m])} | {_pct(test.best.get(m))} | {points(test.diff.get(m))} | "
-            f"{points_ci(test.ci95.get(m))} |"
-        )
+        lines.append(f"| {m} | {_pct(test.initial[m])} | {_pct(test.best.get(m))} | {points(test.diff.get(m))} | "
+                     f"{points_ci(test.ci95.get(m))} |")  # fmt: skip
     return lines + [""]
 
 
@@ -1646,8 +1343,6 @@ def render_summary(
     lines += ["", "## Accepted path", ""]
     for e in path:
         what = "; ".join(e.changes) if e.changes else "initial design"
-        lines.append(
-            f"- iteration {e.iteration} `{e.design_key}`: {e.score.short() if e.score else '-'} — {what}"
-            + (f" (selected by {e.selected_by})" if e.iteration else "")
-        )
+        lines.append(f"- iteration {e.iteration} `{e.design_key}`: {e.score.short() if e.score else '-'} — {what}"
+                     + (f" (selected by {e.selected_by})" if e.iteration else ""))  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -37,14 +37,9 @@ class Score(BaseModel):
     @classmethod
     def from_summary(cls, summary: MetricSummary, metrics: str) -> Score:
         return cls(
-            n=summary.n,
-            accuracy=summary.accuracy,
-            qs=summary.qs,
-            recall_at_10=summary.recall_at_10,
-            delivered_recall=summary.delivered_recall,
-            errors=summary.errors,
-            metrics=metrics,
-        )
+            n=summary.n, accuracy=summary.accuracy, qs=summary.qs, recall_at_10=summary.recall_at_10,
+            delivered_recall=summary.delivered_recall, errors=summary.errors, metrics=metrics,
+        )  # fmt: skip
 
     def recall_key(self) -> tuple[float, float]:
         return (self.delivered_recall or 0.0, self.recall_at_10 or 0.0)
@@ -105,8 +100,5 @@ def accept(objective: Objective, candidate: Score, current: Score) -> bool:
 
 def selected_by(objective: Objective) -> str:
     """What decided an accepted design, as reported in the trajectory and summary."""
-    return {
-        "accuracy": "accuracy",
-        "recall": "delivered recall (R@10 tie-break)",
-        "recall-then-accuracy": "recall screen + accuracy",
-    }[objective]
+    return {"accuracy": "accuracy", "recall": "delivered recall (R@10 tie-break)",
+            "recall-then-accuracy": "recall screen + accuracy"}[objective]  # fmt: skip

@@ -75,15 +75,9 @@ class HistoryEvaluator:
     """
 
     def __init__(
-        self,
-        history: History,
-        *,
-        lm: Callable[[str], Any],
-        protocol: str = "full",
-        threads: int = 1,
-        cache_dir: str | Path | None = None,
-        answering: bool = True,
-    ):
+        self, history: History, *, lm: Callable[[str], Any], protocol: str = "full", threads: int = 1,
+        cache_dir: str | Path | None = None, answering: bool = True,
+    ):  # fmt: skip
         self.history = history
         self.lm = lm
         self.protocol = protocol
@@ -99,9 +93,8 @@ class HistoryEvaluator:
         if key not in self._systems:
             uses = design.lm_uses(answering=self.answering)
             lms = {"answerer": self.lm("answerer")} if uses else {}
-            system = MemorySystem.from_design(
-                design, self.history, cache_dir=self.cache_dir, lms=lms, threads=self.threads
-            )
+            system = MemorySystem.from_design(design, self.history, cache_dir=self.cache_dir, lms=lms,
+                                              threads=self.threads)  # fmt: skip
             while len(self._systems) >= 2:
                 self._systems.pop(next(iter(self._systems)))
             self._systems[key] = system
@@ -112,15 +105,8 @@ class HistoryEvaluator:
 
         system = self.system(design)
         judge = self.lm("judge") if metrics == "all" else None
-        report = evaluate_design(
-            system,
-            items,
-            metrics=metrics,
-            judge_lm=judge,
-            protocol=self.protocol,
-            threads=self.threads,
-            out_dir=folder,
-        )
+        report = evaluate_design(system, items, metrics=metrics, judge_lm=judge, protocol=self.protocol,
+                                 threads=self.threads, out_dir=folder)  # fmt: skip
         return system, report
 
 
@@ -220,15 +206,8 @@ class PairedAccept:
 
     name = "paired"
 
-    def __init__(
-        self,
-        objective: Objective,
-        *,
-        alpha: float = 0.1,
-        margin: float = 0.0,
-        test: Literal["bootstrap", "sign"] = "bootstrap",
-        seed: int = 0,
-    ):
+    def __init__(self, objective: Objective, *, alpha: float = 0.1, margin: float = 0.0,
+                 test: Literal["bootstrap", "sign"] = "bootstrap", seed: int = 0):  # fmt: skip
         if not 0 < alpha < 1:
             raise ConfigError(f"--accept-alpha must be between 0 and 1, not {alpha}")
         if test not in ("bootstrap", "sign"):
@@ -256,21 +235,11 @@ class PairedAccept:
             if self.test == "bootstrap"
             else sign_test_p(a, b)
         )
-        stats = {
-            "test": self.test,
-            "p": round(p, 4),
-            "alpha": self.alpha,
-            "gain": round(gain, 4),
-            "margin": self.margin,
-            "n": len(d),
-            "wins": int((d > 0).sum()),
-            "losses": int((d < 0).sum()),
-        }
+        stats = {"test": self.test, "p": round(p, 4), "alpha": self.alpha, "gain": round(gain, 4),
+                 "margin": self.margin, "n": len(d), "wins": int((d > 0).sum()), "losses": int((d < 0).sum())}  # fmt: skip
         ok = gain > self.margin and p < self.alpha
-        why = (
-            f"paired gain {gain:+.3f} (p={p:.3f} by {self.test}, {stats['wins']} wins / "
-            f"{stats['losses']} losses over {len(d)} items)"
-        )
+        why = (f"paired gain {gain:+.3f} (p={p:.3f} by {self.test}, {stats['wins']} wins / "
+               f"{stats['losses']} losses over {len(d)} items)")  # fmt: skip
         if ok:
             return Decision(True, f"significant: {why}", stats)
         bar = f"needs p < {self.alpha}" + (f" and gain > {self.margin}" if self.margin else "")
@@ -295,15 +264,9 @@ class NonInferiorityGuard:
     neighbour expansion, a larger top-k) while ranking fewer gold records in its first ten; without
     a guard that trade is accepted and carries to held-out items."""
 
-    def __init__(
-        self,
-        metrics: Sequence[str],
-        *,
-        alpha: float = 0.1,
-        test: Literal["bootstrap", "sign"] = "bootstrap",
-        seed: int = 0,
-        margin: float | None = None,
-    ):
+    def __init__(self, metrics: Sequence[str], *, alpha: float = 0.1,
+                 test: Literal["bootstrap", "sign"] = "bootstrap", seed: int = 0,
+                 margin: float | None = None):  # fmt: skip
         if margin is not None and not 0 < margin < 1:
             raise ConfigError(f"--guard-margin must be between 0 and 1 (exclusive), not {margin}")
         self.margin = margin
@@ -338,22 +301,14 @@ class NonInferiorityGuard:
             if self.margin is not None:  # non-inferiority: is candidate + δ better than current?
                 shifted = [None if x is None else x + self.margin for x in a]
                 p = paired_bootstrap_p(b, shifted, seed=self.seed)
-                stats[f"guard_{m}"] = {
-                    "diff": round(diff, 4),
-                    "p": round(p, 4),
-                    "n": len(d),
-                    "margin": self.margin,
-                }
+                stats[f"guard_{m}"] = {"diff": round(diff, 4), "p": round(p, 4), "n": len(d),
+                                       "margin": self.margin}  # fmt: skip
                 if len(d) and p >= self.alpha:
-                    return Decision(
-                        False,
-                        (
-                            f"not shown non-inferior to the current design in {m}: {diff:+.3f} (p={p:.3f} that it "
-                            f"is at least {self.margin:.3f} below, paired bootstrap over {len(d)} items; needs p < "
-                            f"{self.alpha})"
-                        ),
-                        stats,
-                    )
+                    return Decision(False, (
+                        f"not shown non-inferior to the current design in {m}: {diff:+.3f} (p={p:.3f} that it "
+                        f"is at least {self.margin:.3f} below, paired bootstrap over {len(d)} items; needs p < "
+                        f"{self.alpha})"
+                    ), stats)  # fmt: skip
                 continue
             p = (
                 paired_bootstrap_p(a, b, seed=self.seed)
@@ -362,20 +317,15 @@ class NonInferiorityGuard:
             )
             stats[f"guard_{m}"] = {"diff": round(diff, 4), "p": round(p, 4), "n": len(d)}
             if p < self.alpha:
-                return Decision(
-                    False,
-                    (
-                        f"significantly below the current design in {m}: {diff:+.3f} (p={p:.3f} by {self.test} "
-                        f"over {len(d)} items; guard at alpha {self.alpha})"
-                    ),
-                    stats,
-                )
+                return Decision(False, (
+                    f"significantly below the current design in {m}: {diff:+.3f} (p={p:.3f} by {self.test} "
+                    f"over {len(d)} items; guard at alpha {self.alpha})"
+                ), stats)  # fmt: skip
         return Decision(True, "", stats)
 
 
-def lm_margin_decision(
-    candidate: Candidate, best_lm_free: Candidate | None, objective: Objective, margin: float
-) -> Decision | None:
+def lm_margin_decision(candidate: Candidate, best_lm_free: Candidate | None, objective: Objective,
+                       margin: float) -> Decision | None:  # fmt: skip
     """A design that calls an LM at retrieval must beat the best LM-free design found so far by
     ``margin`` (primary metric); returns the rejection, or None when the rule does not object."""
     if not candidate.uses_lm or best_lm_free is None:
@@ -383,15 +333,11 @@ def lm_margin_decision(
     c, f = candidate.score.primary(objective), best_lm_free.score.primary(objective)
     if c is None or f is None or c >= f + margin - 1e-9:
         return None
-    return Decision(
-        False,
-        (
-            f"calls an LM {candidate.retrieval_lm_calls:g}x per question at retrieval, but does not beat the "
-            f"best LM-free design (iteration {best_lm_free.iteration}: {f:.3f}) by the --lm-retrieval-margin "
-            f"{margin:.3f} (it scores {c:.3f})"
-        ),
-        {"lm_free_best": f, "lm_margin": margin},
-    )
+    return Decision(False, (
+        f"calls an LM {candidate.retrieval_lm_calls:g}x per question at retrieval, but does not beat the "
+        f"best LM-free design (iteration {best_lm_free.iteration}: {f:.3f}) by the --lm-retrieval-margin "
+        f"{margin:.3f} (it scores {c:.3f})"
+    ), {"lm_free_best": f, "lm_margin": margin})  # fmt: skip
 
 
 def retrieval_lm_calls(design: MemoryDesign) -> int:
@@ -515,15 +461,8 @@ class Proposer(Protocol):
 
     uses_feedback: bool
 
-    def propose(
-        self,
-        parent: MemoryDesign,
-        history: list[RevisionEntry],
-        feedback: str,
-        *,
-        seen: dict[str, str],
-        iteration: int,
-    ) -> Proposal: ...
+    def propose(self, parent: MemoryDesign, history: list[RevisionEntry], feedback: str, *,
+                seen: dict[str, str], iteration: int) -> Proposal: ...  # fmt: skip
 
     def observe(self, entry: TrajectoryEntry) -> None: ...
 
@@ -611,16 +550,8 @@ class OptunaProposer:
 
     uses_feedback = False
 
-    def __init__(
-        self,
-        kind: Literal["random", "tpe"],
-        base: MemoryDesign,
-        objective: Objective,
-        *,
-        seed: int = 0,
-        indexes: Sequence[str] | None = None,
-        max_draws: int = 50,
-    ):
+    def __init__(self, kind: Literal["random", "tpe"], base: MemoryDesign, objective: Objective, *,
+                 seed: int = 0, indexes: Sequence[str] | None = None, max_draws: int = 50):  # fmt: skip
         try:
             import optuna
         except ImportError:
@@ -628,11 +559,8 @@ class OptunaProposer:
 
             raise MissingExtraError("optuna", "tune", f"--search {kind}") from None
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        sampler = (
-            optuna.samplers.RandomSampler(seed=seed)
-            if kind == "random"
-            else optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
-        )
+        sampler = (optuna.samplers.RandomSampler(seed=seed) if kind == "random"
+                   else optuna.samplers.TPESampler(seed=seed, n_startup_trials=5))  # fmt: skip
         self.kind, self.base, self.objective, self.max_draws = kind, base, objective, max_draws
         self.indexes = list(indexes) if indexes is not None else available_indexes()
         self.study = optuna.create_study(direction="maximize", sampler=sampler)
@@ -643,13 +571,9 @@ class OptunaProposer:
         import optuna
         from optuna.distributions import json_to_distribution
 
-        self.study.add_trial(
-            optuna.trial.create_trial(
-                params=dict(params),
-                distributions={k: json_to_distribution(v) for k, v in dists.items()},
-                value=value,
-            )
-        )
+        self.study.add_trial(optuna.trial.create_trial(
+            params=dict(params), distributions={k: json_to_distribution(v) for k, v in dists.items()}, value=value,
+        ))  # fmt: skip
 
     def propose(self, parent, history, feedback, *, seen, iteration) -> Proposal:
         from optuna.distributions import distribution_to_json
@@ -673,18 +597,10 @@ class OptunaProposer:
             attempts.append(
                 ProposalAttempt(kind="ok", design_key=key, notes=[f"{self.kind} sample: {params}"])
             )
-            return Proposal(
-                status="ok",
-                design=design,
-                rationale=f"{self.kind} sample {params}",
-                attempts=attempts,
-                search_params={"params": params, "distributions": dists},
-            )
-        return Proposal(
-            status="duplicate",
-            attempts=attempts,
-            error=f"{self.max_draws} samples in a row repeated earlier designs",
-        )
+            return Proposal(status="ok", design=design, rationale=f"{self.kind} sample {params}",
+                            attempts=attempts, search_params={"params": params, "distributions": dists})  # fmt: skip
+        return Proposal(status="duplicate", attempts=attempts,
+                        error=f"{self.max_draws} samples in a row repeated earlier designs")  # fmt: skip
 
     def observe(self, entry: TrajectoryEntry) -> None:
         s = entry.score or entry.screen_score
@@ -713,41 +629,25 @@ def check_extras(design: MemoryDesign) -> None:
                 field="retrieve.index",
                 hint="choose index 'bm25', or install it: pip install 'memsteer-dspy[dense]'",
             )
-    if r.rerank == "cross_encoder" and not (
-        importlib.util.find_spec("FlagEmbedding")
-        or importlib.util.find_spec("sentence_transformers")
-    ):
+    if r.rerank == "cross_encoder" and not (importlib.util.find_spec("FlagEmbedding")
+                                            or importlib.util.find_spec("sentence_transformers")):  # fmt: skip
         raise InputError(
             "retrieve.rerank 'cross_encoder' needs the 'dense' extra, which is not installed here",
-            field="retrieve.rerank",
-            hint="choose rerank 'none' or 'llm', or pip install 'memsteer-dspy[dense]'",
-        )
+            field="retrieve.rerank", hint="choose rerank 'none' or 'llm', or pip install 'memsteer-dspy[dense]'",
+        )  # fmt: skip
 
 
 # Fields that only make sense together: a switch and the settings that act under it, and the
 # top-k / pool pair (pool >= top_k). A sub-change moves each such group as one.
 COUPLED: tuple[tuple[str, ...], ...] = (
-    (
-        "store.unit",
-        "store.window_size",
-        "store.window_stride",
-        "store.section_max_tokens",
-        "store.facts_batch",
-        "store.max_facts_per_record",
-    ),
+    ("store.unit", "store.window_size", "store.window_stride", "store.section_max_tokens", "store.facts_batch",
+     "store.max_facts_per_record"),
     ("retrieve.top_k", "retrieve.pool"),
     ("retrieve.query", "retrieve.keep_original_query", "retrieve.n_queries"),
     ("retrieve.rerank", "retrieve.reranker_model", "retrieve.rerank_top"),
-    (
-        "retrieve.index",
-        "retrieve.bm25_weight",
-        "retrieve.dense_weight",
-        "retrieve.dense.embedder",
-        "retrieve.dense.backend",
-        "retrieve.dense.query_instruction",
-        "retrieve.dense.max_chars",
-    ),
-)
+    ("retrieve.index", "retrieve.bm25_weight", "retrieve.dense_weight", "retrieve.dense.embedder",
+     "retrieve.dense.backend", "retrieve.dense.query_instruction", "retrieve.dense.max_chars"),
+)  # fmt: skip
 
 
 def single_field_variants(

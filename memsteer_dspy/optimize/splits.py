@@ -88,9 +88,8 @@ def carve_test(
         raise InputError(
             f"carving {fraction:.0%} of {len(train) + len(val)} items out as a test split leaves "
             f"{len(new_train)} train / {len(new_val)} validation items",
-            field="--test-fraction",
-            hint="generate more supervision, or pass --test PATH with held-out items",
-        )
+            field="--test-fraction", hint="generate more supervision, or pass --test PATH with held-out items",
+        )  # fmt: skip
     test = list({q.id: q for q in [*train, *val] if q.id in test_ids}.values())
     return new_train, new_val, test
 
@@ -105,10 +104,9 @@ def read_supervision(folder: str | Path) -> tuple[list[QAItem], list[QAItem]]:
         path = folder / name
         if not path.is_file():
             raise InputError(
-                f"the supervision folder has no {name}",
-                file=folder,
+                f"the supervision folder has no {name}", file=folder,
                 hint="pass --supervision official, or a folder `memsteer generate` wrote (train.jsonl and val.jsonl)",
-            )
+            )  # fmt: skip
         items = read_qa_items(path, on_error="raise", skipped=[])
         if not items:
             raise InputError(

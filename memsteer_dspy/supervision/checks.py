@@ -193,10 +193,7 @@ def repair_answer_citation(
     if len(in_record) == 1:
         target, why = in_record[0], "the answer occurs in exactly one span of the cited record"
     elif len(in_evidence) == 1:
-        target, why = (
-            in_evidence[0],
-            "the answer occurs in exactly one span of the evidence records",
-        )
+        target, why = in_evidence[0], "the answer occurs in exactly one span of the evidence records"
     elif len(hits) == 1:
         target, why = hits[0], "the answer occurs in exactly one span of the bundle"
     else:
@@ -245,24 +242,15 @@ def drop_stray_facts(
     Returns the plan unchanged and ``None`` otherwise.
     """
     evidence = set(plan.evidence_ids)
-    stray = [
-        f.span_id
-        for f in plan.facts
-        if f.span_id in span_texts and _record_of(f.span_id) not in evidence
-    ]
+    stray = [f.span_id for f in plan.facts if f.span_id in span_texts and _record_of(f.span_id) not in evidence]
     answer = plan.answer_span_id
     if not stray or not answer or answer not in span_texts or _record_of(answer) not in evidence:
         return plan, None
     kept = [f for f in plan.facts if f.span_id not in stray]
     if {_record_of(f.span_id) for f in kept if f.span_id in span_texts} != evidence:
         return plan, None
-    repair = Repair(
-        stage="plan",
-        field="facts",
-        before=", ".join(stray),
-        after="",
-        reason="facts cited outside the evidence records were dropped",
-    )
+    repair = Repair(stage="plan", field="facts", before=", ".join(stray), after="",
+                    reason="facts cited outside the evidence records were dropped")  # fmt: skip
     return plan.model_copy(update={"facts": kept}), repair
 
 
@@ -286,13 +274,8 @@ def expand_name(plan: AnswerPlan, span_texts: dict[str, str]) -> tuple[AnswerPla
     found = {(m.group(1) + answer + m.group(2)).strip() for m in pattern.finditer(text)}
     if len(found) != 1 or (full := found.pop()) == answer or len(full.split()) > 4:
         return plan, None
-    repair = Repair(
-        stage="plan",
-        field="answer",
-        before=answer,
-        after=full,
-        reason="the answer span writes the full name",
-    )
+    repair = Repair(stage="plan", field="answer", before=answer, after=full,
+                    reason="the answer span writes the full name")  # fmt: skip
     return plan.model_copy(update={"answer": full}), repair
 
 
@@ -350,16 +333,10 @@ def check_plan(
     except AnswerParseError as exc:
         issues.append(PlanIssue(code=PlanCheckCode.ANSWER_UNPARSEABLE, detail=str(exc)))
     if kind is AnswerType.ENTITY and is_user_name(resolved.answer, user_name):
-        issues.append(
-            PlanIssue(code=PlanCheckCode.ANSWER_IS_USER, detail=f"{resolved.answer!r} is the user")
-        )
+        issues.append(PlanIssue(code=PlanCheckCode.ANSWER_IS_USER, detail=f"{resolved.answer!r} is the user"))
     if kind in EXTRACTIVE_TYPES and len(resolved.answer.split()) > max_answer_words:
-        issues.append(
-            PlanIssue(
-                code=PlanCheckCode.ANSWER_TOO_LONG,
-                detail=f"{len(resolved.answer.split())} words (at most {max_answer_words})",
-            )
-        )
+        issues.append(PlanIssue(code=PlanCheckCode.ANSWER_TOO_LONG,
+                                detail=f"{len(resolved.answer.split())} words (at most {max_answer_words})"))  # fmt: skip
 
     support = _answer_support_issue(resolved, kind, span_texts)
     if support is not None and repair and kind in EXTRACTIVE_TYPES:
@@ -388,12 +365,8 @@ def check_plan(
         issues.append(PlanIssue(code=PlanCheckCode.NO_FACTS, detail="the plan cites no fact"))
     evidence_ids = resolved.evidence_ids
     if len(evidence_ids) != task.evidence_count:
-        issues.append(
-            PlanIssue(
-                code=PlanCheckCode.EVIDENCE_COUNT,
-                detail=f"{len(evidence_ids)} evidence records, the task asks for {task.evidence_count}",
-            )
-        )
+        issues.append(PlanIssue(code=PlanCheckCode.EVIDENCE_COUNT,
+                                detail=f"{len(evidence_ids)} evidence records, the task asks for {task.evidence_count}"))  # fmt: skip
     fact_records = {_record_of(f.span_id) for f in resolved.facts if f.span_id in span_texts}
     for rid in evidence_ids:
         if rid in view.record_labels.values() and rid not in fact_records:
@@ -404,12 +377,8 @@ def check_plan(
             )
     for f in resolved.facts:
         if f.span_id in span_texts and _record_of(f.span_id) not in evidence_ids:
-            issues.append(
-                PlanIssue(
-                    code=PlanCheckCode.FACT_OUTSIDE_EVIDENCE,
-                    detail=f"fact {f.span_id} is not from an evidence record",
-                )
-            )
+            issues.append(PlanIssue(code=PlanCheckCode.FACT_OUTSIDE_EVIDENCE,
+                                    detail=f"fact {f.span_id} is not from an evidence record"))  # fmt: skip
     return resolved, issues, repairs
 
 
@@ -429,8 +398,7 @@ _META = re.compile(
 
 # Words that name no topic. A standalone question names at least MIN_TOPIC_WORDS other words
 # ("When was the report written?" names two: it fits any report of the user's history).
-_FILLER = frozenset(
-    """
+_FILLER = frozenset("""
 a an the and or but of to in on at for with from by about into over after before during
 i me my mine myself you your yours yourself we us our he him his she her it its they them their
 this that these those there here some any all each one ones thing things someone something
@@ -439,8 +407,7 @@ is are was were be been being am do does did done have has had having will would
 should shall may might must happen happened happens take took taken place occur occurred
 start started get got go went come came make made time day date
 feel feels felt feeling sense moment really
-""".split()
-)
+""".split())
 MIN_TOPIC_WORDS = 3
 _RELATIVE_TIME = re.compile(
     r"\b(?:today|tonight|yesterday|tomorrow|this (?:morning|afternoon|evening|week|month)|"
@@ -459,15 +426,13 @@ def topic_words(question: str) -> list[str]:
 
 
 # Words that say how the user felt or talked, not what happened: no use as a question's topic.
-_TALK = frozenset(
-    """
+_TALK = frozenset("""
 user assistant feel feels felt feeling really just like so very also much more most little bit well
 still even though yet again back today tonight yesterday tomorrow morning afternoon evening week
 maybe perhaps quite pretty kind sort lot lots way ways think thought know knew want wanted need
 needed try tried trying help helped thank thanks lovely nice good great glad happy sure okay
 everyone everything everybody something someone anything nothing always never sometimes
-""".split()
-)
+""".split())
 _NAME = re.compile(r"(?<![.!?:]\s)(?<!^)\b([A-Z][\w'’.-]*(?:\s+[A-Z][\w'’-]*)*)")
 _NUMBER = re.compile(r"\b\d[\d.,:/-]*(?:\s+[a-z]+)?")
 
@@ -521,19 +486,15 @@ def _names_date(question: str, answer: str) -> bool:
             found = parse_answer(m.group(0), AnswerType.DATE)
         except AnswerParseError:
             continue
-        if found == target or (
-            str(found).startswith("--") and str(target).endswith(str(found)[1:])
-        ):
+        if found == target or (str(found).startswith("--") and str(target).endswith(str(found)[1:])):
             return True
     return False
 
 
-_CALENDAR = frozenset(
-    """
+_CALENDAR = frozenset("""
 january february march april may june july august september october november december
 monday tuesday wednesday thursday friday saturday sunday
-""".split()
-)
+""".split())
 
 
 def unknown_names(question: str, known_text: str) -> list[str]:
@@ -545,9 +506,7 @@ def unknown_names(question: str, known_text: str) -> list[str]:
     out = []
     for m in _NAME.finditer(question.strip()):
         name = re.sub(r"['’]s$", "", m.group(1).rstrip(".’'"))
-        tokens = [
-            t for t in normalize_text(name).split() if t not in _FILLER and t not in _CALENDAR
-        ]
+        tokens = [t for t in normalize_text(name).split() if t not in _FILLER and t not in _CALENDAR]
         if tokens and any(f" {t} " not in known for t in tokens):
             out.append(name)
     return out
@@ -618,10 +577,7 @@ def check_question(
 # the pre-filter: before any LM call
 # --------------------------------------------------------------------------------------------
 
-
-def prefilter_bundle(
-    bundle: Bundle, task: Task, min_detail: float = MIN_CONCRETE_DETAIL
-) -> str | None:
+def prefilter_bundle(bundle: Bundle, task: Task, min_detail: float = MIN_CONCRETE_DETAIL) -> str | None:
     """Why a bundle cannot give the task a concrete question (``nothing_concrete``), or None.
 
     A task needs ``evidence_count`` records; when fewer of the bundle's records carry concrete

@@ -405,13 +405,9 @@ class _Generator(dspy.Module):
     ) -> dict[str, dspy.Example]:
         cited = [view.span_label(f.span_id) for f in plan.facts]
         blind = dspy.Example(
-            question=outcome.question,
-            answer_type=plan.answer_type,
-            records=view.text,
-            cited_ids=cited,
-            answer=plan.answer,
-            answerable=True,
-        ).with_inputs("question", "answer_type", "records")
+            question=outcome.question, answer_type=plan.answer_type, records=view.text,
+            cited_ids=cited, answer=plan.answer, answerable=True,
+        ).with_inputs("question", "answer_type", "records")  # fmt: skip
         return {"blind_read": blind}
 
     # -- shared stages -----------------------------------------------------------------------
@@ -426,14 +422,9 @@ class _Generator(dspy.Module):
     ) -> tuple[AnswerPlan, list[PlanIssue], list[Repair]]:
         texts = spans_by_id(bundle.spans())
         resolved, issues, repairs = check_plan(
-            plan,
-            task,
-            view,
-            texts,
-            max_answer_words=self.max_answer_words,
-            repair=self.checks and require_facts,
-            user_name=self.user_name,
-        )
+            plan, task, view, texts, max_answer_words=self.max_answer_words,
+            repair=self.checks and require_facts, user_name=self.user_name,
+        )  # fmt: skip
         if not require_facts:  # the direct baseline has no facts to check
             skip = ("no_facts", "evidence_without_fact", "answer_not_in_spans")
             issues = [i for i in issues if i.code.value not in skip]
@@ -451,9 +442,7 @@ class _Generator(dspy.Module):
         usage: dict[str, RoleCost],
         *,
         require_facts: bool = True,
-    ) -> Generator[
-        _Request, dspy.Prediction, tuple[dspy.Prediction, AnswerPlan, list[PlanIssue], list[Repair]]
-    ]:
+    ) -> Generator[_Request, dspy.Prediction, tuple[dspy.Prediction, AnswerPlan, list[PlanIssue], list[Repair]]]:
         """The planning call and its checks; a plan that fails them is re-sampled (another rollout
         at temperature 0.7) up to ``plan_retries`` times, each re-sample recorded as a repair.
 
@@ -462,9 +451,7 @@ class _Generator(dspy.Module):
         first call's LM failure raises :class:`_LMFailure`; a re-sample's failure keeps the last
         plan and its issues."""
         out = yield _Request(predictor, stage, inputs, usage)
-        plan, issues, repairs = self._checked_plan(
-            to_plan(out), task, bundle, view, require_facts=require_facts
-        )
+        plan, issues, repairs = self._checked_plan(to_plan(out), task, bundle, view, require_facts=require_facts)
         for attempt in range(1, self.plan_retries + 1 if self.checks else 1):
             if not issues:
                 break
@@ -474,19 +461,9 @@ class _Generator(dspy.Module):
                 break
             failed = f"plan_check:{issues[0].code.value}"
             out = again
-            plan, issues, repairs = self._checked_plan(
-                to_plan(out), task, bundle, view, require_facts=require_facts
-            )
-            repairs.insert(
-                0,
-                Repair(
-                    stage="plan",
-                    field="plan",
-                    before=failed,
-                    after=f"re-sample {attempt}",
-                    reason=f"the plan failed {failed}; planned again",
-                ),
-            )
+            plan, issues, repairs = self._checked_plan(to_plan(out), task, bundle, view, require_facts=require_facts)
+            repairs.insert(0, Repair(stage="plan", field="plan", before=failed, after=f"re-sample {attempt}",
+                                     reason=f"the plan failed {failed}; planned again"))  # fmt: skip
         return out, plan, issues, repairs
 
     def _question_problem(self, question: str, plan: AnswerPlan, view: BundleView) -> str | None:
@@ -527,36 +504,20 @@ class _Generator(dspy.Module):
         for stage in stages:
             if stage == "audit":
                 try:
-                    out = yield _Request(
-                        "audit", "audit", _audit_inputs(view, bundle, plan, question), usage
-                    )
+                    out = yield _Request("audit", "audit", _audit_inputs(view, bundle, plan, question), usage)
                 except _LMFailure as exc:
                     return _rejected(exc.stage, "lm_error", exc.detail, usage, blind=blind, **base)
                 audit = _audit_result(out, view, plan)
                 if audit.failures:
-                    return _rejected(
-                        "audit",
-                        f"audit:{audit.failures[0]}",
-                        ", ".join(audit.failures),
-                        usage,
-                        audit=audit,
-                        blind=blind,
-                        **base,
-                    )
+                    return _rejected("audit", f"audit:{audit.failures[0]}", ", ".join(audit.failures), usage,
+                                     audit=audit, blind=blind, **base)  # fmt: skip
                 continue
             order = _shuffled(bundle.record_ids, shuffle_seed)
             blind_view = bundle.view(order)
             try:
-                out = yield _Request(
-                    "blind_read",
-                    "blind",
-                    {
-                        "question": question,
-                        "answer_type": plan.answer_type,
-                        "records": blind_view.text,
-                    },
-                    usage,
-                )
+                out = yield _Request("blind_read", "blind", {
+                    "question": question, "answer_type": plan.answer_type, "records": blind_view.text,
+                }, usage)  # fmt: skip
             except _LMFailure as exc:
                 return _rejected(exc.stage, "lm_error", exc.detail, usage, audit=audit, **base)
             blind = _blind_result(out, blind_view, bundle, plan, order, repairs)
@@ -566,22 +527,12 @@ class _Generator(dspy.Module):
         return Outcome(status="accepted", audit=audit, blind=blind, usage=usage, **base)
 
 
-def _audit_inputs(
-    view: BundleView, bundle: Bundle, plan: AnswerPlan, question: str
-) -> dict[str, Any]:
-    evidence = [
-        f"{view.label_of(e.record_id) or e.record_id}: {e.contribution or 'part of the answer'}"
-        for e in plan.evidence
-    ]
-    return {
-        "records": view.text,
-        "question": question,
-        "answer": plan.answer,
-        "answer_type": str(plan.answer_type),
-        "ask": plan.ask or question,
-        "facts": _fact_lines(view, bundle, plan),
-        "evidence": evidence,
-    }
+def _audit_inputs(view: BundleView, bundle: Bundle, plan: AnswerPlan, question: str) -> dict[str, Any]:
+    evidence = [f"{view.label_of(e.record_id) or e.record_id}: {e.contribution or 'part of the answer'}"
+                for e in plan.evidence]  # fmt: skip
+    return {"records": view.text, "question": question, "answer": plan.answer,
+            "answer_type": str(plan.answer_type), "ask": plan.ask or question,
+            "facts": _fact_lines(view, bundle, plan), "evidence": evidence}  # fmt: skip
 
 
 def _blind_problem(blind: BlindResult, plan: AnswerPlan) -> tuple[str, str] | None:
@@ -618,9 +569,7 @@ def rewrite_hint(question: str, problem: str | None, details: Sequence[str] = ()
     return f"{question!r} was rejected ({problem}): {hint}."
 
 
-_USER_AFTER_PREP = re.compile(
-    r"\b(with|to|for|from|at|by|of|about|on|told|asked|helped)\s+the\s+user\b", re.I
-)
+_USER_AFTER_PREP = re.compile(r"\b(with|to|for|from|at|by|of|about|on|told|asked|helped)\s+the\s+user\b", re.I)
 
 
 def first_person(ask: str) -> str:
@@ -659,11 +608,9 @@ def _audit_result(out: dspy.Prediction, view: BundleView, plan: AnswerPlan) -> A
     """The audit's verdicts matched to the plan's facts and evidence records; a fact or record
     without a "supported" verdict (or with none at all) fails its check."""
     result = AuditResult(
-        answer_support=out.answer_support,
-        answer_rationale=out.answer_rationale,
-        consistency=out.consistency,
-        consistency_rationale=out.consistency_rationale,
-    )
+        answer_support=out.answer_support, answer_rationale=out.answer_rationale,
+        consistency=out.consistency, consistency_rationale=out.consistency_rationale,
+    )  # fmt: skip
     fact_verdicts: dict[str, str] = {}
     for i, fc in enumerate(out.fact_checks or []):
         sid = view.resolve_span(fc.span_id)
@@ -721,24 +668,12 @@ def _blind_result(
         if len(hits) == 1 and (rid := hits[0].rpartition("#")[0]) in missing:
             cited.append(rid)
             missing.remove(rid)
-            repairs.append(
-                Repair(
-                    stage="blind",
-                    field="cited_record_ids",
-                    before=None,
-                    after=rid,
-                    reason="the matched answer occurs in exactly one span of the bundle",
-                )
-            )
+            repairs.append(Repair(stage="blind", field="cited_record_ids", before=None, after=rid,
+                                  reason="the matched answer occurs in exactly one span of the bundle"))  # fmt: skip
     return BlindResult(
-        answerable=bool(out.answerable),
-        answer=str(out.answer),
-        cited_ids=cited_ids,
-        cited_record_ids=cited,
-        record_order=order,
-        matched=matched,
-        missing_evidence=missing,
-    )
+        answerable=bool(out.answerable), answer=str(out.answer), cited_ids=cited_ids, cited_record_ids=cited,
+        record_order=order, matched=matched, missing_evidence=missing,
+    )  # fmt: skip
 
 
 def _demo_bundle(bundle: Bundle, plan: AnswerPlan) -> Bundle:
@@ -767,35 +702,22 @@ def _plan_from(out: dspy.Prediction) -> AnswerPlan:
     if answer_span and answer_span not in labels:
         labels.append(answer_span)
     return AnswerPlan(
-        ask=str(getattr(out, "ask", "") or ""),
-        answer=str(out.answer or "").strip(),
-        answer_type=out.answer_type,
-        answer_span_id=answer_span,
-        facts=[Fact(span_id=label, statement="") for label in dict.fromkeys(labels)],
+        ask=str(getattr(out, "ask", "") or ""), answer=str(out.answer or "").strip(), answer_type=out.answer_type,
+        answer_span_id=answer_span, facts=[Fact(span_id=label, statement="") for label in dict.fromkeys(labels)],
         evidence=list(getattr(out, "evidence", None) or []),
         operations=[str(o) for o in (getattr(out, "operations", None) or [])],
-    )
+    )  # fmt: skip
 
 
 def _plan_rejection(plan: AnswerPlan, issues: list[PlanIssue], repairs, usage) -> Outcome:
     detail = "; ".join(f"{i.code.value}: {i.detail}" for i in issues)
-    return _rejected(
-        "plan_check",
-        f"plan_check:{issues[0].code.value}",
-        detail,
-        usage,
-        plan=plan,
-        plan_issues=issues,
-        repairs=repairs,
-    )
+    return _rejected("plan_check", f"plan_check:{issues[0].code.value}", detail, usage,
+                     plan=plan, plan_issues=issues, repairs=repairs)  # fmt: skip
 
 
 def _task_inputs(view: BundleView, task: Task) -> dict[str, Any]:
-    return {
-        "records": view.text,
-        "question_type": f"{task.question_type}: {task.description}",
-        "evidence_count": task.evidence_count,
-    }
+    return {"records": view.text, "question_type": f"{task.question_type}: {task.description}",
+            "evidence_count": task.evidence_count}  # fmt: skip
 
 
 class MemSteerGenerator(_Generator):
@@ -813,13 +735,8 @@ class MemSteerGenerator(_Generator):
     def _pipeline(self, bundle: Bundle, task: Task, shuffle_seed: int) -> Pipeline:
         usage: dict[str, RoleCost] = {}
         if self.lean and self.checks and (why := prefilter_bundle(bundle, task)):
-            return _rejected(
-                "prefilter",
-                f"prefilter:{why}",
-                "fewer records with a name, number, date "
-                f"or place than the task's {task.evidence_count} evidence records",
-                usage,
-            )
+            return _rejected("prefilter", f"prefilter:{why}", "fewer records with a name, number, date "
+                             f"or place than the task's {task.evidence_count} evidence records", usage)  # fmt: skip
         view = bundle.view()
         try:
             _, plan, issues, repairs = yield from self._planned(
@@ -830,67 +747,33 @@ class MemSteerGenerator(_Generator):
         if issues and self.checks:
             return _plan_rejection(plan, issues, repairs, usage)
         evidence_view = bundle.subset(plan.evidence_ids).view() if plan.evidence_ids else view
-        inputs = {
-            "records": evidence_view.text,
-            "ask": first_person(plan.ask),
-            "facts": _fact_lines(None, bundle, plan),
-            "answer": plan.answer,
-            "answer_type": str(plan.answer_type),
-            "avoid": "none",
-        }
+        inputs = {"records": evidence_view.text, "ask": first_person(plan.ask),
+                  "facts": _fact_lines(None, bundle, plan), "answer": plan.answer,
+                  "answer_type": str(plan.answer_type), "avoid": "none"}  # fmt: skip
         question, problem = "", None
         for attempt in range(self.question_rewrites + 1):
             if attempt:  # say what was wrong: at temperature 0.7 alone the same question came back
-                details = detail_terms(
-                    [f.statement for f in plan.facts], f"{question} {plan.answer}"
-                )
+                details = detail_terms([f.statement for f in plan.facts], f"{question} {plan.answer}")
                 inputs = {**inputs, "avoid": rewrite_hint(question, problem, details)}
             try:
                 q = yield _Request("write_question", "question", inputs, usage, resample=attempt)
             except _LMFailure as exc:
-                return _rejected(
-                    exc.stage, "lm_error", exc.detail, usage, plan=plan, repairs=repairs
-                )
+                return _rejected(exc.stage, "lm_error", exc.detail, usage, plan=plan, repairs=repairs)
             previous, question = question, str(q.question or "").strip()
             if attempt:
-                repairs.append(
-                    Repair(
-                        stage="question",
-                        field="question",
-                        before=previous,
-                        after=question,
-                        reason=f"re-sampled after question:{problem}",
-                    )
-                )
+                repairs.append(Repair(stage="question", field="question", before=previous, after=question,
+                                      reason=f"re-sampled after question:{problem}"))  # fmt: skip
             if self.checks and str(plan.answer_type) == "date" and _RELATIVE_TIME.search(question):
                 fixed = _drop_relative_day(question)
-                repairs.append(
-                    Repair(
-                        stage="question",
-                        field="question",
-                        before=question,
-                        after=fixed,
-                        reason="a date question's relative day was removed",
-                    )
-                )
+                repairs.append(Repair(stage="question", field="question", before=question, after=fixed,
+                                      reason="a date question's relative day was removed"))  # fmt: skip
                 question = fixed
             problem = self._question_problem(question, plan, view) if self.checks else None
             if problem is None:
                 break
         # the loop above has checked the final question: _verify takes its verdict
-        return (
-            yield from self._verify(
-                bundle,
-                view,
-                plan,
-                question,
-                usage,
-                shuffle_seed,
-                repairs,
-                question_check=False,
-                problem=problem,
-            )
-        )
+        return (yield from self._verify(bundle, view, plan, question, usage, shuffle_seed, repairs,
+                                        question_check=False, problem=problem))  # fmt: skip
 
     def _demo_examples(
         self, view: BundleView, plan: AnswerPlan, outcome: Outcome, task: Task
@@ -900,14 +783,9 @@ class MemSteerGenerator(_Generator):
             "records", "question_type", "evidence_count"
         )
         examples["write_question"] = dspy.Example(
-            records=view.text,
-            ask=first_person(plan.ask),
-            facts=[f.statement for f in plan.facts],
-            answer=plan.answer,
-            answer_type=str(plan.answer_type),
-            avoid="none",
-            question=outcome.question,
-        ).with_inputs("records", "ask", "facts", "answer", "answer_type", "avoid")
+            records=view.text, ask=first_person(plan.ask), facts=[f.statement for f in plan.facts], answer=plan.answer,
+            answer_type=str(plan.answer_type), avoid="none", question=outcome.question,
+        ).with_inputs("records", "ask", "facts", "answer", "answer_type", "avoid")  # fmt: skip
         return examples
 
 
@@ -927,14 +805,7 @@ class JointGenerator(_Generator):
         view = bundle.view()
         try:
             out, plan, issues, repairs = yield from self._planned(
-                "plan_and_write",
-                "joint",
-                _task_inputs(view, task),
-                _plan_from,
-                task,
-                bundle,
-                view,
-                usage,
+                "plan_and_write", "joint", _task_inputs(view, task), _plan_from, task, bundle, view, usage
             )
         except _LMFailure as exc:
             return _rejected(exc.stage, "lm_error", exc.detail, usage)
@@ -970,16 +841,9 @@ class DirectGenerator(_Generator):
         view = bundle.view()
         try:
             out, plan, issues, repairs = yield from self._planned(
-                "write_qa",
-                "direct",
-                _task_inputs(view, task),
-                _direct_plan,
-                task,
-                bundle,
-                view,
-                usage,
+                "write_qa", "direct", _task_inputs(view, task), _direct_plan, task, bundle, view, usage,
                 require_facts=False,
-            )
+            )  # fmt: skip
         except _LMFailure as exc:
             return _rejected(exc.stage, "lm_error", exc.detail, usage)
         if issues and self.checks:
@@ -992,49 +856,31 @@ class DirectGenerator(_Generator):
     ) -> dict[str, dspy.Example]:
         examples = super()._demo_examples(view, plan, outcome, task)
         examples["write_qa"] = dspy.Example(
-            records=view.text,
-            question_type=f"{task.question_type}: {task.description}",
-            evidence_count=len(plan.evidence_ids),
-            question=outcome.question,
-            answer=plan.answer,
-            answer_type=plan.answer_type,
-            evidence_record_ids=[view.label_of(r) or r for r in plan.evidence_ids],
-        ).with_inputs("records", "question_type", "evidence_count")
+            records=view.text, question_type=f"{task.question_type}: {task.description}",
+            evidence_count=len(plan.evidence_ids), question=outcome.question, answer=plan.answer,
+            answer_type=plan.answer_type, evidence_record_ids=[view.label_of(r) or r for r in plan.evidence_ids],
+        ).with_inputs("records", "question_type", "evidence_count")  # fmt: skip
         return examples
 
 
 def _direct_plan(out: dspy.Prediction) -> AnswerPlan:
     """The direct baseline's answer and evidence records as a plan without facts."""
-    evidence = [
-        EvidenceUse(record_id=str(r), contribution="") for r in (out.evidence_record_ids or [])
-    ]
-    return AnswerPlan(
-        ask="", answer=str(out.answer or "").strip(), answer_type=out.answer_type, evidence=evidence
-    )
+    evidence = [EvidenceUse(record_id=str(r), contribution="") for r in (out.evidence_record_ids or [])]
+    return AnswerPlan(ask="", answer=str(out.answer or "").strip(), answer_type=out.answer_type, evidence=evidence)
 
 
 def _plan_demo_fields(view: BundleView, plan: AnswerPlan, task: Task) -> dict[str, Any]:
     """The planner's inputs and outputs for a demonstration, with the demo view's labels."""
     labels = [view.span_label(f.span_id) for f in plan.facts]
     answer_label = view.span_label(plan.answer_span_id) if plan.answer_span_id else labels[0]
-    evidence = [
-        EvidenceUse(
-            record_id=view.label_of(e.record_id) or e.record_id, contribution=e.contribution
-        )
-        for e in plan.evidence
-    ]
+    evidence = [EvidenceUse(record_id=view.label_of(e.record_id) or e.record_id, contribution=e.contribution)
+                for e in plan.evidence]  # fmt: skip
     return {
-        "records": view.text,
-        "question_type": f"{task.question_type}: {task.description}",
-        "evidence_count": len(plan.evidence_ids),
-        "fact_span_ids": [x for x in labels if x != answer_label],
-        "answer_span_id": answer_label,
-        "answer_type": plan.answer_type,
-        "answer": plan.answer,
-        "evidence": evidence,
-        "operations": plan.operations,
-        "ask": plan.ask,
-    }
+        "records": view.text, "question_type": f"{task.question_type}: {task.description}",
+        "evidence_count": len(plan.evidence_ids), "fact_span_ids": [x for x in labels if x != answer_label],
+        "answer_span_id": answer_label, "answer_type": plan.answer_type, "answer": plan.answer,
+        "evidence": evidence, "operations": plan.operations, "ask": plan.ask,
+    }  # fmt: skip
 
 
 def cold_start_example() -> tuple[Bundle, Task, Outcome]:
@@ -1047,39 +893,22 @@ def cold_start_example() -> tuple[Bundle, Task, Outcome]:
     from memsteer_dspy.records import History, Record
 
     records = [
-        Record(
-            id="demo:1",
-            kind="conversation_turn",
-            timestamp=datetime(2023, 5, 2, 18, 0),
-            author="Sam",
-            text="User: I finally booked the pottery class at Clayworks Studio for Saturday. "
-            "My sister Maya is coming along, and we want to try the wheel.",
-        ),
-        Record(
-            id="demo:2",
-            kind="email",
-            timestamp=datetime(2023, 5, 3),
-            author="Clayworks Studio",
-            metadata={"subject": "Your booking"},
-            text="Subject: Your booking\nThank you for booking two seats for the wheel-throwing class. "
-            "Please arrive ten minutes early.",
-        ),
-    ]
+        Record(id="demo:1", kind="conversation_turn", timestamp=datetime(2023, 5, 2, 18, 0), author="Sam",
+               text="User: I finally booked the pottery class at Clayworks Studio for Saturday. "
+                    "My sister Maya is coming along, and we want to try the wheel."),
+        Record(id="demo:2", kind="email", timestamp=datetime(2023, 5, 3), author="Clayworks Studio",
+               metadata={"subject": "Your booking"},
+               text="Subject: Your booking\nThank you for booking two seats for the wheel-throwing class. "
+                    "Please arrive ten minutes early."),
+    ]  # fmt: skip
     bundle = bundle_from_records(History("demo", records), ["demo:1", "demo:2"], BundleConfig())
     plan = AnswerPlan(
-        ask="who is coming with me to the pottery class",
-        answer="Maya",
-        answer_type="entity",
-        answer_span_id="demo:1#2",
-        facts=[Fact(span_id="demo:1#2", statement=bundle.span("demo:1#2").text)],
-        evidence=[EvidenceUse(record_id="demo:1", contribution="names who comes along")],
-        operations=["lookup"],
-    )
-    outcome = Outcome(
-        status="accepted",
-        plan=plan,
-        question="Who is coming with me to the pottery class at Clayworks Studio?",
-    )
+        ask="who is coming with me to the pottery class", answer="Maya", answer_type="entity",
+        answer_span_id="demo:1#2", facts=[Fact(span_id="demo:1#2", statement=bundle.span("demo:1#2").text)],
+        evidence=[EvidenceUse(record_id="demo:1", contribution="names who comes along")], operations=["lookup"],
+    )  # fmt: skip
+    outcome = Outcome(status="accepted", plan=plan,
+                      question="Who is coming with me to the pottery class at Clayworks Studio?")  # fmt: skip
     return bundle, Task(question_type="fact", evidence_count=1), outcome
 
 

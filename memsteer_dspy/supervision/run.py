@@ -117,14 +117,8 @@ class GenerationConfig(BaseModel):
 
     def identity(self) -> dict[str, Any]:
         """The settings a resumed run must share with the run it continues."""
-        return {
-            "method": self.method,
-            "checks": self.checks,
-            "seed": self.seed,
-            "lean": self.lean,
-            "bundle": self.bundle.model_dump(mode="json"),
-            "graph": self.graph,
-        }
+        return {"method": self.method, "checks": self.checks, "seed": self.seed, "lean": self.lean,
+                "bundle": self.bundle.model_dump(mode="json"), "graph": self.graph}  # fmt: skip
 
 
 class CandidateRecord(BaseModel):
@@ -179,12 +173,8 @@ def load_qa_jsonl(path: str | Path) -> list[QAItem]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise InputError(
-                    f"not valid JSON: {exc.msg}",
-                    file=path,
-                    line=lineno,
-                    hint="each line must be one JSON object",
-                ) from None
+                raise InputError(f"not valid JSON: {exc.msg}", file=path, line=lineno,
+                                 hint="each line must be one JSON object") from None  # fmt: skip
             if not isinstance(obj, dict):
                 raise InputError("expected a JSON object", file=path, line=lineno)
             facts = obj.pop("facts", None)
@@ -196,14 +186,8 @@ def load_qa_jsonl(path: str | Path) -> list[QAItem]:
                 errors = getattr(exc, "errors", lambda: [])()
                 field_name = ".".join(str(p) for p in errors[0]["loc"]) if errors else None
                 msg = errors[0]["msg"] if errors else str(exc)
-                raise InputError(
-                    msg,
-                    file=path,
-                    line=lineno,
-                    field=field_name,
-                    record=obj.get("id"),
-                    hint="a QA line needs id, question, answer, answer_type, evidence_ids",
-                ) from None
+                raise InputError(msg, file=path, line=lineno, field=field_name, record=obj.get("id"),
+                                 hint="a QA line needs id, question, answer, answer_type, evidence_ids") from None  # fmt: skip
     return items
 
 
@@ -219,11 +203,8 @@ class SupervisionSet:
         out = Path(out_dir)
         missing = [n for n in ("train.jsonl", "val.jsonl") if not (out / n).exists()]
         if missing:
-            raise InputError(
-                f"no {', '.join(missing)} in {out}",
-                file=out,
-                hint="point at a folder written by `memsteer generate --out`",
-            )
+            raise InputError(f"no {', '.join(missing)} in {out}", file=out,
+                             hint="point at a folder written by `memsteer generate --out`")  # fmt: skip
         return cls(load_qa_jsonl(out / "train.jsonl"), load_qa_jsonl(out / "val.jsonl"))
 
     def __len__(self) -> int:
@@ -372,20 +353,14 @@ def build_item(
 def _dataset_dict(train: list[QAItem], val: list[QAItem]):
     from datasets import Dataset, DatasetDict, Features, Sequence, Value
 
-    features = Features(
-        {
-            "id": Value("string"),
-            "question": Value("string"),
-            "answer": Value("string"),
-            "answer_type": Value("string"),
-            "evidence_ids": Sequence(Value("string")),
-            "span_ids": Sequence(Value("string")),
-            "question_date": Value("string"),
-            "question_type": Value("string"),
-            "facts": [{"span_id": Value("string"), "statement": Value("string")}],
-            "metadata": Value("string"),
-        }
-    )
+    features = Features({
+        "id": Value("string"), "question": Value("string"), "answer": Value("string"),
+        "answer_type": Value("string"), "evidence_ids": Sequence(Value("string")),
+        "span_ids": Sequence(Value("string")), "question_date": Value("string"),
+        "question_type": Value("string"),
+        "facts": [{"span_id": Value("string"), "statement": Value("string")}],
+        "metadata": Value("string"),
+    })  # fmt: skip
 
     def rows(items: list[QAItem]) -> dict[str, list]:
         cols: dict[str, list] = {k: [] for k in features}
@@ -406,12 +381,10 @@ def _dataset_dict(train: list[QAItem], val: list[QAItem]):
             cols["metadata"].append(json.dumps(obj["metadata"], ensure_ascii=False))
         return cols
 
-    return DatasetDict(
-        {
-            "train": Dataset.from_dict(rows(train), features=features),
-            "validation": Dataset.from_dict(rows(val), features=features),
-        }
-    )
+    return DatasetDict({
+        "train": Dataset.from_dict(rows(train), features=features),
+        "validation": Dataset.from_dict(rows(val), features=features),
+    })  # fmt: skip
 
 
 def _summary(
@@ -530,18 +503,14 @@ class _Outputs:
 # --------------------------------------------------------------------------------------------
 
 
-def generation_key(
-    history: History, config: GenerationConfig, lms: Mapping[str, Any]
-) -> dict[str, Any]:
+def generation_key(history: History, config: GenerationConfig, lms: Mapping[str, Any]) -> dict[str, Any]:
     """The same-run key of a ``generate`` run: the history, the settings that decide candidates
     and verdicts (:meth:`GenerationConfig.identity`) and the LM of each generation role (model
     and sampling settings, :func:`~memsteer_dspy.runfolder.lm_identity`)."""
     return run_key(
-        "generate",
-        history=history,
-        options=config.identity(),
+        "generate", history=history, options=config.identity(),
         lms={r: lms[r] for r in GENERATION_ROLES if r in lms},
-    )
+    )  # fmt: skip
 
 
 ProgressHook = Callable[[CandidateRecord, dict[str, int]], None]
@@ -580,20 +549,11 @@ def _accepted_items(log: list[CandidateRecord]) -> list[dict[str, Any]]:
 def _mix(log: list[CandidateRecord]) -> AcceptedMix:
     """What the accepted items so far cover (the sampler steers toward what they lack)."""
     items = _accepted_items(log)
-    return AcceptedMix(
-        answer_types=dict(Counter(str(i["answer_type"]) for i in items)),
-        evidence_counts=dict(Counter(len(i["evidence_ids"]) for i in items)),
-    )
+    return AcceptedMix(answer_types=dict(Counter(str(i["answer_type"]) for i in items)),
+                       evidence_counts=dict(Counter(len(i["evidence_ids"]) for i in items)))  # fmt: skip
 
 
-_SHORT = {
-    "entity": "ent",
-    "number": "num",
-    "date": "date",
-    "list": "list",
-    "text": "text",
-    "boolean": "bool",
-}
+_SHORT = {"entity": "ent", "number": "num", "date": "date", "list": "list", "text": "text", "boolean": "bool"}
 
 
 def _progress_text(counts: Mapping[str, int], log: list[CandidateRecord]) -> str:
@@ -601,9 +561,7 @@ def _progress_text(counts: Mapping[str, int], log: list[CandidateRecord]) -> str
     text = ", ".join(f"{k} {v}" for k, v in counts.items())
     mix = _mix(log)
     if mix.answer_types:
-        text += " | " + " ".join(
-            f"{_SHORT.get(k, k)} {v}" for k, v in sorted(mix.answer_types.items())
-        )
+        text += " | " + " ".join(f"{_SHORT.get(k, k)} {v}" for k, v in sorted(mix.answer_types.items()))
         text += " | " + " ".join(f"{k}rec {v}" for k, v in sorted(mix.evidence_counts.items()))
     return text
 
@@ -639,44 +597,27 @@ def generate_supervision(
     )
     out = Path(out_dir)
     folder = RunFolder.open(
-        out,
-        generation_key(history, config, lms),
-        restart=restart,
-        legacy_files=(LOG_NAME, "train.jsonl"),
-        extra={"user": history.user_id},
-    )
+        out, generation_key(history, config, lms), restart=restart,
+        legacy_files=(LOG_NAME, "train.jsonl"), extra={"user": history.user_id},
+    )  # fmt: skip
     started = time.perf_counter()
     prior_wall = sum(s.get("wall_seconds", 0.0) for s in folder.state["sessions"][:-1])
     folder.session.update(n=config.n, max_candidates=config.candidate_limit, lm=lm_description)
     session_usage: dict[str, Counter[str]] = {}
 
     def save_state() -> None:
-        folder.add_usage(
-            usage() if usage is not None else {r: dict(c) for r, c in session_usage.items()}
-        )
+        folder.add_usage(usage() if usage is not None else {r: dict(c) for r, c in session_usage.items()})
         folder.save()
 
     save_state()
     if graph is None:
         graph = RecordGraph.cached(history, out, GraphParams(**config.graph))
-    sampler = BundleSampler(
-        graph,
-        config.bundle,
-        seed=config.seed,
-        max_candidates=config.candidate_limit,
-        method="random" if config.method == "naive" else "graph",
-    )
+    sampler = BundleSampler(graph, config.bundle, seed=config.seed, max_candidates=config.candidate_limit,
+                            method="random" if config.method == "naive" else "graph")  # fmt: skip
     generator = make_generator(
-        config.method,
-        lms,
-        checks=config.checks,
-        max_retries=config.max_retries,
-        max_demos=config.demo_limit,
-        bounded=config.bounded,
-        cold_start=config.cold_start,
-        user_name=history.user_id,
-        lean=config.lean,
-    )
+        config.method, lms, checks=config.checks, max_retries=config.max_retries, max_demos=config.demo_limit,
+        bounded=config.bounded, cold_start=config.cold_start, user_name=history.user_id, lean=config.lean,
+    )  # fmt: skip
     log = read_log(out)
     done = {r.index for r in log}
     deduper = _Deduper(config.dedup_threshold)
@@ -699,13 +640,8 @@ def generate_supervision(
     if progress is True:
         from tqdm import tqdm
 
-        bar = tqdm(
-            total=len(sampler),
-            initial=len(done),
-            desc=f"generate ({config.method})",
-            unit="cand",
-            dynamic_ncols=True,
-        )
+        bar = tqdm(total=len(sampler), initial=len(done), desc=f"generate ({config.method})", unit="cand",
+                   dynamic_ncols=True)  # fmt: skip
         bar.set_postfix_str(_progress_text(counts, log))
 
     def run_batch(indices: list[int]) -> None:
@@ -741,69 +677,33 @@ def generate_supervision(
 
     def record(cand: Candidate, outcome: Outcome | None, seconds: float) -> None:
         nonlocal accepted, last_write
-        base = {
-            "index": cand.index,
-            "method": config.method,
-            "seed_record": cand.seed_id,
-            "task": cand.task,
-            "seconds": round(seconds, 2),
-        }
+        base = {"index": cand.index, "method": config.method, "seed_record": cand.seed_id, "task": cand.task,
+                "seconds": round(seconds, 2)}  # fmt: skip
         if outcome is None:
-            rec = CandidateRecord(
-                status="skipped",
-                stage="bundle",
-                reason=f"bundle:{cand.skip_reason}",
-                detail=f"no bundle from seed {cand.seed_id}",
-                **base,
-            )
+            rec = CandidateRecord(status="skipped", stage="bundle", reason=f"bundle:{cand.skip_reason}",
+                                  detail=f"no bundle from seed {cand.seed_id}", **base)  # fmt: skip
         else:
-            base.update(
-                bundle_id=cand.bundle.id,
-                bundle_record_ids=cand.bundle.record_ids,
-                question=outcome.question,
-                answer=outcome.plan.answer if outcome.plan else None,
-                usage=outcome.usage,
-            )
+            base.update(bundle_id=cand.bundle.id, bundle_record_ids=cand.bundle.record_ids,
+                        question=outcome.question, answer=outcome.plan.answer if outcome.plan else None,
+                        usage=outcome.usage)  # fmt: skip
             if outcome.status == "accepted":
                 item_id = f"gen-{config.method}-s{config.seed}-{cand.index:05d}"
-                item = build_item(
-                    history,
-                    cand,
-                    outcome,
-                    method=config.method,
-                    seed=config.seed,
-                    lm_description=lm_description,
-                    item_id=item_id,
-                )
+                item = build_item(history, cand, outcome, method=config.method, seed=config.seed,
+                                  lm_description=lm_description, item_id=item_id)  # fmt: skip
                 dup = deduper.duplicate_of(item.question, item.answer, item.evidence_ids)
                 if dup is not None:
-                    rec = CandidateRecord(
-                        status="rejected",
-                        stage="dedup",
-                        reason="dedup:near_duplicate",
-                        detail=f"near-duplicate of {dup}",
-                        outcome=outcome.model_dump(mode="json"),
-                        **base,
-                    )
+                    rec = CandidateRecord(status="rejected", stage="dedup", reason="dedup:near_duplicate",
+                                          detail=f"near-duplicate of {dup}", outcome=outcome.model_dump(mode="json"),
+                                          **base)  # fmt: skip
                 else:
                     deduper.add(item.id, item.question, item.answer, item.evidence_ids)
                     generator.add_demo(cand.bundle, cand.task, outcome)
-                    rec = CandidateRecord(
-                        status="accepted",
-                        item=item.model_dump(mode="json"),
-                        outcome=outcome.model_dump(mode="json"),
-                        **base,
-                    )
+                    rec = CandidateRecord(status="accepted", item=item.model_dump(mode="json"),
+                                          outcome=outcome.model_dump(mode="json"), **base)  # fmt: skip
                     accepted += 1
             else:
-                rec = CandidateRecord(
-                    status="rejected",
-                    stage=outcome.stage,
-                    reason=outcome.reason,
-                    detail=outcome.detail,
-                    outcome=outcome.model_dump(mode="json"),
-                    **base,
-                )
+                rec = CandidateRecord(status="rejected", stage=outcome.stage, reason=outcome.reason,
+                                      detail=outcome.detail, outcome=outcome.model_dump(mode="json"), **base)  # fmt: skip
         writer.append(rec.model_dump_json())
         log.append(rec)
         for role, cost in rec.usage.items():
@@ -871,9 +771,7 @@ def generate_supervision(
         try:
             save_state()
             final = sorted(log, key=lambda r: r.index)
-            summary = outputs.write(
-                final, prior_wall + time.perf_counter() - started, dataset=not failed
-            )
+            summary = outputs.write(final, prior_wall + time.perf_counter() - started, dataset=not failed)
             summary["interrupted"] = interrupted
         except OSError:
             if not failed:
@@ -903,15 +801,10 @@ def format_summary(summary: Mapping[str, Any]) -> str:
             "rejected by reason: "
             + ", ".join(f"{k} {v}" for k, v in summary["rejected_by_reason"].items())
         )
-    for key, label in (
-        ("accepted_by_answer_type", "answer type"),
-        ("accepted_by_question_word", "question form"),
-        ("accepted_by_evidence_count", "evidence records"),
-    ):
+    for key, label in (("accepted_by_answer_type", "answer type"), ("accepted_by_question_word", "question form"),
+                       ("accepted_by_evidence_count", "evidence records")):  # fmt: skip
         if summary.get(key):
-            lines.append(
-                f"accepted by {label}: " + ", ".join(f"{k} {v}" for k, v in summary[key].items())
-            )
+            lines.append(f"accepted by {label}: " + ", ".join(f"{k} {v}" for k, v in summary[key].items()))
     per_calls = summary.get("lm_calls_per_accepted", {})
     per_tokens = summary.get("tokens_per_accepted", {})
     if per_tokens:
