@@ -160,7 +160,8 @@ class DemoSettings(BaseModel):
 SIZES: dict[str, DemoSettings] = {
     # Fits 15 minutes on a 2-core CPU with the embedded 1.5B model (see the README for timings).
     # Supervision: 8 accepted items (about 5 train / 3 validation, enough for the validation set to
-    # separate designs) from at most 20 candidates of the lean pipeline (about a third are kept).
+    # separate designs) from at most 20 candidates (the default pipeline kept 5 of 16 on RHELM's
+    # Elena_Morales; the demo at this size is not yet timed on the current pipeline).
     "small": DemoSettings(
         size="small",
         n_supervision=8,

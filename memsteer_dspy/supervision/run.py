@@ -96,10 +96,11 @@ class GenerationConfig(BaseModel):
         default=True, description="A fictional demonstration until real ones exist."
     )
     lean: bool = Field(
-        default=True,
+        default=False,
         description="The cheaper pipeline for small LMs (same stages): compact prompts, a "
         "pre-filter of bundles with nothing concrete before any LM call, the blind read before "
-        "the audit, tight output caps. False: the earlier prompts and order.",
+        "the audit, tight output caps. False (default): the earlier prompts and order, which "
+        "kept 5 of 16 candidates on the embedded model against lean's 2 of 16.",
     )
     dedup_threshold: float = Field(default=0.8, gt=0, le=1)
     bundle: BundleConfig = Field(default_factory=BundleConfig)
