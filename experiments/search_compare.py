@@ -62,7 +62,7 @@ def run_one(
     config = OptimizeConfig(
         iterations=args.iterations, objective="recall", protocol="as_of", seed=args.seed, search=search,
         parents=args.parents, accept=args.accept, proposer_output="changes", feedback_tokens=args.feedback_tokens,
-        max_build_calls=0, guard=args.guard or [], guard_margin=args.guard_margin, val_from=args.val_from,
+        max_build_calls=0, max_eval_lm_calls=0, guard=args.guard or [], guard_margin=args.guard_margin, val_from=args.val_from,
     )  # fmt: skip
     folder = out / setting / search
     kwargs: dict[str, Any] = dict(config=config, lms=lm, init_design=MemoryDesign.base_bm25(), cache_dir=args.cache_dir,

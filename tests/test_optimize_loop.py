@@ -341,6 +341,28 @@ def test_a_store_over_the_build_call_budget_is_sent_back_to_the_proposer(tmp_pat
     assert "needs about" in field_value(lm.calls[1]["user"], "revision_history")
 
 
+def test_a_retrieval_that_calls_an_lm_per_question_over_the_budget_is_sent_back(tmp_path):
+    """Seen on the shared RHELM run with the embedded proposer: an LM rerank proposal meant one
+    embedded-model call per question for each of 783 selecting items before any verdict. With
+    ``max_eval_lm_calls`` such a design is sent back with the cost named, never scored, and the
+    answerer/reranker LM is never called."""
+    rerank = changed(NARROW, retrieve__rerank="llm")
+    config = OptimizeConfig(iterations=1, objective="recall", max_eval_lm_calls=0)
+    lm = ProposerLM([proposal(rerank), proposal(wide(2))])
+    answerer = ProposerLM([])  # would fail the test if called: it has no replies
+    opt = MemSteerOpt(small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=NARROW,
+                      config=config, lms={"proposer": lm, "answerer": answerer})  # fmt: skip
+    res = opt.run()
+    assert [e.status for e in res.entries] == ["baseline", "accepted"]
+    attempts = res.entries[1].attempts
+    assert attempts[0].kind == "invalid" and "retrieve.rerank" in attempts[0].error
+    assert "LM call(s) per question" in field_value(lm.calls[1]["user"], "revision_history")
+    assert answerer.calls == []
+    # unset, the option stays out of the same-run key: folders written before it existed resume
+    assert "max_eval_lm_calls" not in json.dumps(run(tmp_path / "b", [], iterations=1)[0].run_key())
+    assert "max_eval_lm_calls" in json.dumps(opt.run_key())
+
+
 def test_no_build_call_limit_by_default():
     assert OptimizeConfig().max_build_calls is None
 

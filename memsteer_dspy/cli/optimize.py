@@ -167,6 +167,16 @@ def optimize(
             "in-process model (fact extraction over a whole history takes hours on a CPU), else no limit.",
         ),
     ] = None,
+    max_eval_lm_calls: Annotated[
+        int | None,
+        typer.Option(
+            "--max-eval-lm-calls",
+            min=0,
+            help="Most retrieval-time LM calls one scoring of a candidate may take (query rewrite, "
+            "HyDE, decomposition, multi-query, LM rerank: one per question each); a design over it "
+            "is sent back to the proposer. 0 keeps the search LM-free at retrieval. Default: no limit.",
+        ),
+    ] = None,
     tracking_uri: Annotated[
         str | None,
         typer.Option(
@@ -371,6 +381,7 @@ def optimize(
         iterations=iterations, objective=objective, feedback=feedback, seed=seed, feedback_tokens=feedback_tokens,
         protocol=protocol or ("as_of" if history.format == "rhelm" else "full"), threads=threads,
         proposer_output=proposer_output, max_build_calls=_build_call_limit(max_build_calls, lm_config),
+        max_eval_lm_calls=max_eval_lm_calls,
         search=search, parents=parents, accept=accept_rule, accept_alpha=accept_alpha, accept_margin=accept_margin,
         accept_test=accept_test, lm_retrieval_margin=lm_retrieval_margin, proposals=proposals,
         guard=list(guard or []), guard_margin=guard_margin, val_from=val_from,

@@ -133,6 +133,13 @@ class OptimizeConfig(BaseModel):
         description="Most LM calls a candidate's store may take to build (fact extraction: one call "
         "per facts_batch records); a design over it is sent back to the proposer. None: no limit.",
     )
+    max_eval_lm_calls: int | None = Field(
+        None,
+        ge=0,
+        description="Most retrieval-time LM calls one scoring of a candidate may take (query "
+        "rewrite / decomposition / HyDE / multi-query / LM rerank: one call per question each); a "
+        "design over it is sent back to the proposer. None: no limit.",
+    )
     proposer_output: Literal["design", "changes"] = Field(
         "design",
         description="'design': the whole revised design; 'changes': only the fields to change (small LMs).",
@@ -539,6 +546,17 @@ class MemSteerOpt:
 
         check_local_models(design)
         check_extras(design)
+        per_question = retrieval_lm_calls(design)
+        eval_limit = self.config.max_eval_lm_calls
+        if eval_limit is not None and per_question * len(self.val) > eval_limit:
+            field = "retrieve.rerank" if design.retrieve.rerank == "llm" else "retrieve.query"
+            raise InputError(
+                f"{field} {getattr(design.retrieve, field.split('.')[1])!r} costs {per_question} LM "
+                f"call(s) per question at retrieval time, {per_question * len(self.val)} to score "
+                f"{len(self.val)} items; this run allows {eval_limit}",
+                field=field,
+                hint="choose an LM-free retrieval: query 'raw' and rerank 'none' or 'cross_encoder'",
+            )
         limit = self.config.max_build_calls
         needed = store_build_calls(design, len(self.history))
         if limit is not None and needed > limit:
@@ -595,6 +613,8 @@ class MemSteerOpt:
                 getattr(self._proposer, "lm", None) if self._proposer is not None else self._lm_or_none("proposer")
             )  # fmt: skip
         options = {k: v for k, v in c.model_dump(mode="json").items() if k not in KEY_EXCLUDED}
+        if options.get("max_eval_lm_calls") is None:  # added later: runs without it stay resumable
+            options.pop("max_eval_lm_calls", None)
         key = run_key(
             "optimize", history=self.history, protocol=c.protocol, design_key=self.d0.key(),
             lms={r: lm_identity(lm) for r, lm in lms.items()}, options=options,
