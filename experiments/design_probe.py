@@ -40,8 +40,11 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     ap.add_argument(
         "--variant", action="append", default=[], help="NAME='{json patch}' (repeatable)"
     )
@@ -63,8 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         selecting += train + val
     pool = PersonaPool(histories)
     items = pool.items(selecting)
-    ev = SharedEvaluator(pool, lm=lambda role: None, protocol="as_of", cache_dir=args.cache_dir,
-                         answering=False)  # fmt: skip
+    ev = SharedEvaluator(
+        pool, lm=lambda role: None, protocol="as_of", cache_dir=args.cache_dir, answering=False
+    )
     base = MemoryDesign.base_bm25()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -75,8 +79,15 @@ def main(argv: list[str] | None = None) -> int:
             _, rep = ev.evaluate(design, items, "recall", Path(tmp) / name)
             scores[name] = {m: [getattr(r, m) for r in rep.items] for m in METRICS}
             cmp = paired_comparison(scores["base-bm25"], scores[name], "delivered_recall")
-            row = {"variant": name, "patch": patch, "n": cmp.n, "seconds": round(time.perf_counter() - t0, 1),
-                   **{m: cmp.best[m] for m in METRICS}, "diff": cmp.diff, "ci95": cmp.ci95}  # fmt: skip
+            row = {
+                "variant": name,
+                "patch": patch,
+                "n": cmp.n,
+                "seconds": round(time.perf_counter() - t0, 1),
+                **{m: cmp.best[m] for m in METRICS},
+                "diff": cmp.diff,
+                "ci95": cmp.ci95,
+            }
             rows.append(row)
             cells = "  ".join(
                 f"{m} {100 * cmp.best[m]:.1f} ({100 * cmp.diff[m]:+.1f} [{100 * cmp.ci95[m][0]:+.1f}, "

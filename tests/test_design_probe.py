@@ -37,11 +37,22 @@ def test_probe_scores_variants_on_train_and_validation_only(rhelm_root, tmp_path
 
     probe = load_probe()
     out = tmp_path / "rows.json"
-    rc = probe.main([
-        "--persona", "Elena_Morales", "--rhelm-root", str(rhelm_root), "--cache-dir", str(tmp_path / "cache"),
-        "--variant", "same={}", "--variant", 'bare={"context": {"show_ids": false, "show_author": false}}',
-        "--json", str(out),
-    ])  # fmt: skip
+    rc = probe.main(
+        [
+            "--persona",
+            "Elena_Morales",
+            "--rhelm-root",
+            str(rhelm_root),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--variant",
+            "same={}",
+            "--variant",
+            'bare={"context": {"show_ids": false, "show_author": false}}',
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     rows = {r["variant"]: r for r in json.loads(out.read_text())}
     train, val = split_official(

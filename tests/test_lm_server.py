@@ -447,10 +447,14 @@ def test_optimize_costs_carry_dollars_and_keep_unpriced_apart():
     cost with no priced call at all stays None (not $0)."""
     from memsteer_dspy.optimize.loop import Cost, _usage_delta
 
-    before = {"judge": {"calls": 1, "total_tokens": 10, "cost_usd": 0.25},
-              "answerer": {"calls": 2, "total_tokens": 20, "cost_usd": None}}  # fmt: skip
-    after = {"judge": {"calls": 3, "total_tokens": 30, "cost_usd": 1.0},
-             "answerer": {"calls": 5, "total_tokens": 50, "cost_usd": None}}  # fmt: skip
+    before = {
+        "judge": {"calls": 1, "total_tokens": 10, "cost_usd": 0.25},
+        "answerer": {"calls": 2, "total_tokens": 20, "cost_usd": None},
+    }
+    after = {
+        "judge": {"calls": 3, "total_tokens": 30, "cost_usd": 1.0},
+        "answerer": {"calls": 5, "total_tokens": 50, "cost_usd": None},
+    }
     delta = _usage_delta(before, after)
     assert delta.calls == 5 and delta.total_tokens == 50
     assert delta.cost_usd == pytest.approx(0.75)

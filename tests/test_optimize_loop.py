@@ -350,8 +350,15 @@ def test_a_retrieval_that_calls_an_lm_per_question_over_the_budget_is_sent_back(
     config = OptimizeConfig(iterations=1, objective="recall", max_eval_lm_calls=0)
     lm = ProposerLM([proposal(rerank), proposal(wide(2))])
     answerer = ProposerLM([])  # would fail the test if called: it has no replies
-    opt = MemSteerOpt(small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=NARROW,
-                      config=config, lms={"proposer": lm, "answerer": answerer})  # fmt: skip
+    opt = MemSteerOpt(
+        small_history(),
+        small_qa(),
+        small_qa(),
+        tmp_path / "run",
+        init_design=NARROW,
+        config=config,
+        lms={"proposer": lm, "answerer": answerer},
+    )
     res = opt.run()
     assert [e.status for e in res.entries] == ["baseline", "accepted"]
     attempts = res.entries[1].attempts

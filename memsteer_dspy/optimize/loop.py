@@ -371,8 +371,11 @@ def _usage_delta(
         if any(d.values()):
             roles[role] = d
     usd = [r["cost_usd"] for r in roles.values() if r.get("cost_usd") is not None]
-    return Cost(**{k: sum(r[k] for r in roles.values()) for k in USAGE_KEYS},
-                cost_usd=sum(usd) if usd else None, by_role=roles)  # fmt: skip
+    return Cost(
+        **{k: sum(r[k] for r in roles.values()) for k in USAGE_KEYS},
+        cost_usd=sum(usd) if usd else None,
+        by_role=roles,
+    )
 
 
 def lm_usage(lm: Any) -> dict[str, int]:
