@@ -306,6 +306,22 @@ def test_held_out_comparison_is_written_to_summary_json_and_md(tmp_path):
     assert again.run().test == t
 
 
+def test_held_out_follows_a_best_design_that_changed_on_resume(tmp_path):
+    """Resumed with more iterations, a run that accepts a new best scores *that* design on the test
+    items; it used to open the earlier best's folder and stop with a run mismatch."""
+    opt, _ = make(tmp_path, [proposal(wide(2))], iterations=1, test=held_out())
+    first = opt.run()
+    assert first.best_iteration == 1
+    again, _ = make(tmp_path, [proposal(wide(8))], iterations=2, test=held_out())
+    res = again.run()
+    assert res.best_iteration == 2 and res.best_design.key() != first.best_design.key()
+    tests = tmp_path / "run" / "test"
+    assert (tests / f"best-{first.best_design.key()}" / "items.jsonl").exists()
+    assert (tests / f"best-{res.best_design.key()}" / "items.jsonl").exists()
+    assert res.test.best["delivered_recall"] >= first.test.best["delivered_recall"]
+    assert res.test.best != first.test.best  # scored anew for the new best, not read from the old
+
+
 def test_test_items_must_be_held_out(tmp_path):
     with pytest.raises(InputError, match="test item"):
         make(tmp_path, [], iterations=0, test=small_qa())

@@ -28,7 +28,7 @@ Output folder (everything needed to resume; a rerun continues from the last fini
 * ``run.json`` — the run-folder layer's file (:mod:`memsteer_dspy.runfolder`): the same-run ``key``
   (:meth:`MemSteerOpt.run_key`) a resume must match, the ``sessions`` with each one's LM usage by
   role, and beside them the settings, the test split and the MLflow parent run id;
-* ``test/initial``, ``test/best`` — per-item held-out results of the two designs;
+* ``test/initial``, ``test/best-<design key>`` — per-item held-out results of the two designs;
 * ``iterations/NNN/`` — ``proposal.json``, ``design.json``, ``rationale.md``, ``feedback.md``,
   ``feedback.json``, ``val/items.jsonl`` (and ``val-recall/`` under recall-then-accuracy,
   ``sub-K/`` for screened single-field sub-changes, ``screen-K/`` for ``--proposals K``) and, for
@@ -968,7 +968,7 @@ class MemSteerOpt:
 
     def _held_out(self, entries: list[TrajectoryEntry]) -> PairedComparison | None:
         """Score the initial and the best design on the test items and compare them (resumable:
-        ``test/initial`` and ``test/best`` keep per-item results)."""
+        ``test/initial`` and ``test/best-<design key>`` keep per-item results)."""
         if not self.test:
             return None
         objective = self.config.objective
@@ -979,7 +979,10 @@ class MemSteerOpt:
             MemoryDesign.from_dict(best.design),
         )
         _, r0 = self.evaluate(initial, self.test, metrics, self.out / "test" / "initial")
-        folder = self.out / "test" / ("initial" if chosen.key() == initial.key() else "best")
+        # one folder per chosen design: a run resumed with more iterations can choose another
+        # design, whose held-out scoring must not meet the earlier best's per-item results
+        same = chosen.key() == initial.key()
+        folder = self.out / "test" / ("initial" if same else f"best-{chosen.key()}")
         _, r1 = self.evaluate(chosen, self.test, metrics, folder)
         primary = "delivered_recall" if objective == "recall" else "accuracy"
         comp = compare_item_results(r0.items, r1.items, answered=metrics == "all", primary=primary,
