@@ -63,6 +63,7 @@ def run_one(
         iterations=args.iterations, objective="recall", protocol="as_of", seed=args.seed, search=search,
         parents=args.parents, accept=args.accept, proposer_output="changes", feedback_tokens=args.feedback_tokens,
         max_build_calls=0, max_eval_lm_calls=0, guard=args.guard or [], guard_margin=args.guard_margin, val_from=args.val_from,
+        tabu=args.tabu,
     )  # fmt: skip
     folder = out / setting / search
     kwargs: dict[str, Any] = dict(config=config, lms=lm, init_design=MemoryDesign.base_bm25(), cache_dir=args.cache_dir,
@@ -105,7 +106,7 @@ def render(rows: list[dict[str, Any]], args) -> str:
         "",
         f"RHELM, external sources on, as-of protocol, official supervision (40/20 train/val per persona, seed "
         f"{args.seed}), objective `recall`, accept `{args.accept}`, guard `{'+'.join(args.guard or []) or 'none'}` (margin {args.guard_margin}), selecting on "
-        f"`{args.val_from}`, {args.iterations} iterations each. Test: the "
+        f"`{args.val_from}`, {args.iterations} iterations each, tabu list {'on' if args.tabu else 'off'}. Test: the "
         "official items the split leaves out (never used for feedback or selection). Diff = chosen design - "
         "Base-BM25 on those items, in points, with the paired bootstrap 95% interval (1,000 resamples); verdict "
         "on delivered recall.",
@@ -145,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--lm", default=None, help="proposer LM for hill/population (default: the configured one)"
     )
+    ap.add_argument("--no-tabu", dest="tabu", action="store_false",
+                    help="hill/population: let the proposer repeat changes rejected on their own")  # fmt: skip
     ap.add_argument("--feedback-tokens", type=int, default=1200)
     ap.add_argument("--indexes", default="bm25",
                     help="random/tpe: index kinds to sample (bm25,dense,hybrid need the dense extra)")  # fmt: skip

@@ -240,7 +240,9 @@ def test_exploration_offers_only_fields_not_tried_since_the_last_accept(monkeypa
     monkeypatch.setattr(
         proposer_module,
         "changes_signature",
-        lambda allowed, current=None: offered.append(allowed) or real(allowed, current),
+        lambda allowed, current=None, avoid=None: (
+            offered.append(allowed) or real(allowed, current, avoid)
+        ),
     )
     history = [
         RevisionEntry(iteration=0, status="baseline"),
@@ -433,3 +435,116 @@ def test_a_budget_fixed_after_construction_is_never_offered():
     assert "context.budget_tokens" in proposer._allowed_fields(set(), BASE)
     proposer.fixed_budget = 1000
     assert "context.budget_tokens" not in proposer._allowed_fields(set(), BASE)
+
+
+def test_single_change_names_the_switch_of_a_coupled_group():
+    from memsteer_dspy.optimize.proposer import single_change
+
+    assert single_change(['store.unit: "record" -> "window"', "store.window_size: 3 -> 4"]) == (
+        "store.unit",
+        "window",
+    )
+    assert single_change(["retrieve.time_filter: true -> false"]) == ("retrieve.time_filter", False)
+    two = ["retrieve.time_filter: true -> false", 'store.date_format: "iso" -> "long"']
+    assert single_change(two) is None  # two fields: neither is rejected on its own
+    assert single_change([]) is None and single_change(["not a diff line"]) is None
+
+
+TABU_HISTORY = [
+    RevisionEntry(iteration=0, status="baseline"),
+    RevisionEntry(
+        iteration=1,
+        status="rejected",
+        changes=['store.unit: "record" -> "window"'],
+        rejected_alone=[("store.unit", "window")],
+    ),  # fmt: skip
+    RevisionEntry(iteration=2, status="accepted", changes=["retrieve.top_k: 20 -> 30"]),
+    RevisionEntry(
+        iteration=3,
+        status="rejected",
+        changes=["context.dedupe: true -> false"],
+        rejected_alone=[("context.dedupe", False)],
+    ),  # fmt: skip
+]
+
+
+def test_a_change_rejected_on_its_own_is_not_offered_again_even_after_an_accept(monkeypatch):
+    """Measured on the shared RHELM run: the embedded proposer re-proposed a window store after
+    each accept (5 times of 20), each time rejected again. The grammar now leaves the value out;
+    a field with no value left (a switch already rejected) is not offered at all."""
+    import memsteer_dspy.optimize.proposer as proposer_module
+    from memsteer_dspy.optimize.proposer import field_value_schema, rejected_alone
+
+    assert rejected_alone(TABU_HISTORY) == {
+        ("store.unit", '"window"'): 1,
+        ("context.dedupe", "false"): 3,
+    }
+    seen_avoid: list[dict] = []
+    real = proposer_module.changes_signature
+
+    def spy(allowed, current=None, avoid=None):
+        seen_avoid.append(avoid)
+        return real(allowed, current, avoid)
+
+    monkeypatch.setattr(proposer_module, "changes_signature", spy)
+    design = MemoryDesign.from_dict(changed(retrieve__top_k=30))
+    lm = ProposerLM([changes(("store.unit", '"thread"'))])
+    out = DesignProposer(lm, output="changes")(design, TABU_HISTORY, "fb", seen=SEEN, iteration=4)
+    assert out.status == "ok" and out.design.store.unit == "thread"
+    assert seen_avoid == [{"store.unit": ["window"], "context.dedupe": [False]}]
+    schema = real(("store.unit",), design, seen_avoid[0]).output_fields["changes"].annotation
+    from pydantic import TypeAdapter
+
+    (alt,) = TypeAdapter(schema).json_schema()["items"]["anyOf"]
+    units = alt["properties"]["value"]["enum"]
+    assert "window" not in units and "record" not in units and "thread" in units
+    assert field_value_schema("context.dedupe", True, [False]) == {"type": "boolean", "enum": []}
+    offered = [n for n in out.attempts[0].notes if "rejected on their own" in n]
+    assert offered == [
+        'values rejected on their own earlier were not offered: context.dedupe=false; store.unit="window"'
+    ]
+    # without the tabu list the same history offers the window store again
+    seen_avoid.clear()
+    lm = ProposerLM([changes(("store.unit", '"window"'))])
+    out = DesignProposer(lm, output="changes", tabu=False)(
+        design, TABU_HISTORY, "fb", seen=SEEN, iteration=4
+    )
+    assert out.status == "ok" and out.design.store.unit == "window" and seen_avoid == [{}]
+
+
+def test_a_switch_with_no_value_left_is_not_offered(monkeypatch):
+    import memsteer_dspy.optimize.proposer as proposer_module
+
+    offered: list[tuple[str, ...]] = []
+    real = proposer_module.changes_signature
+    monkeypatch.setattr(
+        proposer_module,
+        "changes_signature",
+        lambda allowed, current=None, avoid=None: (
+            offered.append(allowed) or real(allowed, current, avoid)
+        ),
+    )
+    design = MemoryDesign.from_dict(changed(retrieve__top_k=30))
+    lm = ProposerLM([changes(("retrieve.top_k", "40"))])
+    DesignProposer(lm, output="changes")(design, TABU_HISTORY, "fb", seen=SEEN, iteration=4)
+    assert "context.dedupe" not in offered[0] and "store.unit" in offered[0]
+
+
+def test_a_whole_design_repeating_a_rejected_change_is_resampled_like_a_duplicate():
+    """The tabu list also binds an LM that writes whole designs (no grammar to narrow)."""
+    design = MemoryDesign.from_dict(changed(retrieve__top_k=30))
+    lm = ProposerLM([
+        proposal(changed(design, context__dedupe=False)),
+        proposal(changed(design, context__order="thread")),
+    ])  # fmt: skip
+    out = DesignProposer(lm)(design, TABU_HISTORY, "fb", seen=SEEN, iteration=4)
+    assert out.status == "ok" and out.design.context.order == "thread"
+    assert [a.kind for a in out.attempts] == ["duplicate", "ok"]
+    assert out.attempts[0].duplicate_of == (
+        "iteration 3, where context.dedupe = false was rejected on its own"
+    )
+    assert "rejected on its own" in field_value(lm.calls[1]["user"], "revision_history")
+    # a change made together with another one is not a repeat of either
+    lm = ProposerLM([proposal(changed(design, context__dedupe=False, context__order="thread"))])
+    out = DesignProposer(lm)(design, TABU_HISTORY, "fb", seen=SEEN, iteration=4)
+    assert out.status == "ok" and [a.kind for a in out.attempts] == ["ok"]

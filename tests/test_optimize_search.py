@@ -510,3 +510,46 @@ def test_guard_margin_turns_the_burden_of_proof_round():
     assert ok.accepted and ok.stats["guard_recall_at_10"]["p"] == pytest.approx(1 / 1001, abs=5e-5)
     with pytest.raises(ConfigError, match="guard-margin"):
         NonInferiorityGuard(["recall_at_10"], margin=1.5)
+
+
+# -- tabu list ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tabu", [True, False])
+def test_a_change_rejected_on_its_own_is_not_proposed_again_on_a_later_parent(tmp_path, tabu):
+    """Iteration 1 rejects one change; after iteration 2's accept the proposer repeats it on the
+    new parent (a new design, so not a duplicate): with the tabu list it is re-sampled."""
+    repeat = wide(3, context__dedupe=False)
+    replies = [proposal(changed(NARROW, context__dedupe=False)), proposal(wide(3)), proposal(repeat),
+               proposal(wide(3, context__order="chronological"))]  # fmt: skip
+    opt, lm = make(tmp_path, replies, iterations=3, tabu=tabu)
+    entries = opt.run().entries
+    assert [e.status for e in entries[1:3]] == ["rejected", "accepted"]
+    assert entries[1].revision().rejected_alone == [("context.dedupe", False)]
+    assert entries[2].revision().rejected_alone == []
+    third = entries[3]
+    if tabu:
+        assert [a.kind for a in third.attempts] == ["duplicate", "ok"]
+        assert "context.dedupe = false was rejected on its own" in third.attempts[0].duplicate_of
+        assert MemoryDesign.from_dict(third.design).context.order == "chronological"
+    else:
+        assert [a.kind for a in third.attempts] == ["ok"] and len(lm.calls) == 3
+        assert MemoryDesign.from_dict(third.design).context.dedupe is False
+
+
+def test_rejected_sub_screens_enter_the_tabu_list():
+    from memsteer_dspy.optimize.loop import TrajectoryEntry
+
+    e = TrajectoryEntry(
+        iteration=5, status="accepted", accepted=True,
+        changes=['context.order: "rank" -> "thread"', 'retrieve.index: "bm25" -> "dense"'],
+        sub_screens=[
+            {"field": "retrieve.index", "status": "rejected", "changes": ['retrieve.index: "bm25" -> "dense"']},
+            {"field": "context.order", "status": "accepted", "changes": ['context.order: "rank" -> "thread"']},
+            {"field": "context.dedupe", "status": "failed", "changes": ["context.dedupe: true -> false"]},
+        ],
+    )  # fmt: skip
+    assert e.revision().rejected_alone == [("retrieve.index", "dense")]
+    multi = TrajectoryEntry(iteration=6, status="rejected", accepted=False,
+                            changes=["a.b: 1 -> 2", "c.d: 1 -> 2"])  # fmt: skip
+    assert multi.revision().rejected_alone == []

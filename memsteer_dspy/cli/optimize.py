@@ -330,6 +330,14 @@ def optimize(
             "on validation before the best is scored (and answered, under accuracy objectives).",
         ),
     ] = 1,
+    tabu: Annotated[
+        bool,
+        typer.Option(
+            "--tabu/--no-tabu",
+            help="LM proposer: never propose again a change rejected on its own earlier in the run "
+            "(a repeat is re-sampled; a --proposer-output changes grammar does not offer it).",
+        ),
+    ] = True,
     lm_retrieval_margin: Annotated[
         float,
         typer.Option(
@@ -384,7 +392,7 @@ def optimize(
         max_eval_lm_calls=max_eval_lm_calls,
         search=search, parents=parents, accept=accept_rule, accept_alpha=accept_alpha, accept_margin=accept_margin,
         accept_test=accept_test, lm_retrieval_margin=lm_retrieval_margin, proposals=proposals,
-        guard=list(guard or []), guard_margin=guard_margin, val_from=val_from,
+        guard=list(guard or []), guard_margin=guard_margin, val_from=val_from, tabu=tabu,
     )  # fmt: skip
     tracker = _tracker(out, loaded, tracking_uri, no_tracking)
     if dspy_autolog:

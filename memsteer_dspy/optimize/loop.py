@@ -66,6 +66,7 @@ from memsteer_dspy.optimize.proposer import (
     ProposalAttempt,
     RevisionEntry,
     design_diff,
+    single_change,
 )
 from memsteer_dspy.optimize.search import (
     AcceptRule,
@@ -193,6 +194,12 @@ class OptimizeConfig(BaseModel):
         description="K proposals per iteration from the LM proposer (search hill or population), each "
         "screened by retrieval-only recall on validation; the best goes on to be scored and judged.",
     )  # fmt: skip
+    tabu: bool = Field(
+        True,
+        description="LM proposer: a change rejected on its own anywhere in the run (a one-field "
+        "proposal, or a screened sub-change) is not proposed again: a proposal that only repeats it "
+        "is re-sampled like a duplicate, and a 'changes' proposer is not offered the value at all.",
+    )
     screen_subchanges: bool = Field(
         True,
         description="objective='recall' (cheap scoring), LM proposer: a rejected or failed proposal "
@@ -296,8 +303,14 @@ class TrajectoryEntry(BaseModel):
         note = self.reason or ""
         if self.status == "baseline":
             note = "the initial design"
+        tabu = [self.changes] if self.status == "rejected" else []
+        tabu += [
+            sc.get("changes") or [] for sc in self.sub_screens if sc.get("status") == "rejected"
+        ]
+        alone = [c for c in map(single_change, tabu) if c is not None]
         return RevisionEntry(iteration=self.iteration, status=self.status, changes=self.changes, score=score,
-                             rationale=self.rationale, note=note, tried_alone=self.tried_alone)  # fmt: skip
+                             rationale=self.rationale, note=note, tried_alone=self.tried_alone,
+                             rejected_alone=alone)  # fmt: skip
 
 
 class OptimizeResult(BaseModel):
@@ -536,7 +549,7 @@ class MemSteerOpt:
             self._proposer = DesignProposer(
                 self.lm("proposer"), fixed_budget=self.fixed_budget, max_resamples=self.config.max_resamples,
                 resample_temperature=self.config.resample_temperature, history_tokens=self.config.history_tokens,
-                output=self.config.proposer_output, check=self._check_buildable,
+                output=self.config.proposer_output, check=self._check_buildable, tabu=self.config.tabu,
             )  # fmt: skip
         elif self._proposer.fixed_budget is None:
             self._proposer.fixed_budget = self.fixed_budget
@@ -618,6 +631,8 @@ class MemSteerOpt:
         options = {k: v for k, v in c.model_dump(mode="json").items() if k not in KEY_EXCLUDED}
         if options.get("max_eval_lm_calls") is None:  # added later: runs without it stay resumable
             options.pop("max_eval_lm_calls", None)
+        if options.get("tabu") is False:  # added later: runs from before it had none
+            options.pop("tabu")
         key = run_key(
             "optimize", history=self.history, protocol=c.protocol, design_key=self.d0.key(),
             lms={r: lm_identity(lm) for r, lm in lms.items()}, options=options,
