@@ -68,7 +68,7 @@ from memsteer_dspy.evaluation import (
 from memsteer_dspy.loaders.base import Loaded
 from memsteer_dspy.memory import MemoryDesign, MemorySystem
 from memsteer_dspy.memory.lookup import RecordLookup
-from memsteer_dspy.optimize.loop import MemSteerOpt, OptimizeConfig, OptimizeResult
+from memsteer_dspy.optimize.loop import MemSteerOpt, OptimizeConfig, OptimizeResult, progress_line
 from memsteer_dspy.optimize.search import HistoryEvaluator
 from memsteer_dspy.optimize.splits import split_official
 from memsteer_dspy.records import History, QAItem, Record
@@ -877,7 +877,8 @@ class Study:
                                 max_resamples=b.max_resamples)  # fmt: skip
         kwargs = dict(config=config, lms=self.lm.lm, init_design=init_design or self.base_design(), tracker=self.tracker,
                       cache_dir=self.cache_dir, usage=self.lm.usage_by_role,
-                      run_params={"study": self.name, "condition": label, "lm": self.lm.describe()})  # fmt: skip
+                      run_params={"study": self.name, "condition": label, "lm": self.lm.describe()},
+                      on_event=lambda e: self.log(f"  optimize {label or folder.name}: {progress_line(e)}"))  # fmt: skip
         if len(histories) == 1:
             ((_, history),) = histories.items()
             opt: MemSteerOpt = MemSteerOpt(history, train, val, folder, **kwargs)

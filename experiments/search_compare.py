@@ -35,7 +35,7 @@ from _common import add_rhelm_args, resolve_rhelm_args, shared_optimizer  # noqa
 
 from memsteer_dspy.loaders.rhelm import list_personas, load_rhelm  # noqa: E402
 from memsteer_dspy.memory import MemoryDesign  # noqa: E402
-from memsteer_dspy.optimize import MemSteerOpt, OptimizeConfig, split_official  # noqa: E402
+from memsteer_dspy.optimize import MemSteerOpt, OptimizeConfig, progress_line, split_official  # noqa: E402
 from memsteer_dspy.optimize.search import OptunaProposer  # noqa: E402
 from memsteer_dspy.optimize.splits import official_test  # noqa: E402
 from memsteer_dspy.stats import points, points_ci  # noqa: E402
@@ -67,7 +67,8 @@ def run_one(
     )  # fmt: skip
     folder = out / setting / search
     kwargs: dict[str, Any] = dict(config=config, lms=lm, init_design=MemoryDesign.base_bm25(), cache_dir=args.cache_dir,
-                                  usage=usage, test_source=f"official held-out ({setting})")  # fmt: skip
+                                  usage=usage, test_source=f"official held-out ({setting})",
+                                  on_event=lambda e: print(f"  [{setting}/{search}] {progress_line(e)}", file=sys.stderr, flush=True))  # fmt: skip
     if search in ("random", "tpe"):
         kwargs["search_proposer"] = OptunaProposer(search, MemoryDesign.base_bm25(), "recall", seed=args.seed,
                                                    indexes=args.indexes.split(","))  # fmt: skip

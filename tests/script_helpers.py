@@ -1,4 +1,4 @@
-"""Import a repository script (docs/, examples/) as a module, for tests."""
+"""Import a repository script (docs/, examples/, experiments/) as a module, for tests."""
 
 import importlib.util
 from pathlib import Path

@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "design_probe.py"
-
-
-def load_probe():
-    spec = importlib.util.spec_from_file_location("design_probe", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from script_helpers import load_script
 
 
 def test_a_variant_is_a_named_json_patch():
-    probe = load_probe()
+    probe = load_script("experiments/design_probe.py")
     assert probe.parse_variant('x={"context": {"show_ids": false}}') == (
         "x",
         {"context": {"show_ids": False}},
@@ -35,7 +25,7 @@ def test_probe_scores_variants_on_train_and_validation_only(rhelm_root, tmp_path
     from memsteer_dspy.loaders.rhelm import load_rhelm
     from memsteer_dspy.optimize import split_official
 
-    probe = load_probe()
+    probe = load_script("experiments/design_probe.py")
     out = tmp_path / "rows.json"
     rc = probe.main(
         [

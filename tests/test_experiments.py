@@ -473,6 +473,9 @@ def test_main_table2_end_to_end_and_resumes(rhelm_root, tmp_path):
     nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == study.info.run_id]
     assert len(nested) == 4  # one MemSteer-Opt run per (setting, supervision)
     assert "results.md" in {a.path for a in client.list_artifacts(study.info.run_id)}
+    # every optimization's iterations are in the progress log, as they finish
+    log = (out / "log.txt").read_text()
+    assert log.count("iter   0/1  baseline") == 4 and log.count("iter   1/1") == 4, log
 
     # a rerun resumes every stage: no LM call is made again
     before = dict(world.calls)

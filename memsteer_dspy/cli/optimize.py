@@ -73,24 +73,9 @@ def _pct(v) -> str:
 
 
 def _progress(event: dict) -> None:
-    cand, best = event["candidate"], event["best"]
-    primary = "accuracy" if event["objective"] != "recall" else "delivered_recall"
-    c = getattr(cand, primary, None) if cand is not None else None
-    b = getattr(best, primary, None) if best is not None else None
-    name = "acc" if primary == "accuracy" else "recall"
-    line = (
-        f"iter {event['iteration']:>3}/{event['total']}  {event['status']:<9} candidate {name} {_pct(c)}"
-        f"  best {_pct(b)}  cost {event['cost_total'].short()}"
-    )
-    if event.get("parent") is not None and event["iteration"]:
-        line += f"  parent {event['parent']}"
-    if event.get("lm_per_question"):
-        line += f"  LM/q {event['lm_per_question']}"
-    if event["status"] in ("invalid", "failed", "duplicate") and event.get("reason"):
-        line += f"  ({event['reason'][:100]})"
-    elif event.get("changes"):
-        line += "  [" + "; ".join(event["changes"])[:120] + "]"
-    typer.echo(line, err=True)
+    from memsteer_dspy.optimize import progress_line
+
+    typer.echo(progress_line(event), err=True)
 
 
 @cli_errors

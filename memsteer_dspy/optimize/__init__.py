@@ -21,7 +21,13 @@ from memsteer_dspy.optimize.diagnosis import (
     diagnose_failures,
 )
 from memsteer_dspy.optimize.feedback import FEEDBACK_MODES, Feedback, FeedbackCase, build_feedback
-from memsteer_dspy.optimize.loop import MemSteerOpt, OptimizeConfig, OptimizeResult, TrajectoryEntry
+from memsteer_dspy.optimize.loop import (
+    MemSteerOpt,
+    OptimizeConfig,
+    OptimizeResult,
+    TrajectoryEntry,
+    progress_line,
+)
 from memsteer_dspy.optimize.objectives import OBJECTIVES, Score, accept
 from memsteer_dspy.optimize.proposer import (
     DesignProposer,
@@ -52,6 +58,7 @@ __all__ = [
     "design_space_schema",
     "diagnose",
     "diagnose_failures",
+    "progress_line",
     "read_supervision",
     "split_official",
 ]

@@ -246,6 +246,37 @@ def _add_usd(a: float | None, b: float | None) -> float | None:
     return None if a is None and b is None else (a or 0.0) + (b or 0.0)
 
 
+def progress_line(event: Mapping[str, Any]) -> str:
+    """One line for an ``on_event`` event of :class:`MemSteerOpt` (the CLI's and the experiment
+    scripts' progress display): iteration, status, the candidate's and the best design's primary
+    metric (and R@10 under the recall objective), the cost so far, parent and changes or reason."""
+
+    def pct(v: float | None) -> str:
+        return "  -  " if v is None else f"{100 * v:5.1f}"
+
+    cand, best, recall = event["candidate"], event["best"], event["objective"] == "recall"
+    primary = "delivered_recall" if recall else "accuracy"
+    c = getattr(cand, primary, None) if cand is not None else None
+    b = getattr(best, primary, None) if best is not None else None
+    name = "recall" if recall else "acc"
+    line = f"iter {event['iteration']:>3}/{event['total']}  {event['status']:<9} candidate {name} {pct(c)}"
+    if recall:
+        line += f" R@10 {pct(getattr(cand, 'recall_at_10', None) if cand is not None else None)}"
+    line += f"  best {pct(b)}"
+    if recall:
+        line += f" R@10 {pct(getattr(best, 'recall_at_10', None) if best is not None else None)}"
+    line += f"  cost {event['cost_total'].short()}"
+    if event.get("parent") is not None and event["iteration"]:
+        line += f"  parent {event['parent']}"
+    if event.get("lm_per_question"):
+        line += f"  LM/q {event['lm_per_question']}"
+    if event["status"] in ("invalid", "failed", "duplicate") and event.get("reason"):
+        line += f"  ({event['reason'][:100]})"
+    elif event.get("changes"):
+        line += "  [" + "; ".join(event["changes"])[:120] + "]"
+    return line
+
+
 class TrajectoryEntry(BaseModel):
     """One finished iteration (0: the initial design d0)."""
 
