@@ -512,6 +512,50 @@ def test_a_change_rejected_on_its_own_is_not_offered_again_even_after_an_accept(
     assert out.status == "ok" and out.design.store.unit == "window" and seen_avoid == [{}]
 
 
+def test_a_value_that_gives_an_already_scored_design_is_not_offered(monkeypatch):
+    """Measured on the shared RHELM run: after a section store was accepted, the embedded
+    proposer's next call proposed ``store.unit = record`` — its parent's design, a duplicate that
+    cost a call and a re-sample. The grammar leaves out every value that, set on its own, gives a
+    design already in ``seen`` (here the parent), beside the tabu list; other values stay."""
+    import memsteer_dspy.optimize.proposer as proposer_module
+    from memsteer_dspy.optimize.proposer import DESIGN_FIELDS, repeating_values
+
+    avoided: list[dict] = []
+    real = proposer_module.changes_signature
+    monkeypatch.setattr(
+        proposer_module,
+        "changes_signature",
+        lambda allowed, current=None, avoid=None: (
+            avoided.append(avoid) or real(allowed, current, avoid)
+        ),
+    )
+    section = MemoryDesign.from_dict(changed(store__unit="section"))
+    seen = {BASE.key(): "iteration 0 (baseline)", section.key(): "iteration 1 (accepted)"}
+    assert repeating_values(section, DESIGN_FIELDS, seen) == {"store.unit": ["record"]}
+    history = [
+        *HISTORY,
+        RevisionEntry(
+            iteration=1, status="accepted", changes=['store.unit: "record" -> "section"']
+        ),
+    ]
+    lm = ProposerLM([changes(("store.unit", '"thread"'))])
+    out = DesignProposer(lm, output="changes")(section, history, "fb", seen=seen, iteration=2)
+    assert out.status == "ok" and out.design.store.unit == "thread"
+    assert avoided == [{"store.unit": ["record"]}]
+    from pydantic import TypeAdapter
+
+    schema = real(("store.unit",), section, avoided[0]).output_fields["changes"].annotation
+    (alt,) = TypeAdapter(schema).json_schema()["items"]["anyOf"]
+    units = alt["properties"]["value"]["enum"]
+    assert "record" not in units and "section" not in units and {"thread", "window"} <= set(units)
+    assert 'values that give an already scored design were not offered: store.unit="record"' in (
+        out.attempts[0].notes
+    )
+    # a value that gives a design never scored is offered: from the base design, nothing repeats
+    assert repeating_values(BASE, DESIGN_FIELDS, seen) == {"store.unit": ["section"]}
+    assert repeating_values(BASE, DESIGN_FIELDS, {BASE.key(): "iteration 0"}) == {}
+
+
 def test_a_switch_with_no_value_left_is_not_offered(monkeypatch):
     import memsteer_dspy.optimize.proposer as proposer_module
 

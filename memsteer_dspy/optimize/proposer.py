@@ -269,6 +269,40 @@ def rejected_alone(history: list[RevisionEntry]) -> dict[tuple[str, str], int]:
     return out
 
 
+def _with_value(design: MemoryDesign, path: str, value: Any) -> MemoryDesign | None:
+    """``design`` with one field set to ``value``; None when that is not a valid design."""
+    data = design.model_dump(mode="json")
+    node = data
+    *parents, last = path.split(".")
+    for part in parents:
+        node = node[part]
+    node[last] = value
+    try:
+        return MemoryDesign.from_dict(data)
+    except Exception:  # noqa: BLE001 - an invalid combination is simply not a repeat
+        return None
+
+
+def repeating_values(
+    current: MemoryDesign,
+    fields: tuple[str, ...] | list[str],
+    seen: dict[str, str],
+    pin: Callable[[MemoryDesign], MemoryDesign] = lambda d: d,
+) -> dict[str, list[Any]]:
+    """For each choice field (an enum or a bool) of ``fields``: the values that, set on their own
+    in ``current``, give a design already scored in the run (a key in ``seen``) — a step back to
+    the parent, or to any earlier candidate. A "changes" grammar leaves them out like the current
+    value (measured on the shared RHELM run: after the section store was accepted, the embedded
+    proposer spent a call proposing ``store.unit = record``, the parent's design, a duplicate)."""
+    out: dict[str, list[Any]] = {}
+    for f in fields:
+        for v in field_value_schema(f, _current_value(current, f)).get("enum") or ():
+            design = _with_value(current, f, v)
+            if design is not None and pin(design).key() in seen:
+                out.setdefault(f, []).append(v)
+    return out
+
+
 # Longest free-text value a "changes" proposal may write (a model folder path, a query instruction)
 # and its rationale: a grammar-bound small model otherwise can loop inside one string or list until
 # max_tokens (measured: 443 s on one reply repeating "date", "author" inside store.fields).
@@ -562,6 +596,13 @@ class DesignProposer(dspy.Module):
         avoid: dict[str, list[Any]] = {}
         for field, value in tabu:
             avoid.setdefault(field, []).append(json.loads(value))
+        repeats: dict[str, list[Any]] = {}
+        if self.output == "changes" and self.explore:
+            repeats = repeating_values(current, DESIGN_FIELDS, seen, lambda d: self._pin(d, []))
+            for field, values in repeats.items():
+                avoid.setdefault(field, []).extend(
+                    v for v in values if v not in avoid.get(field, [])
+                )
         while True:
             t0 = time.perf_counter()
             notes: list[str] = []
@@ -572,11 +613,16 @@ class DesignProposer(dspy.Module):
                     "fields tried since the last accept were not offered: "
                     + ", ".join(sorted(exclude))
                 )
-            if allowed is not None and avoid:
+            if allowed is not None and tabu:
                 notes.append(
                     "values rejected on their own earlier were not offered: "
+                    + "; ".join(f"{f}={v}" for f, v in sorted(tabu))
+                )
+            if allowed is not None and repeats:
+                notes.append(
+                    "values that give an already scored design were not offered: "
                     + "; ".join(
-                        f"{f}={json.dumps(v)}" for f, vs in sorted(avoid.items()) for v in vs
+                        f"{f}={json.dumps(v)}" for f, vs in sorted(repeats.items()) for v in vs
                     )
                 )
             try:
