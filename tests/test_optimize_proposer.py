@@ -231,19 +231,26 @@ def test_a_local_model_folder_that_exists_passes_the_check(tmp_path):
     assert out.status == "ok" and out.design.retrieve.reranker_model == str(folder)
 
 
-def test_exploration_offers_only_fields_not_tried_since_the_last_accept(monkeypatch):
+def spy_grammar(monkeypatch) -> list[tuple[tuple[str, ...], dict | None]]:
+    """Record (offered fields, avoided values) of every changes grammar the proposer builds."""
     import memsteer_dspy.optimize.proposer as proposer_module
-    from memsteer_dspy.optimize.proposer import RevisionEntry, tried_fields
 
-    offered: list[tuple[str, ...]] = []
+    calls: list[tuple[tuple[str, ...], dict | None]] = []
     real = proposer_module.changes_signature
-    monkeypatch.setattr(
-        proposer_module,
-        "changes_signature",
-        lambda allowed, current=None, avoid=None: (
-            offered.append(allowed) or real(allowed, current, avoid)
-        ),
-    )
+
+    def spy(allowed, current=None, avoid=None):
+        calls.append((allowed, avoid))
+        return real(allowed, current, avoid)
+
+    monkeypatch.setattr(proposer_module, "changes_signature", spy)
+    return calls
+
+
+def test_exploration_offers_only_fields_not_tried_since_the_last_accept(monkeypatch):
+    from memsteer_dspy.optimize.proposer import RevisionEntry, tried_fields
+    from memsteer_dspy.optimize.proposer import changes_signature as real
+
+    grammars = spy_grammar(monkeypatch)
     history = [
         RevisionEntry(iteration=0, status="baseline"),
         RevisionEntry(iteration=1, status="rejected", changes=["retrieve.top_k: 20 -> 40"]),
@@ -258,7 +265,7 @@ def test_exploration_offers_only_fields_not_tried_since_the_last_accept(monkeypa
         BASE, history, "fb", seen=SEEN, iteration=5
     )
     assert out.status == "ok" and out.design.retrieve.top_k == 30
-    first, second = offered
+    (first, _), (second, _) = grammars
     assert "retrieve.query" not in first and "retrieve.bm25.k1" not in first
     assert (
         "retrieve.top_k" in first and "store.unit" in first
@@ -472,27 +479,21 @@ def test_a_change_rejected_on_its_own_is_not_offered_again_even_after_an_accept(
     """Measured on the shared RHELM run: the embedded proposer re-proposed a window store after
     each accept (5 times of 20), each time rejected again. The grammar now leaves the value out;
     a field with no value left (a switch already rejected) is not offered at all."""
-    import memsteer_dspy.optimize.proposer as proposer_module
+    from memsteer_dspy.optimize.proposer import changes_signature as real
     from memsteer_dspy.optimize.proposer import field_value_schema, rejected_alone
 
     assert rejected_alone(TABU_HISTORY) == {
         ("store.unit", '"window"'): 1,
         ("context.dedupe", "false"): 3,
     }
-    seen_avoid: list[dict] = []
-    real = proposer_module.changes_signature
-
-    def spy(allowed, current=None, avoid=None):
-        seen_avoid.append(avoid)
-        return real(allowed, current, avoid)
-
-    monkeypatch.setattr(proposer_module, "changes_signature", spy)
+    grammars = spy_grammar(monkeypatch)
     design = MemoryDesign.from_dict(changed(retrieve__top_k=30))
     lm = ProposerLM([changes(("store.unit", '"thread"'))])
     out = DesignProposer(lm, output="changes")(design, TABU_HISTORY, "fb", seen=SEEN, iteration=4)
     assert out.status == "ok" and out.design.store.unit == "thread"
-    assert seen_avoid == [{"store.unit": ["window"], "context.dedupe": [False]}]
-    schema = real(("store.unit",), design, seen_avoid[0]).output_fields["changes"].annotation
+    ((_, avoid),) = grammars
+    assert avoid == {"store.unit": ["window"], "context.dedupe": [False]}
+    schema = real(("store.unit",), design, avoid).output_fields["changes"].annotation
     from pydantic import TypeAdapter
 
     (alt,) = TypeAdapter(schema).json_schema()["items"]["anyOf"]
@@ -504,12 +505,12 @@ def test_a_change_rejected_on_its_own_is_not_offered_again_even_after_an_accept(
         'values rejected on their own earlier were not offered: context.dedupe=false; store.unit="window"'
     ]
     # without the tabu list the same history offers the window store again
-    seen_avoid.clear()
+    grammars.clear()
     lm = ProposerLM([changes(("store.unit", '"window"'))])
     out = DesignProposer(lm, output="changes", tabu=False)(
         design, TABU_HISTORY, "fb", seen=SEEN, iteration=4
     )
-    assert out.status == "ok" and out.design.store.unit == "window" and seen_avoid == [{}]
+    assert out.status == "ok" and out.design.store.unit == "window" and grammars[0][1] == {}
 
 
 def test_a_value_that_gives_an_already_scored_design_is_not_offered(monkeypatch):
@@ -517,18 +518,10 @@ def test_a_value_that_gives_an_already_scored_design_is_not_offered(monkeypatch)
     proposer's next call proposed ``store.unit = record`` — its parent's design, a duplicate that
     cost a call and a re-sample. The grammar leaves out every value that, set on its own, gives a
     design already in ``seen`` (here the parent), beside the tabu list; other values stay."""
-    import memsteer_dspy.optimize.proposer as proposer_module
     from memsteer_dspy.optimize.proposer import DESIGN_FIELDS, repeating_values
+    from memsteer_dspy.optimize.proposer import changes_signature as real
 
-    avoided: list[dict] = []
-    real = proposer_module.changes_signature
-    monkeypatch.setattr(
-        proposer_module,
-        "changes_signature",
-        lambda allowed, current=None, avoid=None: (
-            avoided.append(avoid) or real(allowed, current, avoid)
-        ),
-    )
+    grammars = spy_grammar(monkeypatch)
     section = MemoryDesign.from_dict(changed(store__unit="section"))
     seen = {BASE.key(): "iteration 0 (baseline)", section.key(): "iteration 1 (accepted)"}
     assert repeating_values(section, DESIGN_FIELDS, seen) == {"store.unit": ["record"]}
@@ -541,10 +534,11 @@ def test_a_value_that_gives_an_already_scored_design_is_not_offered(monkeypatch)
     lm = ProposerLM([changes(("store.unit", '"thread"'))])
     out = DesignProposer(lm, output="changes")(section, history, "fb", seen=seen, iteration=2)
     assert out.status == "ok" and out.design.store.unit == "thread"
-    assert avoided == [{"store.unit": ["record"]}]
+    ((_, avoid),) = grammars
+    assert avoid == {"store.unit": ["record"]}
     from pydantic import TypeAdapter
 
-    schema = real(("store.unit",), section, avoided[0]).output_fields["changes"].annotation
+    schema = real(("store.unit",), section, avoid).output_fields["changes"].annotation
     (alt,) = TypeAdapter(schema).json_schema()["items"]["anyOf"]
     units = alt["properties"]["value"]["enum"]
     assert "record" not in units and "section" not in units and {"thread", "window"} <= set(units)
@@ -557,21 +551,12 @@ def test_a_value_that_gives_an_already_scored_design_is_not_offered(monkeypatch)
 
 
 def test_a_switch_with_no_value_left_is_not_offered(monkeypatch):
-    import memsteer_dspy.optimize.proposer as proposer_module
-
-    offered: list[tuple[str, ...]] = []
-    real = proposer_module.changes_signature
-    monkeypatch.setattr(
-        proposer_module,
-        "changes_signature",
-        lambda allowed, current=None, avoid=None: (
-            offered.append(allowed) or real(allowed, current, avoid)
-        ),
-    )
+    grammars = spy_grammar(monkeypatch)
     design = MemoryDesign.from_dict(changed(retrieve__top_k=30))
     lm = ProposerLM([changes(("retrieve.top_k", "40"))])
     DesignProposer(lm, output="changes")(design, TABU_HISTORY, "fb", seen=SEEN, iteration=4)
-    assert "context.dedupe" not in offered[0] and "store.unit" in offered[0]
+    offered = grammars[0][0]
+    assert "context.dedupe" not in offered and "store.unit" in offered
 
 
 def test_a_whole_design_repeating_a_rejected_change_is_resampled_like_a_duplicate():
