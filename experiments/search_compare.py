@@ -8,6 +8,9 @@ all personas, and tabulates for each: held-out R@10 and delivered recall of the 
 against Base-BM25 (paired difference with a seeded 95% bootstrap interval and verdict), LM calls
 and tokens, wall time.
 
+For a shared design, the row also breaks the held-out comparison down by persona (each
+persona's own test items), so a shared pick that hurts one persona shows.
+
 ``random`` and ``tpe`` need no LM (Optuna over the LM-free design space); ``hill`` and
 ``population`` call the proposer LM (``--lm``, default the embedded model, with the small-model
 settings ``--proposer-output changes`` and a 1,200-token feedback budget).
@@ -33,12 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import add_rhelm_args, resolve_rhelm_args, shared_optimizer  # noqa: E402
 
+from memsteer_dspy.evaluation import ItemResult  # noqa: E402
 from memsteer_dspy.loaders.rhelm import list_personas, load_rhelm  # noqa: E402
 from memsteer_dspy.memory import MemoryDesign  # noqa: E402
 from memsteer_dspy.optimize import MemSteerOpt, OptimizeConfig, progress_line, split_official  # noqa: E402
 from memsteer_dspy.optimize.search import OptunaProposer  # noqa: E402
 from memsteer_dspy.optimize.splits import official_test  # noqa: E402
-from memsteer_dspy.stats import points, points_ci  # noqa: E402
+from memsteer_dspy.stats import compare_item_results, points, points_ci  # noqa: E402
 
 
 def _lm_source(model: str | None, needs_lm: bool):
@@ -82,6 +86,10 @@ def run_one(
     seconds = time.perf_counter() - t0
     cost = res.entries[-1].cost_total
     t = res.test
+    initial_key = MemoryDesign.from_dict(res.entries[0].design).key()
+    by_persona = (
+        held_out_by_persona(folder, res.best_design.key(), initial_key, args.seed) if t else {}
+    )
     return {
         "setting": setting, "search": search, "iterations": len(res.entries) - 1, "n_train": len(train),
         "n_val": len(opt.val), "n_test": t.n if t else 0, "designs_evaluated": sum(e.score is not None for e in res.entries)
@@ -89,8 +97,27 @@ def run_one(
         "val_initial": res.baseline_score.delivered_recall, "val_best": res.best_score.delivered_recall,
         "test": t.model_dump(mode="json") if t else None, "lm_calls": cost.calls, "tokens": cost.total_tokens,
         "seconds_recorded": cost.seconds, "seconds_this_call": round(seconds, 1), "best_iteration": res.best_iteration,
-        "best_design_key": res.best_design.key(), "out": str(folder),
+        "best_design_key": res.best_design.key(), "out": str(folder), "by_persona": by_persona,
     }  # fmt: skip
+
+
+def held_out_by_persona(folder: Path, best_key: str, initial_key: str, seed: int) -> dict[str, Any]:
+    """A shared design's held-out comparison persona by persona, from the per-persona result
+    files the optimizer keeps under ``test/`` (each persona's own test items): does the shared
+    pick hurt anyone? Empty where the run kept no per-persona results."""
+    best = folder / "test" / ("initial" if best_key == initial_key else f"best-{best_key}")
+    initial = folder / "test" / "initial"
+
+    def items(sub: Path) -> list[ItemResult]:
+        lines = (sub / "items.jsonl").read_text().splitlines()
+        return [ItemResult.model_validate_json(line) for line in lines if line.strip()]
+
+    out: dict[str, Any] = {}
+    for sub in sorted(d for d in initial.iterdir() if d.is_dir()) if initial.is_dir() else []:
+        comp = compare_item_results(items(sub), items(best / sub.name), answered=False, seed=seed)
+        out[sub.name] = {"n": comp.n, "n_pairs": comp.n_pairs, "diff": comp.diff,
+                         "ci95": comp.ci95, "verdict": comp.verdict}  # fmt: skip
+    return out
 
 
 def _pct(v: float | None) -> str:
@@ -124,6 +151,15 @@ def render(rows: list[dict[str, Any]], args) -> str:
             f"| {_ci(t, 'recall_at_10')} | {_pct(t['initial']['delivered_recall'])} / {_pct(t['best']['delivered_recall'])} "
             f"| {_ci(t, 'delivered_recall')} | {t['verdict']} | {r['lm_calls']} | {r['tokens']:,} | {r['seconds_recorded']:.0f} |"
         )
+    for r in rows:
+        if not r.get("by_persona"):
+            continue
+        lines += ["", f"### {r['setting']} / {r['search']}: the shared design on each persona's held-out items", "",
+                  "| persona | n | ΔR@10 [95% CI] | Δdeliv. [95% CI] | verdict |", "|---|---:|---|---|---|"]  # fmt: skip
+        for p, c in r["by_persona"].items():
+            lines.append(
+                f"| {p} | {c['n']} | {_ci(c, 'recall_at_10')} | {_ci(c, 'delivered_recall')} | {c['verdict']} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -173,6 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = (
         json.loads(results_path.read_text()) if results_path.exists() else []
     )
+    for r in rows:  # rows written before the per-persona breakdown existed
+        if r.get("test") and "by_persona" not in r:
+            base = MemoryDesign.base_bm25().key()
+            r["by_persona"] = held_out_by_persona(
+                Path(r["out"]), r["best_design_key"], base, args.seed
+            )
     done = {(r["setting"], r["search"], r["iterations"]) for r in rows}
     settings: list[tuple[str, dict]] = []
     if not args.shared_only:
@@ -191,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             t = row["test"]
             print(f"  test deliv. {_ci(t, 'delivered_recall')} R@10 {_ci(t, 'recall_at_10')} -> {t['verdict']}",
                   file=sys.stderr, flush=True)  # fmt: skip
+    results_path.write_text(json.dumps(rows, indent=2) + "\n")
     (args.out / "results.md").write_text(render(rows, args))
     print(render(rows, args))
     return 0

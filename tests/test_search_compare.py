@@ -53,3 +53,50 @@ def test_random_search_reports_held_out_rows_progress_and_resumes(rhelm_root, tm
     assert "iter   3/3" in err and "iter   1/3" not in err, err
     (row,) = json.loads((out / "results.json").read_text())
     assert row["iterations"] == 3
+
+
+def test_a_shared_row_breaks_its_held_out_comparison_down_by_persona(rhelm_root, tmp_path):
+    """One design shared by two personas: the row carries each persona's own held-out comparison,
+    computed from that persona's per-item results (its n is the persona's official test split;
+    the item-weighted differences add up to the pooled one), and results.md tabulates it."""
+    pytest.importorskip("optuna")
+    from memsteer_dspy.loaders.rhelm import load_rhelm
+    from memsteer_dspy.optimize.splits import official_test
+
+    sc = load_script("experiments/search_compare.py")
+    out = tmp_path / "sc"
+    personas = ["Elena_Morales", "Jonas_Richter"]
+    argv = ["--searches", "random", "--shared-only", "--iterations", "3", "--rhelm-root", str(rhelm_root),
+            "--cache-dir", str(tmp_path / "cache"), "--out", str(out)]  # fmt: skip
+    for p in personas:
+        argv += ["--persona", p]
+    assert sc.main(argv) == 0
+    (row,) = json.loads((out / "results.json").read_text())
+    assert row["setting"] == "shared-2" and set(row["by_persona"]) == set(personas)
+    sizes = {
+        p: len(official_test(load_rhelm(rhelm_root, p, external=True).qa_items, seed=0))
+        for p in personas
+    }
+    assert {p: c["n"] for p, c in row["by_persona"].items()} == sizes
+    assert sum(sizes.values()) == row["n_test"]
+    # a row written before the breakdown existed gets it on the next run
+    del row["by_persona"]
+    (out / "results.json").write_text(json.dumps([row]))
+    assert sc.main(argv) == 0
+    (row,) = json.loads((out / "results.json").read_text())
+    for c in row["by_persona"].values():
+        assert set(c["diff"]) >= {"recall_at_10", "delivered_recall"}
+        assert c["verdict"] in {"better", "worse", "inconclusive"}
+    # the personas' item-weighted differences add up to the pooled one
+    for m in ("recall_at_10", "delivered_recall"):
+        parts = row["by_persona"].values()
+        pooled = sum(c["diff"][m] * c["n_pairs"][m] for c in parts) / sum(
+            c["n_pairs"][m] for c in parts
+        )
+        assert pooled == pytest.approx(row["test"]["diff"][m])
+    assert (
+        row["best_design_key"] != row["test"].get("initial_key", "")
+        and row["test"]["diff"]["delivered_recall"] != 0
+    )
+    md = (out / "results.md").read_text()
+    assert "shared design on each persona's held-out items" in md and "| Jonas_Richter |" in md
