@@ -16,7 +16,9 @@ persona's own test items), so a shared pick that hurts one persona shows.
 settings ``--proposer-output changes`` and a 1,200-token feedback budget).
 
 Writes ``<out>/<setting>/<search>/`` (each a resumable ``memsteer optimize`` run folder with
-``summary.json``) and ``<out>/results.md`` + ``results.json``; rerunning resumes every run.
+``summary.json``) and ``<out>/results.md`` + ``results.json``; rerunning resumes every run. A run
+that fails is listed in ``results.md`` with its error (traceback in ``<out>/errors.log``), the
+others go on, and the script exits 1.
 
     python experiments/search_compare.py --searches random,tpe --iterations 20 --out experiments/runs/search
     python experiments/search_compare.py --searches hill,population --persona Elena_Morales --iterations 10
@@ -29,6 +31,7 @@ import argparse
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +131,9 @@ def _ci(t: dict, m: str) -> str:
     return f"{points(t['diff'].get(m))} {points_ci(t['ci95'].get(m))}"
 
 
-def render(rows: list[dict[str, Any]], args) -> str:
+def render(
+    rows: list[dict[str, Any]], args, failed: dict[tuple[str, str], str] | None = None
+) -> str:
     lines = [
         "# Search strategies at the same evaluation budget (held-out)",
         "",
@@ -151,6 +156,9 @@ def render(rows: list[dict[str, Any]], args) -> str:
             f"| {_ci(t, 'recall_at_10')} | {_pct(t['initial']['delivered_recall'])} / {_pct(t['best']['delivered_recall'])} "
             f"| {_ci(t, 'delivered_recall')} | {t['verdict']} | {r['lm_calls']} | {r['tokens']:,} | {r['seconds_recorded']:.0f} |"
         )
+    if failed:
+        lines += ["", "Failed (no row; a rerun resumes each run folder):", ""]
+        lines += [f"- {setting} / {search}: {error}" for (setting, search), error in failed.items()]
     for r in rows:
         if not r.get("by_persona"):
             continue
@@ -221,22 +229,32 @@ def main(argv: list[str] | None = None) -> int:
         settings += [(p, {p: histories[p]}) for p in personas]
     if not args.per_persona_only and len(personas) > 1:
         settings.append((f"shared-{len(personas)}", histories))
+    failed: dict[tuple[str, str], str] = {}
     for setting, hs in settings:
         for search in searches:
             if (setting, search, args.iterations) in done:
                 continue
             print(f"[search_compare] {setting} / {search} ...", file=sys.stderr, flush=True)
-            row = run_one(setting, search, hs, items, args, args.out)
+            try:
+                row = run_one(setting, search, hs, items, args, args.out)
+            except Exception as exc:  # noqa: BLE001 - one failed run must not cost the others
+                failed[(setting, search)] = f"{type(exc).__name__}: {exc}"
+                with open(args.out / "errors.log", "a", encoding="utf-8") as f:
+                    f.write(f"== {setting} / {search}\n{traceback.format_exc()}\n")
+                print(f"  failed: {failed[(setting, search)]} (traceback in {args.out / 'errors.log'}; "
+                      "a rerun resumes its run folder)", file=sys.stderr, flush=True)  # fmt: skip
+                (args.out / "results.md").write_text(render(rows, args, failed))
+                continue
             rows = [r for r in rows if (r["setting"], r["search"]) != (setting, search)] + [row]
             results_path.write_text(json.dumps(rows, indent=2) + "\n")
-            (args.out / "results.md").write_text(render(rows, args))
+            (args.out / "results.md").write_text(render(rows, args, failed))
             t = row["test"]
             print(f"  test deliv. {_ci(t, 'delivered_recall')} R@10 {_ci(t, 'recall_at_10')} -> {t['verdict']}",
                   file=sys.stderr, flush=True)  # fmt: skip
     results_path.write_text(json.dumps(rows, indent=2) + "\n")
-    (args.out / "results.md").write_text(render(rows, args))
-    print(render(rows, args))
-    return 0
+    (args.out / "results.md").write_text(render(rows, args, failed))
+    print(render(rows, args, failed))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

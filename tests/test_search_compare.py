@@ -100,3 +100,39 @@ def test_a_shared_row_breaks_its_held_out_comparison_down_by_persona(rhelm_root,
     )
     md = (out / "results.md").read_text()
     assert "shared design on each persona's held-out items" in md and "| Jonas_Richter |" in md
+
+
+def test_one_failed_run_is_recorded_and_the_others_go_on(rhelm_root, tmp_path, capsys, monkeypatch):
+    """A run that raises (here the first persona's) is listed with its error in results.md and
+    errors.log, the next persona still runs and gets its row, and the script exits 1; a rerun
+    once the cause is gone fills the missing row without redoing the finished one."""
+    pytest.importorskip("optuna")
+    sc = load_script("experiments/search_compare.py")
+    real = sc.run_one
+
+    def flaky(setting, *a, **k):
+        if setting == "Elena_Morales":
+            raise OSError("disk full while writing the index")
+        return real(setting, *a, **k)
+
+    monkeypatch.setattr(sc, "run_one", flaky)
+    out = tmp_path / "sc"
+    argv = ["--searches", "random", "--per-persona-only", "--iterations", "1", "--persona", "Elena_Morales",
+            "--persona", "Jonas_Richter", "--rhelm-root", str(rhelm_root), "--cache-dir", str(tmp_path / "cache"),
+            "--out", str(out)]  # fmt: skip
+    assert sc.main(argv) == 1
+    assert "failed: OSError: disk full" in capsys.readouterr().err
+    assert [r["setting"] for r in json.loads((out / "results.json").read_text())] == [
+        "Jonas_Richter"
+    ]
+    assert "- Elena_Morales / random: OSError: disk full" in (out / "results.md").read_text()
+    assert "Traceback" in (out / "errors.log").read_text()
+
+    calls: list[str] = []
+    monkeypatch.setattr(
+        sc, "run_one", lambda setting, *a, **k: calls.append(setting) or real(setting, *a, **k)
+    )
+    assert sc.main(argv) == 0 and calls == ["Elena_Morales"]
+    rows = json.loads((out / "results.json").read_text())
+    assert sorted(r["setting"] for r in rows) == ["Elena_Morales", "Jonas_Richter"]
+    assert "Failed" not in (out / "results.md").read_text()
