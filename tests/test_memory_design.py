@@ -32,6 +32,23 @@ def test_json_round_trip_and_stable_keys(tmp_path):
     assert d.model_copy(update={"name": "other"}).key() == d.key()
 
 
+def test_indexed_fields_are_a_set_and_base_bm25_keeps_its_key():
+    """A reordering of store.fields is the same design (the store reads them as a set): same key,
+    so a proposer that only reorders them writes a duplicate, not a new candidate (seen on the
+    shared RHELM run: one iteration scored such a reordering, with identical results). Base-BM25's
+    key is pinned: run folders record it, and a changed key would refuse every resume."""
+    base = MemoryDesign.base_bm25()
+    assert base.key() == "b2f7082d0a99b4fb"
+    moved = MemoryDesign.from_dict(
+        {"store": {"fields": ["author", "date", "subject", "kind", "thread_title", "text"]}}
+    )
+    assert moved.key() == base.key() and moved.store.fields == base.store.fields
+    subset = MemoryDesign.from_dict({"store": {"fields": ["date", "text"]}})
+    assert subset.store.fields == ["text", "date"] and subset.key() != base.key()
+    with pytest.raises(InputError, match="twice"):
+        MemoryDesign.from_dict({"store": {"fields": ["text", "date", "date"]}})
+
+
 def test_keys_separate_store_index_and_retrieval_changes():
     base = MemoryDesign.base_bm25()
     retrieval_only = MemoryDesign.from_dict(

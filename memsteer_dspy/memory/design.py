@@ -131,6 +131,18 @@ class StoreSpec(_Spec):
         description="How dates are written into the indexed text: 'iso' 2024-05-30, 'long' 'Thursday 30 May 2024', or not at all.",
     )
 
+    @field_validator("fields", mode="after")
+    @classmethod
+    def _canonical_order(cls, fields: list[str]) -> list[str]:
+        """The indexed fields are a set (the store reads them as one): keep them in the schema's
+        order, so that a reordering is the same design, with the same key. Seen on the shared
+        RHELM run: the embedded proposer wrote ``store.fields`` with ``text`` moved to the end,
+        which was scored as a new design with identical results — one iteration spent on nothing.
+        The default order is the schema's, so no existing design's key changes unless it was a
+        reordering."""
+        order = get_args(IndexedField)
+        return sorted(fields, key=lambda f: order.index(f) if f in order else len(order))
+
     @model_validator(mode="after")
     def _check(self) -> StoreSpec:
         if "text" not in self.fields:
