@@ -386,3 +386,19 @@ def test_a_saved_proposal_over_the_new_build_budget_is_proposed_again(tmp_path):
     res = resumed.run()
     assert [e.status for e in res.entries] == ["baseline", "accepted"]
     assert res.entries[1].design["store"]["unit"] == "record" and len(lm.calls) == 1
+
+
+def test_the_recall_objective_never_offers_the_answer_settings(tmp_path):
+    """Under --objective recall nothing answers, so answer.verify changes nothing that is scored
+    (seen on the shared RHELM run: an embedded proposal turned verification on and the iteration
+    scored an identical system). The loop's changes grammar leaves such fields out; under an
+    objective that answers they are offered."""
+    from memsteer_dspy.optimize.objectives import unscored_fields
+
+    assert unscored_fields("recall") == {"answer.verify"}
+    assert unscored_fields("accuracy") == unscored_fields("recall-then-accuracy") == frozenset()
+    for objective, offered in (("recall", False), ("accuracy", True)):
+        opt, _ = run(tmp_path / objective, [], iterations=1, objective=objective)
+        opt.config.proposer_output = "changes"
+        allowed = opt.proposer._allowed_fields(set(), NARROW)
+        assert ("answer.verify" in allowed) is offered, objective

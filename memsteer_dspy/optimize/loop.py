@@ -59,6 +59,7 @@ from memsteer_dspy.optimize.objectives import (
     metrics_for,
     passes_screen,
     selected_by,
+    unscored_fields,
 )
 from memsteer_dspy.optimize.proposer import (
     DesignProposer,
@@ -581,6 +582,7 @@ class MemSteerOpt:
                 self.lm("proposer"), fixed_budget=self.fixed_budget, max_resamples=self.config.max_resamples,
                 resample_temperature=self.config.resample_temperature, history_tokens=self.config.history_tokens,
                 output=self.config.proposer_output, check=self._check_buildable, tabu=self.config.tabu,
+                unscored=unscored_fields(self.config.objective),
             )  # fmt: skip
         elif self._proposer.fixed_budget is None:
             self._proposer.fixed_budget = self.fixed_budget

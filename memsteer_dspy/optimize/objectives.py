@@ -23,6 +23,17 @@ OBJECTIVES: tuple[str, ...] = get_args(Objective)
 _EPS = 1e-9
 
 
+def unscored_fields(objective: Objective) -> frozenset[str]:
+    """The design fields ``objective`` cannot see: under ``recall`` (retrieval only, no answering
+    LM) the answer settings change nothing that is scored, so a proposal of them is an identical
+    candidate."""
+    if objective != "recall":
+        return frozenset()
+    from memsteer_dspy.memory.design import AnswerSpec
+
+    return frozenset(f"answer.{name}" for name in AnswerSpec.model_fields)
+
+
 class Score(BaseModel):
     """A design's validation scores (None where not measured)."""
 

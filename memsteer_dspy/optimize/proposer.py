@@ -464,6 +464,10 @@ class DesignProposer(dspy.Module):
             temperature 0.7 it re-proposed the same field in 17 of 17 calls, so without this the
             loop evaluates nothing new); the restriction is in the output schema, so a
             grammar-constrained LM cannot break it, and it is lifted when few fields are left.
+        unscored: design fields the run's objective cannot see, never offered by a "changes"
+            grammar (``answer.verify`` under the recall objective, which scores retrieval only:
+            seen on the shared RHELM run, an embedded proposal turned verification on and the
+            iteration scored an identical system).
         tabu: a proposal that only repeats a change rejected on its own earlier in the run
             (:func:`rejected_alone`) is re-sampled like a duplicate, and with ``output="changes"``
             the output schema does not offer those values (a field with no value left is not
@@ -485,11 +489,13 @@ class DesignProposer(dspy.Module):
         check: Callable[[MemoryDesign], None] | None = check_local_models,
         explore: bool = True,
         tabu: bool = True,
+        unscored: frozenset[str] | set[str] = frozenset(),
     ):
         super().__init__()
         self.check = check
         self.explore = explore
         self.tabu = tabu
+        self.unscored = frozenset(unscored)
         if output not in ("design", "changes"):
             raise ValueError(f"output must be 'design' or 'changes', not {output!r}")
         self.output = output
@@ -529,8 +535,12 @@ class DesignProposer(dspy.Module):
     @property
     def pinned_fields(self) -> set[str]:
         """Fields never offered as a change: the context budget when it is fixed (a proposal that
-        changes it is pinned back). Derived, since the loop may set ``fixed_budget`` later."""
-        return {"context.budget_tokens"} if self.fixed_budget is not None else set()
+        changes it is pinned back), and the ``unscored`` fields the run's objective cannot see.
+        Derived, since the loop may set ``fixed_budget`` later."""
+        pinned = set(self.unscored)
+        if self.fixed_budget is not None:
+            pinned.add("context.budget_tokens")
+        return pinned
 
     def _allowed_fields(
         self, exclude: set[str], current: MemoryDesign, avoid: dict[str, list[Any]] | None = None
