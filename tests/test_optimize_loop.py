@@ -402,3 +402,19 @@ def test_the_recall_objective_never_offers_the_answer_settings(tmp_path):
         opt.config.proposer_output = "changes"
         allowed = opt.proposer._allowed_fields(set(), NARROW)
         assert ("answer.verify" in allowed) is offered, objective
+
+
+def test_a_run_without_retrieval_lm_calls_never_offers_them(tmp_path):
+    """With max_eval_lm_calls=0 (what search_compare sets for hill and population) a design that
+    calls an LM per question cannot be scored; the loop's check keeps those values out of the
+    changes grammar instead of sending each such proposal back (one call and often an iteration)."""
+    from memsteer_dspy.optimize.proposer import DESIGN_FIELDS, excluded_values
+
+    opt, _ = run(tmp_path, [], iterations=1)
+    opt.config.max_eval_lm_calls = 0
+    out = excluded_values(NARROW, DESIGN_FIELDS, {}, check=opt.proposer.check)["unbuildable"]
+    assert {"rewrite", "decompose", "hyde", "multi_query"} <= set(out["retrieve.query"])
+    assert "llm" in out["retrieve.rerank"]
+    opt.config.max_eval_lm_calls = None
+    out = excluded_values(NARROW, DESIGN_FIELDS, {}, check=opt.proposer.check)["unbuildable"]
+    assert "retrieve.query" not in out and "llm" not in out.get("retrieve.rerank", [])

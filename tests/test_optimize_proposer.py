@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from memory_fixtures import field_value
 from optimize_fixtures import ProposerLM, changed, proposal
 
@@ -148,7 +149,7 @@ def test_changes_output_applies_fields_to_the_current_design():
         "retrieve.top_k: 20 -> 40",
         'store.unit: "record" -> "window"',
     ]
-    assert "changes: retrieve.top_k=40" in out.attempts[0].notes[0]
+    assert any("changes: retrieve.top_k=40" in n for n in out.attempts[0].notes)
     schema = json.loads(field_value(lm.calls[0]["user"], "design_space"))
     assert "retrieve" in schema["properties"]
     # a "changes" reply is short: its output is capped so a looping reply costs seconds
@@ -293,7 +294,8 @@ def test_exploration_offers_only_fields_not_tried_since_the_last_accept(monkeypa
     assert set(by_field["store.unit"]["enum"]) >= {"record", "window", "facts"}
     assert (
         by_field["store.fields"]["type"] == "array"
-        and "text" in by_field["store.fields"]["items"]["enum"]
+        and "date" in by_field["store.fields"]["items"]["enum"]
+        and "text" not in by_field["store.fields"]["items"]["enum"]  # always indexed
     )
 
 
@@ -325,7 +327,8 @@ def test_the_grammar_offers_no_value_that_changes_nothing_and_no_endless_list_or
     value = {
         a["properties"]["field"]["const"]: a["properties"]["value"] for a in js["items"]["anyOf"]
     }
-    assert value["store.fields"]["maxItems"] == 6 and value["store.fields"]["uniqueItems"] is True
+    # the metadata fields only (the text is always indexed), each at most once
+    assert value["store.fields"]["maxItems"] == 5 and value["store.fields"]["uniqueItems"] is True
     assert value["store.date_format"]["enum"] == ["iso", "none"]  # not the current "long"
     assert value["context.show_ids"] == {"type": "boolean", "enum": [False]}  # current: true
     assert value["retrieve.dense.embedder"]["maxLength"] == MAX_VALUE_CHARS
@@ -492,7 +495,7 @@ def test_a_change_rejected_on_its_own_is_not_offered_again_even_after_an_accept(
     out = DesignProposer(lm, output="changes")(design, TABU_HISTORY, "fb", seen=SEEN, iteration=4)
     assert out.status == "ok" and out.design.store.unit == "thread"
     ((_, avoid),) = grammars
-    assert avoid == {"store.unit": ["window"], "context.dedupe": [False]}
+    assert avoid["store.unit"] == ["window"] and avoid["context.dedupe"] == [False]
     schema = real(("store.unit",), design, avoid).output_fields["changes"].annotation
     from pydantic import TypeAdapter
 
@@ -510,7 +513,11 @@ def test_a_change_rejected_on_its_own_is_not_offered_again_even_after_an_accept(
     out = DesignProposer(lm, output="changes", tabu=False)(
         design, TABU_HISTORY, "fb", seen=SEEN, iteration=4
     )
-    assert out.status == "ok" and out.design.store.unit == "window" and grammars[0][1] == {}
+    assert out.status == "ok" and out.design.store.unit == "window"
+    assert (
+        "window" not in grammars[0][1].get("store.unit", [])
+        and "context.dedupe" not in grammars[0][1]
+    )
 
 
 def test_a_value_that_gives_an_already_scored_design_is_not_offered(monkeypatch):
@@ -518,8 +525,11 @@ def test_a_value_that_gives_an_already_scored_design_is_not_offered(monkeypatch)
     proposer's next call proposed ``store.unit = record`` — its parent's design, a duplicate that
     cost a call and a re-sample. The grammar leaves out every value that, set on its own, gives a
     design already in ``seen`` (here the parent), beside the tabu list; other values stay."""
-    from memsteer_dspy.optimize.proposer import DESIGN_FIELDS, repeating_values
+    from memsteer_dspy.optimize.proposer import DESIGN_FIELDS, excluded_values
     from memsteer_dspy.optimize.proposer import changes_signature as real
+
+    def repeating_values(design, fields, seen):
+        return excluded_values(design, fields, seen)["scored"]
 
     grammars = spy_grammar(monkeypatch)
     section = MemoryDesign.from_dict(changed(store__unit="section"))
@@ -535,7 +545,7 @@ def test_a_value_that_gives_an_already_scored_design_is_not_offered(monkeypatch)
     out = DesignProposer(lm, output="changes")(section, history, "fb", seen=seen, iteration=2)
     assert out.status == "ok" and out.design.store.unit == "thread"
     ((_, avoid),) = grammars
-    assert avoid == {"store.unit": ["record"]}
+    assert avoid["store.unit"] == ["record"]
     from pydantic import TypeAdapter
 
     schema = real(("store.unit",), section, avoid).output_fields["changes"].annotation
@@ -577,3 +587,53 @@ def test_a_whole_design_repeating_a_rejected_change_is_resampled_like_a_duplicat
     lm = ProposerLM([proposal(changed(design, context__dedupe=False, context__order="thread"))])
     out = DesignProposer(lm)(design, TABU_HISTORY, "fb", seen=SEEN, iteration=4)
     assert out.status == "ok" and [a.kind for a in out.attempts] == ["ok"]
+
+
+def test_values_that_cannot_be_built_here_are_not_offered_and_text_is_always_indexed(monkeypatch):
+    """Measured on the shared RHELM run: one iteration proposed ``retrieve.rerank =
+    cross_encoder`` on a machine with no reranker model (invalid twice over), and two listed
+    ``store.fields`` without ``text``. A choice value that on its own gives an invalid design or
+    one the run's check refuses is left out of the grammar; ``store.fields`` offers only the
+    metadata fields, and the text is added back when a proposal leaves it out."""
+    from memsteer_dspy.signatures.propose import DesignChange
+
+    from memsteer_dspy.errors import InputError
+    from memsteer_dspy.optimize.proposer import (
+        DESIGN_FIELDS,
+        apply_changes,
+        excluded_values,
+        field_value_schema,
+    )
+
+    grammars = spy_grammar(monkeypatch)
+    seen = {BASE.key(): "iteration 0 (baseline)"}
+
+    def no_dense(design):  # a run whose machine lacks the dense extra
+        if design.retrieve.index != "bm25":
+            raise InputError("needs the dense extra", field="retrieve.index")
+
+    out = excluded_values(BASE, DESIGN_FIELDS, seen, check=no_dense)
+    assert "cross_encoder" in out["unbuildable"]["retrieve.rerank"]  # no reranker model: invalid
+    assert out["unbuildable"]["retrieve.index"] == ["dense", "hybrid"]
+    assert out["scored"] == {}
+    lm = ProposerLM([changes(("store.fields", '["author", "date"]'))])
+    res = DesignProposer(lm, output="changes", check=no_dense)(
+        BASE, HISTORY, "fb", seen=seen, iteration=1
+    )
+    assert res.status == "ok" and res.design.store.fields == ["text", "author", "date"]
+    ((offered, avoid),) = grammars
+    assert set(avoid["retrieve.index"]) == {"dense", "hybrid"}
+    assert any(
+        "cannot be built or scored here" in n and "retrieve.index" in n
+        for n in res.attempts[0].notes
+    )
+    assert "text" not in field_value_schema("store.fields", BASE.store.fields)["items"]["enum"]
+    # the text stays when it is given, and a list that lists it twice is still refused
+    assert apply_changes(
+        BASE, [DesignChange(field="store.fields", value='["text", "date"]')]
+    ).store.fields == [
+        "text",
+        "date",
+    ]
+    with pytest.raises(InputError, match="twice"):
+        apply_changes(BASE, [DesignChange(field="store.fields", value='["date", "date"]')])

@@ -283,23 +283,37 @@ def _with_value(design: MemoryDesign, path: str, value: Any) -> MemoryDesign | N
         return None
 
 
-def repeating_values(
+def excluded_values(
     current: MemoryDesign,
     fields: tuple[str, ...] | list[str],
     seen: dict[str, str],
     pin: Callable[[MemoryDesign], MemoryDesign] = lambda d: d,
-) -> dict[str, list[Any]]:
-    """For each choice field (an enum or a bool) of ``fields``: the values that, set on their own
-    in ``current``, give a design already scored in the run (a key in ``seen``) — a step back to
-    the parent, or to any earlier candidate. A "changes" grammar leaves them out like the current
-    value (measured on the shared RHELM run: after the section store was accepted, the embedded
-    proposer spent a call proposing ``store.unit = record``, the parent's design, a duplicate)."""
-    out: dict[str, list[Any]] = {}
+    check: Callable[[MemoryDesign], None] | None = None,
+) -> dict[str, dict[str, list[Any]]]:
+    """For each choice field (an enum or a bool) of ``fields``, the values a "changes" grammar
+    leaves out, by reason: ``"scored"`` — set on their own in ``current`` they give a design
+    already scored in the run (a key in ``seen``: a step back to the parent, or any earlier
+    candidate); ``"unbuildable"`` — on their own they give an invalid design, or one ``check``
+    refuses here (a reranker with no model folder, an LM at retrieval time over the run's limit,
+    a missing extra). Measured on the shared RHELM run: after the section store was accepted the
+    embedded proposer spent a call on ``store.unit = record`` (the parent), and a whole iteration
+    on ``retrieve.rerank = cross_encoder`` with no reranker model on the machine."""
+    out: dict[str, dict[str, list[Any]]] = {"scored": {}, "unbuildable": {}}
     for f in fields:
         for v in field_value_schema(f, _current_value(current, f)).get("enum") or ():
             design = _with_value(current, f, v)
-            if design is not None and pin(design).key() in seen:
-                out.setdefault(f, []).append(v)
+            reason = "unbuildable" if design is None else None
+            if design is not None:
+                design = pin(design)
+                if design.key() in seen:
+                    reason = "scored"
+                elif check is not None:
+                    try:
+                        check(design)
+                    except InputError:
+                        reason = "unbuildable"
+            if reason:
+                out[reason].setdefault(f, []).append(v)
     return out
 
 
@@ -345,6 +359,14 @@ def field_value_schema(path: str, current: Any = None, avoid: Any = ()) -> dict[
     annotation = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
     schema = TypeAdapter(annotation).json_schema()
     schema.pop("title", None)
+    if path == "store.fields":  # the record text is always indexed (apply_changes adds it)
+        items = dict(schema["items"])
+        items["enum"] = [f for f in items["enum"] if f != "text"]
+        schema = {
+            **schema,
+            "items": items,
+            "description": "metadata fields indexed beside the text",
+        }
     schema = _bounded(schema)
     avoid = list(avoid)
     if current is not None and isinstance(current, bool) and schema.get("type") == "boolean":
@@ -419,6 +441,11 @@ def apply_changes(current: MemoryDesign, changes: list[DesignChange]) -> MemoryD
             # a list field written as text: "text, author" (measured: the embedded proposer wrote
             # list values this way in 2 of 3 invalid proposals)
             value = [v.strip().strip("'\"") for v in value.strip("[]").split(",") if v.strip()]
+        if ch.field == "store.fields" and isinstance(value, list) and "text" not in value:
+            # the record text is always indexed; the grammar offers only the metadata fields
+            # (measured: 2 of 15 iterations of the shared RHELM run listed the metadata alone and
+            # were invalid twice over)
+            value = ["text", *value]
         node[last] = value
     return MemoryDesign.from_dict(data)
 
@@ -606,13 +633,14 @@ class DesignProposer(dspy.Module):
         avoid: dict[str, list[Any]] = {}
         for field, value in tabu:
             avoid.setdefault(field, []).append(json.loads(value))
-        repeats: dict[str, list[Any]] = {}
+        excluded: dict[str, dict[str, list[Any]]] = {}
         if self.output == "changes" and self.explore:
-            repeats = repeating_values(current, DESIGN_FIELDS, seen, lambda d: self._pin(d, []))
-            for field, values in repeats.items():
-                avoid.setdefault(field, []).extend(
-                    v for v in values if v not in avoid.get(field, [])
-                )
+            pin = lambda d: self._pin(d, [])  # noqa: E731
+            excluded = excluded_values(current, DESIGN_FIELDS, seen, pin, self.check)
+            for by_field in excluded.values():
+                for field, values in by_field.items():
+                    have = avoid.setdefault(field, [])
+                    have.extend(v for v in values if v not in have)
         while True:
             t0 = time.perf_counter()
             notes: list[str] = []
@@ -628,13 +656,19 @@ class DesignProposer(dspy.Module):
                     "values rejected on their own earlier were not offered: "
                     + "; ".join(f"{f}={v}" for f, v in sorted(tabu))
                 )
-            if allowed is not None and repeats:
-                notes.append(
-                    "values that give an already scored design were not offered: "
-                    + "; ".join(
-                        f"{f}={json.dumps(v)}" for f, vs in sorted(repeats.items()) for v in vs
+            for reason, label in (
+                ("scored", "give an already scored design"),
+                ("unbuildable", "cannot be built or scored here on their own"),
+            ):
+                if allowed is not None and excluded.get(reason):
+                    notes.append(
+                        f"values that {label} were not offered: "
+                        + "; ".join(
+                            f"{f}={json.dumps(v)}"
+                            for f, vs in sorted(excluded[reason].items())
+                            for v in vs
+                        )
                     )
-                )
             try:
                 pred = self._call(current, text, feedback, config, allowed, avoid)
                 error, raw = None, None
