@@ -69,7 +69,8 @@ def run_one(
     config = OptimizeConfig(
         iterations=args.iterations, objective="recall", protocol="as_of", seed=args.seed, search=search,
         parents=args.parents, accept=args.accept, proposer_output="changes", feedback_tokens=args.feedback_tokens,
-        max_build_calls=0, max_eval_lm_calls=0, guard=args.guard or [], guard_margin=args.guard_margin, val_from=args.val_from,
+        max_build_calls=0, max_eval_lm_calls=0, max_embed_units=args.max_embed_units or None, guard=args.guard or [],
+        guard_margin=args.guard_margin, val_from=args.val_from,
         tabu=args.tabu,
     )  # fmt: skip
     folder = out / setting / search
@@ -194,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-tabu", dest="tabu", action="store_false",
                     help="hill/population: let the proposer repeat changes rejected on their own")  # fmt: skip
     ap.add_argument("--feedback-tokens", type=int, default=1200)
+    ap.add_argument("--max-embed-units", type=int, default=60000,
+                    help="send back a dense/hybrid design whose index would embed more units (0: no limit; "
+                         "default 60000, about an hour of MiniLM on 2 cores: the ten personas' 256-token "
+                         "sections are 48k units, 32-token sections several times that)")  # fmt: skip
     ap.add_argument("--indexes", default="bm25",
                     help="random/tpe: index kinds to sample (bm25,dense,hybrid need the dense extra)")  # fmt: skip
     ap.add_argument(

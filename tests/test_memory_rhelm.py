@@ -132,3 +132,16 @@ def test_cli_qa_file(rhelm_root, loaded, tmp_path):
                                       "--metrics", "recall", "--json", "--no-cache"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["n"] == 3
+
+
+@pytest.mark.parametrize("unit, extra", [("record", {}), ("window", {"window_size": 3}), ("thread", {}),
+                                         ("section", {"section_max_tokens": 256}), ("section", {"section_max_tokens": 32})])  # fmt: skip
+def test_unit_count_is_the_number_of_units_the_store_builds(loaded, unit, extra):
+    """The optimizer bounds a dense index's size by this count before anything is embedded; it
+    must be exact (sections counted from cached span token counts, not rendered)."""
+    from memsteer_dspy.memory.design import StoreSpec
+    from memsteer_dspy.memory.store import build_units, unit_count
+
+    spec = StoreSpec(unit=unit, **extra)
+    assert unit_count(loaded.history, spec) == len(build_units(loaded.history, spec))
+    assert unit_count(loaded.history, StoreSpec(unit="facts")) is None

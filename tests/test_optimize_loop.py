@@ -418,3 +418,37 @@ def test_a_run_without_retrieval_lm_calls_never_offers_them(tmp_path):
     opt.config.max_eval_lm_calls = None
     out = excluded_values(NARROW, DESIGN_FIELDS, {}, check=opt.proposer.check)["unbuildable"]
     assert "retrieve.query" not in out and "llm" not in out.get("retrieve.rerank", [])
+
+
+def test_a_dense_index_over_more_units_than_allowed_is_sent_back_unbuilt(tmp_path, monkeypatch):
+    """Seen on the shared RHELM run: under an accepted hybrid index, a proposal of 32-token sections
+    meant re-embedding several hundred thousand units with MiniLM on 2 cores (hours) before any
+    verdict. With ``max_embed_units`` the design is sent back with the count named, nothing is
+    embedded, and the run goes on; unset, the option stays out of the same-run key."""
+    import memsteer_dspy.memory.embedders as embedders
+    from memsteer_dspy.memory.store import unit_count
+
+    def no_embedding(*a, **k):
+        raise AssertionError("nothing may be embedded")
+
+    monkeypatch.setattr(embedders, "load_embedder", no_embedding)
+    n = unit_count(small_history(), NARROW.store)
+    dense = changed(NARROW, retrieve__index="hybrid")
+    config = OptimizeConfig(iterations=1, objective="recall", max_embed_units=n - 1)
+    lm = ProposerLM([proposal(dense), proposal(wide(2))])
+    opt = MemSteerOpt(small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=NARROW, config=config,
+                      lms={"proposer": lm})  # fmt: skip
+    res = opt.run()
+    assert [e.status for e in res.entries] == ["baseline", "accepted"]
+    first = res.entries[1].attempts[0]
+    assert (
+        first.kind == "invalid"
+        and f"embeds {n:,} units" in first.error
+        and f"allows {n - 1:,}" in first.error
+    )
+    assert "embeds" in field_value(lm.calls[1]["user"], "revision_history")
+    assert "max_embed_units" not in json.dumps(run(tmp_path / "b", [], iterations=1)[0].run_key())
+    assert "max_embed_units" in json.dumps(opt.run_key())
+    # at the limit the design is fine
+    opt.config.max_embed_units = n
+    opt.proposer.check(MemoryDesign.from_dict(dense))

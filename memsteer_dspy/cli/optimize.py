@@ -162,6 +162,16 @@ def optimize(
             "is sent back to the proposer. 0 keeps the search LM-free at retrieval. Default: no limit.",
         ),
     ] = None,
+    max_embed_units: Annotated[
+        int | None,
+        typer.Option(
+            "--max-embed-units",
+            min=0,
+            help="Most memory units a candidate's dense or hybrid index may embed (one vector each; "
+            "MiniLM embeds about 17 a second on 2 CPU cores); a design over it is sent back to the "
+            "proposer. Default: no limit.",
+        ),
+    ] = None,
     tracking_uri: Annotated[
         str | None,
         typer.Option(
@@ -374,7 +384,7 @@ def optimize(
         iterations=iterations, objective=objective, feedback=feedback, seed=seed, feedback_tokens=feedback_tokens,
         protocol=protocol or ("as_of" if history.format == "rhelm" else "full"), threads=threads,
         proposer_output=proposer_output, max_build_calls=_build_call_limit(max_build_calls, lm_config),
-        max_eval_lm_calls=max_eval_lm_calls,
+        max_eval_lm_calls=max_eval_lm_calls, max_embed_units=max_embed_units,
         search=search, parents=parents, accept=accept_rule, accept_alpha=accept_alpha, accept_margin=accept_margin,
         accept_test=accept_test, lm_retrieval_margin=lm_retrieval_margin, proposals=proposals,
         guard=list(guard or []), guard_margin=guard_margin, val_from=val_from, tabu=tabu,

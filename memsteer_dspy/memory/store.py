@@ -206,25 +206,62 @@ def _thread_units(history: History, spec: StoreSpec) -> list[MemoryUnit]:
     return units
 
 
+def _section_starts(tokens: Sequence[int], headings: Sequence[bool], max_tokens: int) -> list[int]:
+    """The span indices where :func:`split_sections` starts a piece (always 0): at a markdown
+    heading, and wherever a piece would pass ``max_tokens``."""
+    starts = [0]
+    used = tokens[0]
+    for i in range(1, len(tokens)):
+        if headings[i] or used + tokens[i] > max_tokens:
+            starts.append(i)
+            used = 0
+        used += tokens[i]
+    return starts
+
+
 def split_sections(record: Record, max_tokens: int) -> list[str]:
     """Cut a record at markdown headings and wherever a piece would pass ``max_tokens``; pieces
     are runs of whole spans (lines/sentences) of the record text."""
     spans = record.spans
     if not spans:
         return [record.text] if record.text.strip() else []
-    pieces: list[tuple[int, int]] = []
-    start = spans[0].start
-    end = spans[0].end
-    tokens = count_tokens(spans[0].text)
-    for s in spans[1:]:
-        n = count_tokens(s.text)
-        if s.text.startswith("#") or tokens + n > max_tokens:
-            pieces.append((start, end))
-            start, tokens = s.start, 0
-        end = s.end
-        tokens += n
-    pieces.append((start, end))
-    return [record.text[a:b] for a, b in pieces]
+    starts = _section_starts(
+        [count_tokens(s.text) for s in spans], [s.text.startswith("#") for s in spans], max_tokens
+    )
+    ends = [*starts[1:], len(spans)]
+    return [
+        record.text[spans[a].start : spans[b - 1].end] for a, b in zip(starts, ends, strict=True)
+    ]
+
+
+# span token counts and heading flags per record, by history fingerprint (the last few histories)
+_SPAN_STATS: dict[str, list[tuple[list[int], list[bool]] | None]] = {}
+
+
+def unit_count(history: History, spec: StoreSpec) -> int | None:
+    """How many memory units ``spec`` makes of ``history``, without rendering them (a dense index
+    embeds one vector per unit); None for LM-built fact units, which cannot be counted before."""
+    if spec.unit == "facts":
+        return None
+    if spec.unit == "record":
+        return len(history)
+    if spec.unit != "section":
+        return len(build_units(history, spec))
+    fp = history.fingerprint
+    if fp not in _SPAN_STATS:
+        while len(_SPAN_STATS) >= 4:
+            _SPAN_STATS.pop(next(iter(_SPAN_STATS)))
+        _SPAN_STATS[fp] = [
+            ([count_tokens(s.text) for s in r.spans], [s.text.startswith("#") for s in r.spans]) if r.spans else None
+            for r in history
+        ]  # fmt: skip
+    n = 0
+    for r, stats in zip(history, _SPAN_STATS[fp], strict=True):
+        if stats is None:
+            n += 1 if r.text.strip() else 0
+        else:
+            n += len(_section_starts(*stats, spec.section_max_tokens))
+    return n
 
 
 def _section_units(history: History, spec: StoreSpec) -> list[MemoryUnit]:

@@ -49,6 +49,7 @@ from pydantic import BaseModel, Field
 
 from memsteer_dspy.errors import ConfigError, InputError
 from memsteer_dspy.memory.design import MemoryDesign, store_build_calls
+from memsteer_dspy.memory.store import unit_count
 from memsteer_dspy.optimize.diagnosis import Diagnosis, diagnose_failures, stage_counts
 from memsteer_dspy.optimize.feedback import FEEDBACK_MODES, Feedback, FeedbackMode, build_feedback
 from memsteer_dspy.optimize.objectives import (
@@ -141,6 +142,12 @@ class OptimizeConfig(BaseModel):
         description="Most retrieval-time LM calls one scoring of a candidate may take (query "
         "rewrite / decomposition / HyDE / multi-query / LM rerank: one call per question each); a "
         "design over it is sent back to the proposer. None: no limit.",
+    )
+    max_embed_units: int | None = Field(
+        None,
+        ge=0,
+        description="Most memory units a candidate's dense or hybrid index may embed (one vector per "
+        "unit); a design over it is sent back to the proposer. None: no limit.",
     )
     proposer_output: Literal["design", "changes"] = Field(
         "design",
@@ -606,6 +613,16 @@ class MemSteerOpt:
                 field=field,
                 hint="choose an LM-free retrieval: query 'raw' and rerank 'none' or 'cross_encoder'",
             )
+        embed_limit = self.config.max_embed_units
+        if embed_limit is not None and design.retrieve.index in ("dense", "hybrid"):
+            units = unit_count(self.history, design.store)
+            if units is not None and units > embed_limit:
+                raise InputError(
+                    f"a {design.retrieve.index} index over this store embeds {units:,} units "
+                    f"({design.retrieve.dense.embedder}); this run allows {embed_limit:,}",
+                    field="store.section_max_tokens" if design.store.unit == "section" else "retrieve.index",
+                    hint="keep fewer, larger units (a larger store.section_max_tokens, record or thread units) or a bm25 index",
+                )  # fmt: skip
         limit = self.config.max_build_calls
         needed = store_build_calls(design, len(self.history))
         if limit is not None and needed > limit:
@@ -662,8 +679,12 @@ class MemSteerOpt:
                 getattr(self._proposer, "lm", None) if self._proposer is not None else self._lm_or_none("proposer")
             )  # fmt: skip
         options = {k: v for k, v in c.model_dump(mode="json").items() if k not in KEY_EXCLUDED}
-        if options.get("max_eval_lm_calls") is None:  # added later: runs without it stay resumable
-            options.pop("max_eval_lm_calls", None)
+        for later in (
+            "max_eval_lm_calls",
+            "max_embed_units",
+        ):  # added later: runs without them stay resumable
+            if options.get(later) is None:
+                options.pop(later, None)
         if options.get("tabu") is False:  # added later: runs from before it had none
             options.pop("tabu")
         key = run_key(
