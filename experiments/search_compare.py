@@ -119,8 +119,13 @@ def held_out_by_persona(folder: Path, best_key: str, initial_key: str, seed: int
     out: dict[str, Any] = {}
     for sub in sorted(d for d in initial.iterdir() if d.is_dir()) if initial.is_dir() else []:
         comp = compare_item_results(items(sub), items(best / sub.name), answered=False, seed=seed)
-        out[sub.name] = {"n": comp.n, "n_pairs": comp.n_pairs, "diff": comp.diff,
-                         "ci95": comp.ci95, "verdict": comp.verdict}  # fmt: skip
+        out[sub.name] = {
+            "n": comp.n,
+            "n_pairs": comp.n_pairs,
+            "diff": comp.diff,
+            "ci95": comp.ci95,
+            "verdict": comp.verdict,
+        }
     return out
 
 
@@ -163,8 +168,13 @@ def render(
     for r in rows:
         if not r.get("by_persona"):
             continue
-        lines += ["", f"### {r['setting']} / {r['search']}: the shared design on each persona's held-out items", "",
-                  "| persona | n | ΔR@10 [95% CI] | Δdeliv. [95% CI] | verdict |", "|---|---:|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            f"### {r['setting']} / {r['search']}: the shared design on each persona's held-out items",
+            "",
+            "| persona | n | ΔR@10 [95% CI] | Δdeliv. [95% CI] | verdict |",
+            "|---|---:|---|---|---|",
+        ]
         for p, c in r["by_persona"].items():
             lines.append(
                 f"| {p} | {c['n']} | {_ci(c, 'recall_at_10')} | {_ci(c, 'delivered_recall')} | {c['verdict']} |"
@@ -195,10 +205,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-tabu", dest="tabu", action="store_false",
                     help="hill/population: let the proposer repeat changes rejected on their own")  # fmt: skip
     ap.add_argument("--feedback-tokens", type=int, default=1200)
-    ap.add_argument("--max-embed-units", type=int, default=60000,
-                    help="send back a dense/hybrid design whose index would embed more units (0: no limit; "
-                         "default 60000, about an hour of MiniLM on 2 cores: the ten personas' 256-token "
-                         "sections are 48k units, 32-token sections several times that)")  # fmt: skip
+    ap.add_argument(
+        "--max-embed-units",
+        type=int,
+        default=60000,
+        help="send back a dense/hybrid design whose index would embed more units (0: no limit; "
+        "default 60000, about an hour of MiniLM on 2 cores: the ten personas' 256-token "
+        "sections are 48k units, 32-token sections several times that)",
+    )
     ap.add_argument("--indexes", default="bm25",
                     help="random/tpe: index kinds to sample (bm25,dense,hybrid need the dense extra)")  # fmt: skip
     ap.add_argument(
@@ -246,8 +260,12 @@ def main(argv: list[str] | None = None) -> int:
                 failed[(setting, search)] = f"{type(exc).__name__}: {exc}"
                 with open(args.out / "errors.log", "a", encoding="utf-8") as f:
                     f.write(f"== {setting} / {search}\n{traceback.format_exc()}\n")
-                print(f"  failed: {failed[(setting, search)]} (traceback in {args.out / 'errors.log'}; "
-                      "a rerun resumes its run folder)", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"  failed: {failed[(setting, search)]} (traceback in {args.out / 'errors.log'}; "
+                    "a rerun resumes its run folder)",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 (args.out / "results.md").write_text(render(rows, args, failed))
                 continue
             rows = [r for r in rows if (r["setting"], r["search"]) != (setting, search)] + [row]

@@ -19,12 +19,25 @@ def test_random_search_reports_held_out_rows_progress_and_resumes(rhelm_root, tm
 
     sc = load_script("experiments/search_compare.py")
     out = tmp_path / "sc"
-    args = ["--searches", "random", "--persona", "Elena_Morales", "--rhelm-root", str(rhelm_root),
-            "--cache-dir", str(tmp_path / "cache"), "--out", str(out)]  # fmt: skip
+    args = [
+        "--searches",
+        "random",
+        "--persona",
+        "Elena_Morales",
+        "--rhelm-root",
+        str(rhelm_root),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--out",
+        str(out),
+    ]
     assert sc.main([*args, "--iterations", "2"]) == 0
     err = capsys.readouterr().err
-    for line in ("[Elena_Morales/random] iter   0/2  baseline", "[Elena_Morales/random] iter   1/2",
-                 "[Elena_Morales/random] iter   2/2"):  # fmt: skip
+    for line in (
+        "[Elena_Morales/random] iter   0/2  baseline",
+        "[Elena_Morales/random] iter   1/2",
+        "[Elena_Morales/random] iter   2/2",
+    ):
         assert line in err, err
     assert " R@10 " in err  # the recall objective's guard metric is shown beside delivered recall
 
@@ -66,8 +79,19 @@ def test_a_shared_row_breaks_its_held_out_comparison_down_by_persona(rhelm_root,
     sc = load_script("experiments/search_compare.py")
     out = tmp_path / "sc"
     personas = ["Elena_Morales", "Jonas_Richter"]
-    argv = ["--searches", "random", "--shared-only", "--iterations", "3", "--rhelm-root", str(rhelm_root),
-            "--cache-dir", str(tmp_path / "cache"), "--out", str(out)]  # fmt: skip
+    argv = [
+        "--searches",
+        "random",
+        "--shared-only",
+        "--iterations",
+        "3",
+        "--rhelm-root",
+        str(rhelm_root),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--out",
+        str(out),
+    ]
     for p in personas:
         argv += ["--persona", p]
     assert sc.main(argv) == 0
@@ -117,9 +141,23 @@ def test_one_failed_run_is_recorded_and_the_others_go_on(rhelm_root, tmp_path, c
 
     monkeypatch.setattr(sc, "run_one", flaky)
     out = tmp_path / "sc"
-    argv = ["--searches", "random", "--per-persona-only", "--iterations", "1", "--persona", "Elena_Morales",
-            "--persona", "Jonas_Richter", "--rhelm-root", str(rhelm_root), "--cache-dir", str(tmp_path / "cache"),
-            "--out", str(out)]  # fmt: skip
+    argv = [
+        "--searches",
+        "random",
+        "--per-persona-only",
+        "--iterations",
+        "1",
+        "--persona",
+        "Elena_Morales",
+        "--persona",
+        "Jonas_Richter",
+        "--rhelm-root",
+        str(rhelm_root),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--out",
+        str(out),
+    ]
     assert sc.main(argv) == 1
     assert "failed: OSError: disk full" in capsys.readouterr().err
     assert [r["setting"] for r in json.loads((out / "results.json").read_text())] == [

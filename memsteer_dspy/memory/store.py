@@ -252,9 +252,11 @@ def unit_count(history: History, spec: StoreSpec) -> int | None:
         while len(_SPAN_STATS) >= 4:
             _SPAN_STATS.pop(next(iter(_SPAN_STATS)))
         _SPAN_STATS[fp] = [
-            ([count_tokens(s.text) for s in r.spans], [s.text.startswith("#") for s in r.spans]) if r.spans else None
+            ([count_tokens(s.text) for s in r.spans], [s.text.startswith("#") for s in r.spans])
+            if r.spans
+            else None
             for r in history
-        ]  # fmt: skip
+        ]
     n = 0
     for r, stats in zip(history, _SPAN_STATS[fp], strict=True):
         if stats is None:

@@ -620,9 +620,11 @@ class MemSteerOpt:
                 raise InputError(
                     f"a {design.retrieve.index} index over this store embeds {units:,} units "
                     f"({design.retrieve.dense.embedder}); this run allows {embed_limit:,}",
-                    field="store.section_max_tokens" if design.store.unit == "section" else "retrieve.index",
+                    field="store.section_max_tokens"
+                    if design.store.unit == "section"
+                    else "retrieve.index",
                     hint="keep fewer, larger units (a larger store.section_max_tokens, record or thread units) or a bm25 index",
-                )  # fmt: skip
+                )
         limit = self.config.max_build_calls
         needed = store_build_calls(design, len(self.history))
         if limit is not None and needed > limit:
