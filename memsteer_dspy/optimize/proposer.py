@@ -271,15 +271,9 @@ def rejected_alone(history: list[RevisionEntry]) -> dict[tuple[str, str], int]:
 
 def _with_value(design: MemoryDesign, path: str, value: Any) -> MemoryDesign | None:
     """``design`` with one field set to ``value``; None when that is not a valid design."""
-    data = design.model_dump(mode="json")
-    node = data
-    *parents, last = path.split(".")
-    for part in parents:
-        node = node[part]
-    node[last] = value
     try:
-        return MemoryDesign.from_dict(data)
-    except Exception:  # noqa: BLE001 - an invalid combination is simply not a repeat
+        return apply_changes(design, [DesignChange(field=path, value=json.dumps(value))])
+    except InputError:
         return None
 
 
