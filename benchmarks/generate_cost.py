@@ -1,10 +1,11 @@
-"""Cost of supervision construction per verified item: two pipeline configurations, one run.
+"""Cost of supervision construction per verified item: pipeline configurations side by side, one run.
 
 Usage::
 
     flock /tmp/memsteer-lm.lock python benchmarks/generate_cost.py \\
         --user Elena_Morales --seed 1 --candidates 40          # earlier pipeline vs the lean one
     python benchmarks/generate_cost.py --candidates 8 --configs lean   # one configuration only
+    python benchmarks/generate_cost.py --configs v1,lean,lean-unsteered,v1-steered  # pipeline x sampler
 
 For one RHELM persona (external sources on), seed and candidate count, runs ``memsteer generate``'s
 pipeline (:func:`~memsteer_dspy.supervision.run.generate_supervision`, the MemSteer method, every
@@ -15,14 +16,17 @@ slows both alike:
 
 - ``v1``   — the earlier pipeline: DSPy's JSONAdapter prompts, audit before blind read, the small
   bundle profile's 80/20 one-/two-record draw without answer-type targets;
-- ``lean`` — the default now: compact prompts, the pre-filter of bundles with nothing concrete,
-  blind read before the audit, tight output caps, and tasks steered toward the profile's mix.
+- ``lean`` — compact prompts, the pre-filter of bundles with nothing concrete, blind read before
+  the audit, tight output caps, and tasks steered toward the profile's mix;
+- ``lean-unsteered`` — lean's pipeline on v1's task draw, and ``v1-steered`` — v1's pipeline on
+  lean's steered draw: together they tell the pipeline's effect from the sampler's (the steered
+  draw asks for two-record, number and list items, which a small LM keeps less often).
 
 Prints per role and in total: LM calls, prompt tokens, prompt tokens actually evaluated (llama.cpp
 reuses the longest common prefix with the previous call; reported as ``cached_tokens``),
 completion tokens and seconds; the kept fraction; tokens, evaluated tokens and seconds per accepted
-item; the accepted items' answer types and evidence counts; then the ratios lean / v1 measured in
-this run. Writes ``cost.json`` (everything printed) and each configuration's generate folder
+item; the accepted items' answer types and evidence counts; then each configuration's ratios over
+v1, measured in this run. Writes ``cost.json`` (everything printed) and each configuration's generate folder
 (``train.jsonl``, ``val.jsonl``, ``rejected.jsonl``, ``summary.json``) under ``--out``.
 """
 
@@ -56,16 +60,29 @@ from memsteer_dspy.supervision.run import (  # noqa: E402
     read_log,
 )
 
-CONFIGS = ("v1", "lean")
+# name -> (lean pipeline, steered task sampler). The two mixed ones separate the two effects: the
+# steered sampler asks for harder items (two-record tasks, numbers, lists), which a small LM keeps
+# less often whatever its prompts.
+CONFIGS: dict[str, tuple[bool, bool]] = {
+    "v1": (False, False),
+    "lean": (True, True),
+    "lean-unsteered": (True, False),
+    "v1-steered": (False, True),
+}
 
 
 def generation_config(name: str, candidates: int, seed: int) -> GenerationConfig:
-    """The named configuration, every check on, stopping only when ``candidates`` are done."""
-    lean = name == "lean"
+    """The named configuration (:data:`CONFIGS`), every check on, stopping only when ``candidates``
+    are done."""
+    lean, steered = CONFIGS[name]
     return GenerationConfig(
-        n=candidates, max_candidates=candidates, seed=seed, lean=lean, bounded=True,
-        bundle=small_lm_bundle_config(steered=lean),
-    )  # fmt: skip
+        n=candidates,
+        max_candidates=candidates,
+        seed=seed,
+        lean=lean,
+        bounded=True,
+        bundle=small_lm_bundle_config(steered=steered),
+    )
 
 
 def role_costs(out: Path) -> dict[str, Any]:
@@ -147,13 +164,54 @@ def ratios(new: dict[str, Any], old: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
+def run_configs(
+    history: Any,
+    lms: dict[str, Any],
+    names: list[str],
+    out: Path,
+    *,
+    candidates: int,
+    seed: int,
+    chunk: int,
+    lm_description: dict[str, str] | None = None,
+    progress: bool = True,
+) -> tuple[dict[str, dict[str, Any]], bool]:
+    """Run the named configurations into ``out/<name>``, taking turns ``chunk`` candidates at a time
+    (each turn resumes its run), so a machine shared with other work slows all alike and the ratios
+    stay fair. Returns ``({name: role_costs}, stopped early)``; Ctrl-C stops with what each
+    configuration finished."""
+    done, stopped = 0, False
+    try:
+        while done < candidates:
+            done = min(candidates, done + chunk)
+            for name in names:
+                config = generation_config(name, done, seed)
+                generate_supervision(
+                    history,
+                    lms,
+                    out / name,
+                    config,
+                    lm_description=lm_description,
+                    progress=progress,
+                )
+    except KeyboardInterrupt:
+        stopped = True
+        print(
+            f"\nstopped during the turn up to candidate {done}: the report covers what was finished"
+        )
+    results = {n: role_costs(out / n) for n in names if (out / n / "run.json").exists()}
+    return results, stopped
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--user", default="Elena_Morales", help="RHELM persona")
     ap.add_argument("--path", default=None, help="RHELM root (default ../shared/benchmarks/rhelm)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--candidates", type=int, default=40)
-    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated: v1, lean")
+    ap.add_argument(
+        "--configs", default="v1,lean", help=f"comma-separated, from {', '.join(CONFIGS)}"
+    )
     ap.add_argument(
         "--chunk", type=int, default=8, help="candidates per turn of each configuration"
     )
@@ -183,37 +241,33 @@ def main(argv: list[str] | None = None) -> int:
         folder = out / name
         if folder.exists() and any(folder.iterdir()):
             sys.exit(f"{folder} is not empty: pass a new --out (a cost run never resumes)")
-    # the configurations take turns, --chunk candidates at a time (each turn resumes its run), so
-    # a machine shared with other work slows both alike and the ratios stay fair
-    # stopped early (Ctrl-C, or `timeout -s INT`): report what both configurations finished
+    # stopped early (Ctrl-C, or `timeout -s INT`): report what the configurations finished
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    done = 0
-    stopped = False
-    try:
-        while done < args.candidates:
-            done = min(args.candidates, done + args.chunk)
-            for name in names:
-                generate_supervision(history, dict.fromkeys(GENERATION_ROLES, lm), out / name,
-                                     generation_config(name, done, args.seed),
-                                     lm_description=dict.fromkeys(GENERATION_ROLES, args.lm), progress=True)  # fmt: skip
-    except KeyboardInterrupt:
-        stopped = True
-        print(
-            f"\nstopped during the turn up to candidate {done}: the report covers what was finished"
-        )
-    results: dict[str, Any] = {}
-    for name in names:
-        if (out / name / "run.json").exists():
-            results[name] = role_costs(out / name)
-            print_costs(name, results[name])
+    roles = dict.fromkeys(GENERATION_ROLES, lm)
+    described = dict.fromkeys(GENERATION_ROLES, args.lm)
+    results, stopped = run_configs(
+        history,
+        roles,
+        names,
+        out,
+        candidates=args.candidates,
+        seed=args.seed,
+        chunk=args.chunk,
+        lm_description=described,
+    )
+    for name, cost in results.items():
+        print_costs(name, cost)
     report: dict[str, Any] = {"user": args.user, "seed": args.seed, "candidates": args.candidates,
                               "stopped_early": stopped, "lm": args.lm, "cores": os.cpu_count(),
                               "configs": results}  # fmt: skip
-    if "v1" in results and "lean" in results:
-        report["ratios_lean_over_v1"] = ratios(results["lean"], results["v1"])
-        print("\n== lean / v1, measured in this run:")
-        for k, v in report["ratios_lean_over_v1"].items():
-            print(f"  {k:<28} {v}")
+    if "v1" in results:
+        report["ratios_over_v1"] = {
+            n: ratios(results[n], results["v1"]) for n in results if n != "v1"
+        }
+        for n, r in report["ratios_over_v1"].items():
+            print(f"\n== {n} / v1, measured in this run:")
+            for k, v in r.items():
+                print(f"  {k:<28} {v}")
     (out / "cost.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"\nwrote {out}/cost.json")
     return 0

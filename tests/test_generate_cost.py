@@ -1,0 +1,78 @@
+"""`benchmarks/generate_cost.py`: its configurations, and the per-role costs and ratios it reports,
+run end to end on scripted LMs (the real model is measured by hand; see its docstring)."""
+
+from __future__ import annotations
+
+import pytest
+from script_helpers import load_script
+from test_supervision_run import accepting_lms, laptop_history
+
+from memsteer_dspy.supervision.program import GENERATION_ROLES
+from memsteer_dspy.supervision.run import read_log
+
+gc = load_script("benchmarks/generate_cost.py")
+
+
+@pytest.mark.parametrize(
+    ("name", "lean", "steered"),
+    [
+        ("v1", False, False),
+        ("lean", True, True),
+        ("lean-unsteered", True, False),
+        ("v1-steered", False, True),
+    ],
+)
+def test_configurations_cross_pipeline_and_sampler(name, lean, steered):
+    c = gc.generation_config(name, 12, 3)
+    assert (c.lean, c.seed, c.n, c.max_candidates, c.bounded) == (lean, 3, 12, 12, True)
+    # the steered sampler is the one with answer-type targets
+    assert (c.bundle.answer_type_weights is not None) == steered
+    assert c.checks
+
+
+def test_run_configs_reports_each_configuration_from_its_own_log(tmp_path):
+    names = ["v1", "lean-unsteered"]
+    results, stopped = gc.run_configs(
+        laptop_history(),
+        accepting_lms(),
+        names,
+        tmp_path,
+        candidates=4,
+        seed=0,
+        chunk=3,
+        progress=False,
+    )
+    assert not stopped and list(results) == names
+    for name in names:
+        cost = results[name]
+        log = [r for r in read_log(tmp_path / name) if r.status != "skipped"]
+        accepted = sum(r.status == "accepted" for r in log)
+        # both turns ran (3 then 4 candidates), resumed in the same folder
+        assert cost["candidates"] == len(log) == 4
+        assert cost["accepted"] == accepted > 0
+        assert cost["kept_fraction"] == round(accepted / 4, 4)
+        calls = sum(c.calls for r in log for c in r.usage.values())
+        assert cost["total"]["calls"] == calls == sum(t["calls"] for t in cost["roles"].values())
+        assert set(cost["roles"]) <= set(GENERATION_ROLES)
+        assert cost["per_accepted"]["calls"] == pytest.approx(calls / accepted)
+    lean, v1 = results["lean-unsteered"], results["v1"]
+    r = gc.ratios(lean, v1)
+    assert r["calls_per_accepted"] == round(
+        lean["per_accepted"]["calls"] / v1["per_accepted"]["calls"], 3
+    )
+    assert r["kept_fraction"] == round(lean["kept_fraction"] / v1["kept_fraction"], 3)
+
+
+def test_ratios_without_an_accepted_item_are_empty():
+    none = {"per_accepted": None, "kept_fraction": 0.0}
+    some = {"per_accepted": {"tokens": 10.0, "calls": 2.0}, "kept_fraction": 0.5}
+    assert gc.ratios(none, some) == {} and gc.ratios(some, none) == {}
+    same = {"tokens_per_accepted": 1.0, "calls_per_accepted": 1.0, "kept_fraction": 1.0}
+    assert gc.ratios(some, some) == same
+
+
+def test_main_refuses_an_unknown_configuration_before_loading_anything(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        gc.main(["--configs", "v1,fast", "--out", str(tmp_path / "x")])
+    assert "unknown configuration(s) ['fast']" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
