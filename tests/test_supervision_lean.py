@@ -8,7 +8,7 @@ from collections import Counter
 from datetime import datetime
 
 import dspy
-from memsteer_dspy.signatures.plan import PlanAnswer
+from memsteer_dspy.signatures.plan import AnswerPlan, Fact, PlanAnswer
 from supervision_helpers import (
     audit_reply,
     blind_reply,
@@ -31,7 +31,7 @@ from memsteer_dspy.bundles import (
 from memsteer_dspy.lm.local import _with_cached_tokens
 from memsteer_dspy.records import AnswerType, History, QAItem, Record
 from memsteer_dspy.supervision.adapter import CompactJSONAdapter, brief_type
-from memsteer_dspy.supervision.checks import prefilter_bundle
+from memsteer_dspy.supervision.checks import prefilter_bundle, quoted_fact_support
 from memsteer_dspy.supervision.limits import bounded_signature
 from memsteer_dspy.supervision.program import MemSteerGenerator, RoleCost, _usage_tokens
 from memsteer_dspy.supervision.run import _question_word, accepted_distribution
@@ -107,6 +107,51 @@ def test_lean_run_batch_serves_blind_reads_before_audits():
     outcomes = gen.run_batch([(small_bundle(), FACT, 0)], lambda s, d, t: stages.append(s))
     assert outcomes[0].status == "accepted", outcomes[0].detail
     assert stages == ["plan", "question", "blind", "audit"]
+
+
+def test_lean_settles_quoted_facts_lexically_and_audits_the_rest():
+    # the fact the auditor is scripted to reject is the cited sentence's own words: it cannot
+    # reject it, because it is not asked about it
+    auditor = scripted(audit_reply(fact="unsupported"))
+    lms = {**role_lms([plan_reply()], [question_reply()], [], [blind_reply()]), "auditor": auditor}
+    out = lean_run(lms)
+    assert out.status == "accepted", out.detail
+    prompt = " ".join(m["content"] for m in auditor.history[-1]["messages"])
+    assert "record_checks" in prompt and "fact_checks" not in prompt
+    assert [c["verdict"] for c in out.audit.fact_checks] == ["supported"]
+    assert "lexical" in out.audit.fact_checks[0]["rationale"]
+    assert out.audit.record_checks and out.audit.answer_support == "supported"
+
+
+def test_lean_quoted_audit_still_rejects_on_what_the_lm_judges():
+    lms = role_lms(
+        [plan_reply()], [question_reply()], [audit_reply(record="unsupported")], [blind_reply()]
+    )
+    out = lean_run(lms)
+    assert out.reason == "audit:record_contribution"
+
+
+def test_the_earlier_pipeline_asks_the_auditor_about_every_fact():
+    auditor = scripted(audit_reply(fact="unsupported"))
+    lms = {**role_lms([plan_reply()], [question_reply()], [], [blind_reply()]), "auditor": auditor}
+    gen = MemSteerGenerator(lms, max_retries=1)
+    out = gen(bundle=small_bundle(), task=FACT, shuffle_seed=0).outcome
+    assert out.reason == "audit:fact_support"
+    assert "fact_checks" in " ".join(m["content"] for m in auditor.history[-1]["messages"])
+
+
+def test_quoted_fact_support():
+    spans = {"c1:1#1": "This morning I sent a quick note to Lila from my MacBook Air."}
+    fact = Fact(span_id="c1:1#1", statement="this morning i sent a quick note to Lila")
+    quoted = AnswerPlan(answer="MacBook Air", answer_type="entity", facts=[fact])
+    assert quoted_fact_support(quoted, spans)
+    for facts in (
+        [],  # nothing to settle
+        [Fact(span_id="c1:1#1", statement="I emailed Lila from an iPad")],  # not the span's words
+        [Fact(span_id="c9:9#1", statement="This morning")],  # no such span
+        [Fact(span_id="c1:1#1", statement="")],
+    ):
+        assert not quoted_fact_support(quoted.model_copy(update={"facts": facts}), spans)
 
 
 def chatty(i: int) -> Record:

@@ -692,6 +692,10 @@ def test_generator_is_a_dspy_module_with_named_predictors():
     names = {name for name, _ in gen.named_predictors()}
     assert names == {"plan", "write_question", "audit", "blind_read"}
     assert isinstance(gen, dspy.Module)
+    # lean adds the audit of quoted facts, on the auditor's LM
+    lean = MemSteerGenerator(lean=True)
+    assert {name for name, _ in lean.named_predictors()} == names | {"audit_quoted"}
+    assert lean.role_of["audit_quoted"] == "auditor"
 
 
 def test_run_batch_runs_stage_by_stage_with_the_same_outcomes():

@@ -53,6 +53,7 @@ __all__ = [
     "topic_words",
     "check_question",
     "prefilter_bundle",
+    "quoted_fact_support",
     "user_display_name",
     "detail_terms",
     "expand_name",
@@ -588,6 +589,20 @@ def prefilter_bundle(bundle: Bundle, task: Task, min_detail: float = MIN_CONCRET
     if len(found) < task.evidence_count:
         return "nothing_concrete"
     return None
+
+
+def quoted_fact_support(plan: AnswerPlan, span_texts: dict[str, str]) -> bool:
+    """Whether every fact of a resolved plan is its cited span's own words (after text
+    normalization), so the span states the fact by construction: the lexical source-support check
+    that settles the audit's per-fact judgment before any LM call. False for a plan without facts,
+    a fact whose span is not in the bundle, or a statement the span does not contain."""
+    if not plan.facts:
+        return False
+    for f in plan.facts:
+        span, statement = span_texts.get(f.span_id), normalize_text(f.statement)
+        if span is None or not statement or statement not in normalize_text(span):
+            return False
+    return True
 
 
 def spans_by_id(spans: Iterable) -> dict[str, str]:

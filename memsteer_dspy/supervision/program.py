@@ -9,7 +9,9 @@
 3. ``write_question`` (question writer LM) — :class:`~memsteer_dspy.signatures.question.WriteQuestion`,
    then :func:`~memsteer_dspy.supervision.checks.check_question`;
 4. ``audit`` (auditor LM) — :class:`~memsteer_dspy.signatures.audit.AuditQA`; every required verdict
-   must be "supported";
+   must be "supported" (``lean``: when every fact is its cited sentence's own words,
+   :func:`~memsteer_dspy.supervision.checks.quoted_fact_support` settles the per-fact judgments and
+   the LM answers :class:`~memsteer_dspy.signatures.audit.AuditQuotedFacts`, the rest of the audit);
 5. ``blind_read`` (blind reader LM) — :class:`~memsteer_dspy.signatures.blind_read.BlindRead` over
    the bundle's records in shuffled order; accepted only if answerable, the answer matches the
    reference after type normalization, and the citations cover every evidence record.
@@ -48,7 +50,7 @@ from pydantic import BaseModel, Field
 
 from memsteer_dspy.bundles import Bundle, BundleView, Task
 from memsteer_dspy.normalize import answers_match
-from memsteer_dspy.signatures.audit import AuditQA
+from memsteer_dspy.signatures.audit import AuditQA, AuditQuotedFacts
 from memsteer_dspy.signatures.baselines import PlanAndWriteQuestion, WriteQAPair
 from memsteer_dspy.signatures.blind_read import BlindRead
 from memsteer_dspy.signatures.plan import AnswerPlan, EvidenceUse, Fact, PlanAnswer
@@ -63,6 +65,7 @@ from memsteer_dspy.supervision.checks import (
     check_question,
     detail_terms,
     prefilter_bundle,
+    quoted_fact_support,
     spans_by_id,
     user_display_name,
 )
@@ -261,6 +264,9 @@ class _Generator(dspy.Module):
         self._demo_lock = threading.Lock()
         self._demo_count = 0
         self.role_of: dict[str, str] = {"audit": "auditor", "blind_read": "blind_reader"}
+        if lean:  # the audit of a plan whose facts are quoted sentences (see _verify)
+            self.audit_quoted = dspy.Predict(AuditQuotedFacts)
+            self.role_of["audit_quoted"] = "auditor"
         self._pending_lms = dict(lms or {})
 
     def _ready(self) -> None:
@@ -500,14 +506,20 @@ class _Generator(dspy.Module):
         # lean: the blind read (short answer, the check that rejects corrupted items) before the
         # audit (long verdicts), so only candidates the blind reader confirms pay for an audit
         stages = ("blind", "audit") if self.lean else ("audit", "blind")
+        # lean: facts that are their cited sentences' own words are supported by construction (the
+        # planner cites sentences, the program fills each fact in from its sentence); a small
+        # auditor asked to confirm them anyway spends most of its output on those verdicts
+        quoted = self.lean and quoted_fact_support(plan, spans_by_id(bundle.spans()))
         audit = blind = None
         for stage in stages:
             if stage == "audit":
+                predictor = "audit_quoted" if quoted else "audit"
                 try:
-                    out = yield _Request("audit", "audit", _audit_inputs(view, bundle, plan, question), usage)
+                    inputs = _audit_inputs(view, bundle, plan, question)
+                    out = yield _Request(predictor, "audit", inputs, usage)
                 except _LMFailure as exc:
                     return _rejected(exc.stage, "lm_error", exc.detail, usage, blind=blind, **base)
-                audit = _audit_result(out, view, plan)
+                audit = _audit_result(out, view, plan, quoted=quoted)
                 if audit.failures:
                     return _rejected("audit", f"audit:{audit.failures[0]}", ", ".join(audit.failures), usage,
                                      audit=audit, blind=blind, **base)  # fmt: skip
@@ -604,15 +616,24 @@ def _fact_lines(view: BundleView | None, bundle: Bundle, plan: AnswerPlan) -> li
     return lines
 
 
-def _audit_result(out: dspy.Prediction, view: BundleView, plan: AnswerPlan) -> AuditResult:
+def _audit_result(
+    out: dspy.Prediction, view: BundleView, plan: AnswerPlan, *, quoted: bool = False
+) -> AuditResult:
     """The audit's verdicts matched to the plan's facts and evidence records; a fact or record
-    without a "supported" verdict (or with none at all) fails its check."""
+    without a "supported" verdict (or with none at all) fails its check. With ``quoted`` the facts
+    passed :func:`~memsteer_dspy.supervision.checks.quoted_fact_support` and each gets that verdict."""
     result = AuditResult(
         answer_support=out.answer_support, answer_rationale=out.answer_rationale,
         consistency=out.consistency, consistency_rationale=out.consistency_rationale,
     )  # fmt: skip
     fact_verdicts: dict[str, str] = {}
-    for i, fc in enumerate(out.fact_checks or []):
+    if quoted:
+        why = "the fact is the cited sentence's own words (lexical check)"
+        for f in plan.facts:
+            check = {"span_id": f.span_id, "verdict": "supported", "rationale": why}
+            result.fact_checks.append(check)
+            fact_verdicts[f.span_id] = "supported"
+    for i, fc in enumerate([] if quoted else out.fact_checks or []):
         sid = view.resolve_span(fc.span_id)
         if sid is None and i < len(plan.facts):
             sid = plan.facts[i].span_id  # matched by position when the label is garbled
