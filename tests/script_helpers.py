@@ -13,3 +13,9 @@ def load_script(relpath: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def rhelm_args(rhelm_root, tmp_path) -> list[str]:
+    """The RHELM scripts' data flags (``experiments/_common.add_rhelm_args``): the benchmark root
+    and a per-test index cache."""
+    return ["--rhelm-root", str(rhelm_root), "--cache-dir", str(tmp_path / "cache")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from script_helpers import load_script
+from script_helpers import load_script, rhelm_args
 
 
 def test_a_variant_is_a_named_json_patch():
@@ -31,10 +31,7 @@ def test_probe_scores_variants_on_train_and_validation_only(rhelm_root, tmp_path
         [
             "--persona",
             "Elena_Morales",
-            "--rhelm-root",
-            str(rhelm_root),
-            "--cache-dir",
-            str(tmp_path / "cache"),
+            *rhelm_args(rhelm_root, tmp_path),
             "--variant",
             "same={}",
             "--variant",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from script_helpers import load_script
+from script_helpers import load_script, rhelm_args
 
 
 def test_random_search_reports_held_out_rows_progress_and_resumes(rhelm_root, tmp_path, capsys):
@@ -24,10 +24,7 @@ def test_random_search_reports_held_out_rows_progress_and_resumes(rhelm_root, tm
         "random",
         "--persona",
         "Elena_Morales",
-        "--rhelm-root",
-        str(rhelm_root),
-        "--cache-dir",
-        str(tmp_path / "cache"),
+        *rhelm_args(rhelm_root, tmp_path),
         "--out",
         str(out),
     ]
@@ -85,10 +82,7 @@ def test_a_shared_row_breaks_its_held_out_comparison_down_by_persona(rhelm_root,
         "--shared-only",
         "--iterations",
         "3",
-        "--rhelm-root",
-        str(rhelm_root),
-        "--cache-dir",
-        str(tmp_path / "cache"),
+        *rhelm_args(rhelm_root, tmp_path),
         "--out",
         str(out),
     ]
@@ -151,10 +145,7 @@ def test_one_failed_run_is_recorded_and_the_others_go_on(rhelm_root, tmp_path, c
         "Elena_Morales",
         "--persona",
         "Jonas_Richter",
-        "--rhelm-root",
-        str(rhelm_root),
-        "--cache-dir",
-        str(tmp_path / "cache"),
+        *rhelm_args(rhelm_root, tmp_path),
         "--out",
         str(out),
     ]
