@@ -52,6 +52,8 @@ __all__ = [
     "sample_seeds",
     "sample_task",
     "steered_task",
+    "task_for_count",
+    "answer_kinds",
     "small_lm_bundle_config",
 ]
 
@@ -120,6 +122,12 @@ class BundleConfig(BaseModel):
         description="Target mix of answer types (entity, number, date, list, …). Set, each task "
         "targets an answer type, and the sampler steers tasks toward the kinds (and evidence "
         "counts) the accepted items lack; None: no target, tasks as drawn from evidence_weights.",
+    )
+    steer_to_bundle: bool = Field(
+        default=True,
+        description="With answer_type_weights: a task targets only answer types its bundle's "
+        "sentences hold (answer_kinds: a number, a name other than the user's, a list); the "
+        "target mix is then steered among those.",
     )
 
 
@@ -475,11 +483,13 @@ def steered_task(
     config: BundleConfig,
     mix: AcceptedMix | None = None,
     max_evidence: int | None = None,
+    answer_kinds: Iterable[str] | None = None,
 ) -> Task:
     """A task aimed at the profile's target mix (``answer_type_weights`` and ``evidence_weights``),
     steered toward the kinds ``mix`` (the accepted items so far) lacks: first the evidence count
-    (at most ``max_evidence``), then an answer type that suits a question type for that count, then
-    that question type."""
+    (at most ``max_evidence``), then an answer type that suits a question type for that count (one
+    of ``answer_kinds`` when given and possible: what the bundle can answer, :func:`answer_kinds`),
+    then that question type."""
     assert config.answer_type_weights is not None
     weights = config.evidence_weights
     if max_evidence is not None and any(c <= max_evidence for c, w in weights.items() if w > 0):
@@ -487,14 +497,69 @@ def steered_task(
     counts = steered(weights, mix.evidence_counts if mix else None)
     keys = sorted(counts)
     count = rng.choices(keys, weights=[counts[c] for c in keys])[0]
+    return task_for_count(rng, config, count, mix, answer_kinds)
+
+
+def task_for_count(
+    rng: random.Random,
+    config: BundleConfig,
+    count: int,
+    mix: AcceptedMix | None = None,
+    answer_kinds: Iterable[str] | None = None,
+) -> Task:
+    """The steered answer type and question type of a task with ``count`` evidence records (see
+    :func:`steered_task`)."""
+    assert config.answer_type_weights is not None
     types = [t for t in _TYPES_BY_COUNT.get(count, ("aggregation",))
              if config.question_types is None or t in config.question_types] or ["fact"]  # fmt: skip
     suited = {a for t in types for a in ANSWER_TYPES_BY_QUESTION.get(t, ())}
+    if answer_kinds is not None:
+        suited = (suited & set(answer_kinds)) or suited
     weights = steered(config.answer_type_weights, mix.answer_types if mix else None)
     options = sorted(a for a in weights if a in suited) or sorted(suited) or ["entity"]
     answer = rng.choices(options, weights=[weights.get(a, 1.0) for a in options])[0]
     fitting = [t for t in types if answer in ANSWER_TYPES_BY_QUESTION.get(t, ())] or types
     return Task(question_type=rng.choice(fitting), evidence_count=count, answer_type=answer)
+
+
+_YEAR = re.compile(r"\b(?:19|20)\d\d\b")
+# whole month and weekday names only: _MONTHS's open suffix would take "Mark" for March
+_CALENDAR_WORDS = re.compile(
+    r"^(?:january|february|march|april|may|june|july|august|september|october|november|december"
+    r"|(?:mon|tues|wednes|thurs|fri|satur|sun)day)$",
+    re.I,
+)
+_ENUMERATION = re.compile(r"\b[\w'-]+(?: [\w'-]+)?, [\w'-]+(?: [\w'-]+)?,? (?:and|or) [\w'-]+", re.I)
+
+
+def answer_kinds(records: Iterable[BundleRecord], user_name: str | None = None) -> set[str]:
+    """The answer types the records' own sentences can supply: ``number`` (a number that is not
+    part of a date or a year), ``entity`` (a name that is not the user's, a month or a weekday),
+    ``list`` (an enumeration "a, b and c", or two such names in one record) and ``date`` (always:
+    every record has its date).
+
+    A task steered toward a kind its bundle does not hold cannot be planned: measured on the
+    embedded model, "number" tasks on bundles without a number came back as a blind-read mismatch,
+    and "entity" tasks on chats that name nobody but the user as ``answer_is_user``."""
+    user = {w.lower() for w in (user_name or "").replace("_", " ").split()}
+    kinds = {"date"}
+    for record in records:
+        names: set[str] = set()
+        for span in record.spans:
+            text = _MARKUP.sub("", _SPEAKER.sub("", _URL.sub(" ", span.text)))
+            if _NUMBER.search(_YEAR.sub(" ", _DATE.sub(" ", text))):
+                kinds.add("number")
+            for name in _NAME.findall(text):
+                words = [w for w in name.split() if not _CALENDAR_WORDS.match(w)]
+                if words and not {w.lower() for w in words} <= user:
+                    names.add(" ".join(words))
+            if _ENUMERATION.search(text):
+                kinds.add("list")
+        if names:
+            kinds.add("entity")
+        if len(names) >= 2:
+            kinds.add("list")
+    return kinds
 
 
 # --------------------------------------------------------------------------------------------
@@ -681,6 +746,12 @@ class BundleSampler:
                 # only where the bundle stays the same: a resumed run rebuilds it from this task
                 if bundle_size(fewer, self.config) == size:
                     task = fewer
+        if steer and self.config.steer_to_bundle and bundle is not None and task.answer_type not in (
+            kinds := answer_kinds(bundle.records, self.history.user_id)
+        ):
+            # ask for an answer the bundle's sentences hold: the bundle depends on the evidence
+            # count only, so a resumed run rebuilds the same bundle from the logged task
+            task = task_for_count(task_rng, self.config, task.evidence_count, mix, kinds)
         if bundle is not None and len(bundle.records) < task.evidence_count:
             bundle, reason = None, "too_few_records"
         return Candidate(index=index, seed_id=seed_id, task=task, bundle=bundle, skip_reason=reason)

@@ -23,6 +23,7 @@ from memsteer_dspy.bundles import (
     AcceptedMix,
     BundleConfig,
     Task,
+    answer_kinds,
     bundle_from_records,
     small_lm_bundle_config,
     steered,
@@ -31,7 +32,12 @@ from memsteer_dspy.bundles import (
 from memsteer_dspy.lm.local import _with_cached_tokens
 from memsteer_dspy.records import AnswerType, History, QAItem, Record
 from memsteer_dspy.supervision.adapter import CompactJSONAdapter, brief_type
-from memsteer_dspy.supervision.checks import prefilter_bundle, quoted_fact_support
+from memsteer_dspy.supervision.checks import (
+    asked_kinds,
+    check_question,
+    prefilter_bundle,
+    quoted_fact_support,
+)
 from memsteer_dspy.supervision.limits import bounded_signature
 from memsteer_dspy.supervision.program import MemSteerGenerator, RoleCost, _usage_tokens
 from memsteer_dspy.supervision.run import _question_word, accepted_distribution
@@ -294,3 +300,89 @@ def test_steered_candidates_never_ask_for_more_records_than_have_concrete_detail
         # the logged task rebuilds the same bundle (a resumed run's demos)
         assert sampler.candidate(i, task=cand.task).bundle == cand.bundle
     assert capped  # a bundle holding the one concrete record got a one-record task
+
+
+# ---- tasks the bundle can answer, questions that ask for their answer's kind ---------------
+
+
+def _one_record_bundle(text: str, user: str = "Elena_Morales"):
+    record = Record(id="r:1", kind="email", thread_id="t", position=1,
+                    timestamp=datetime(2024, 5, 2), text=text)  # fmt: skip
+    history = History(user, [record])
+    return bundle_from_records(history, ["r:1"], BundleConfig())
+
+
+def test_answer_kinds_are_what_the_sentences_hold():
+    kinds = lambda text: answer_kinds(_one_record_bundle(text).records, "Elena_Morales")  # noqa: E731
+    # a date and a year are not numbers; the user's own name and a weekday are not entities
+    assert kinds("On March 18, 2024 I told Elena that the plan is fine and we go on Friday.") == {"date"}
+    assert kinds("The order from GreenLeaf arrived today and it cost 45 dollars in the end.") == {
+        "date", "number", "entity"}  # fmt: skip
+    assert "list" in kinds("We packed tents, stoves and two lanterns for the trip up north.")
+    assert "list" in kinds("I met with Sofia at the cafe and then called Mark about the lease.")
+    assert "list" not in kinds("I met with Sofia at the cafe and we talked about the lease.")
+
+
+def test_steered_tasks_ask_only_for_kinds_the_bundle_holds():
+    # chats naming nobody and no number: every steered task targets a date (the records' dates)
+    from memsteer_dspy.bundles import BundleSampler
+    from memsteer_dspy.graph import RecordGraph
+
+    history = History("tester", [chatty(i) for i in range(6)])
+    config = small_lm_bundle_config(evidence_weights={1: 1.0})
+    sampler = BundleSampler(RecordGraph.build(history), config, seed=3, max_candidates=6)
+    tasks = [sampler.candidate(i).task for i in range(len(sampler))]
+    assert tasks and all(t.answer_type == "date" for t in tasks)
+    # without the bundle's kinds the same draw asks for other kinds too
+    rng = random.Random("task:3:0")
+    assert {steered_task(rng, config).answer_type for _ in range(40)} > {"date"}
+    # the logged task rebuilds the same candidate
+    for i, t in enumerate(tasks):
+        assert sampler.candidate(i, task=t).bundle == sampler.candidate(i).bundle
+
+
+def test_asked_kinds_read_the_question_word():
+    assert asked_kinds("When did I book the in-home evaluation?") == {"date"}
+    assert asked_kinds("What time did Mark Jensen start the shift?") == {"number", "text"}
+    assert asked_kinds("How long did the drive to Tahoe take?") == {"number"}
+    assert "entity" in asked_kinds("Who recommended the ginger tea?")
+    assert asked_kinds("What did Lila bring to the workshop?") is None
+
+
+def test_a_question_asking_for_another_kind_than_its_answer_is_rejected_when_asked_to():
+    q = "What time did Mark Jensen start the garden workshop shift?"
+    assert check_question(q, "2024-05-02", "date", kind_check=True) == "wrong_kind"
+    assert check_question(q, "2024-05-02", "date") is None  # the earlier pipeline does not check
+    assert check_question("Who brought seed trays to the garden workshop?", "12", "number",
+                          kind_check=True) == "wrong_kind"  # fmt: skip
+    assert check_question("When did the GreenLeaf compost order arrive?", "March 4", "date",
+                          kind_check=True) is None  # fmt: skip
+
+
+def test_user_voice_turns_the_assistant_s_you_into_the_user_s_i():
+    from memsteer_dspy.supervision.program import user_voice
+
+    assert user_voice("Who stretched out beside you?") == "Who stretched out beside me?"
+    assert user_voice("When did you notice the space feel lighter?") == (
+        "When did I notice the space feel lighter?"
+    )
+    assert user_voice("Who is the person you are trying to reach out to?") == (
+        "Who is the person I am trying to reach out to?"
+    )
+    assert user_voice("What did Lila tell you about your trip?") == "What did Lila tell me about my trip?"
+    assert user_voice("Where were you going with Oliver?") == "Where was I going with Oliver?"
+    assert user_voice("How many trays did Lila bring?") == "How many trays did Lila bring?"
+
+
+def test_lean_puts_a_second_person_question_in_the_user_s_voice_and_records_it():
+    asked = "Which device did you use to send a quick note to Lila on March 2?"
+    lms = role_lms([plan_reply()], [question_reply(asked)], [audit_reply()], [blind_reply()])
+    out = lean_run(lms)
+    assert out.status == "accepted", out.detail
+    assert out.question == "Which device did I use to send a quick note to Lila on March 2?"
+    assert [r.reason for r in out.repairs] == ["the question was put in the user's voice"]
+    earlier = MemSteerGenerator(
+        role_lms([plan_reply()], [question_reply(asked)], [audit_reply()], [blind_reply()]),
+        max_retries=1,
+    )
+    assert earlier(bundle=small_bundle(), task=FACT, shuffle_seed=0).outcome.question == asked

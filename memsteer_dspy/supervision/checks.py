@@ -53,6 +53,7 @@ __all__ = [
     "topic_words",
     "check_question",
     "prefilter_bundle",
+    "asked_kinds",
     "quoted_fact_support",
     "user_display_name",
     "detail_terms",
@@ -524,6 +525,8 @@ def check_question(
     answer_type: str,
     demo_questions: Iterable[str] = (),
     known_text: str | None = None,
+    *,
+    kind_check: bool = False,
 ) -> str | None:
     """Why a written question is unusable (a reason code), or None when it is fine.
 
@@ -538,7 +541,8 @@ def check_question(
     Studio?" came back word for word on a history without any pottery class);
     ``leaks_answer`` — contains the answer (text, entity, date and list answers);
     ``unknown_name`` — names someone or something ``known_text`` (the bundle's records and the
-    user's name) never mentions (:func:`unknown_names`).
+    user's name) never mentions (:func:`unknown_names`); with ``kind_check``, ``wrong_kind`` —
+    its question word asks for another kind of answer than the answer type (:func:`asked_kinds`).
     """
     q = (question or "").strip()
     if len(q.split()) < 3:
@@ -561,6 +565,8 @@ def check_question(
     if known_text is not None and unknown_names(q, known_text):
         return "unknown_name"
     kind = str(answer_type)
+    if kind_check and (asked := asked_kinds(q)) is not None and kind not in asked:
+        return "wrong_kind"
     if (
         kind in ("text", "entity", "date")
         and len(normalize_text(answer)) >= 3
@@ -571,6 +577,29 @@ def check_question(
         items = [i for i in list_items(answer) if len(i) >= 3]
         if items and all(_contains(q, i) for i in items):
             return "leaks_answer"
+    return None
+
+
+# What a question's opening words ask for, by answer type. "What time …?" asks for a time of day,
+# never a date; "How long …?" for a duration, not a date.
+_ASKED_KINDS: tuple[tuple[re.Pattern[str], frozenset[str]], ...] = (
+    (re.compile(r"^(?:when|(?:on|in) (?:what|which) (?:date|day|month|year)|what (?:date|day|month|year)"
+                r"|which (?:date|day|month|year))\b", re.I), frozenset({"date"})),  # fmt: skip
+    (re.compile(r"^how (?:many|much|long|old|often|far)\b", re.I), frozenset({"number"})),
+    (re.compile(r"^(?:at )?what time\b", re.I), frozenset({"number", "text"})),
+    (re.compile(r"^(?:who|whom|whose|where|with whom)\b", re.I), frozenset({"entity", "list", "text"})),
+)
+
+
+def asked_kinds(question: str) -> frozenset[str] | None:
+    """The answer types a question's opening words ask for ("When …?" → date, "How many …?" →
+    number, "Who …?" / "Where …?" → entity, list or text), or None when they do not say ("What …?",
+    "Which …?"). Measured on the embedded model: "What time did Mark Jensen start …?" was planned
+    with a date for its answer, and the blind reader, answering a date, confirmed it."""
+    q = question.strip().lstrip("\"'“‘(").strip()
+    for pattern, kinds in _ASKED_KINDS:
+        if pattern.match(q):
+            return kinds
     return None
 
 

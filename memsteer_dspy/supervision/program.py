@@ -478,7 +478,9 @@ class _Generator(dspy.Module):
         question may name."""
         demos = {str(d.question) for p in self.predictors() for d in p.demos if d.get("question")}
         known = f"{view.text}\n{user_display_name(self.user_name)}"
-        return check_question(question, plan.answer, str(plan.answer_type), demos, known)
+        return check_question(
+            question, plan.answer, str(plan.answer_type), demos, known, kind_check=self.lean
+        )
 
     def _verify(
         self,
@@ -564,6 +566,8 @@ _REWRITE_HINTS = {
     "leaks_answer": "do not put the answer in the question",
     "copies_demo": "ask about these records, not about the example",
     "unknown_name": "name only people, places and things the records name",
+    "wrong_kind": "ask for the answer's kind: 'When …?' for a date, 'How many …?' for a number, "
+    "'Who …?' or 'What …?' for a name or thing",
     "empty": "write one complete question ending with '?'",
     "not_a_question": "write one complete question ending with '?'",
 }
@@ -591,6 +595,40 @@ def first_person(ask: str) -> str:
     ask = re.sub(r"\bthe\s+user['’]s\b", "my", ask, flags=re.I)
     ask = _USER_AFTER_PREP.sub(lambda m: f"{m.group(1)} me", ask)
     return re.sub(r"\bthe\s+user\b", "I", ask, flags=re.I)
+
+
+_YOU_SUBJECT = re.compile(
+    r"\byou\b(?=\s+(?:am|are|were|was|have|had|will|would|can|could|should|might|must|"
+    r"do|did|got|went|met|made|said|told|saw|took|gave|sent|bought|ate|wrote|felt|left|came|"
+    r"kept|found|heard|thought|knew|began|spent|paid|read|\w+ed)\b)",
+    re.I,
+)
+_AUX_YOU = re.compile(
+    r"\b(did|do|does|have|had|will|would|can|could|should|shall|might|must|are|were)\s+you\b", re.I
+)
+_FIRST_PERSON_AUX = {"are": "am", "were": "was"}
+
+
+def user_voice(question: str) -> str:
+    """A question in the user's own voice: "you" → "I" / "me", "your" → "my". The user asks their
+    assistant, so "you" would be the assistant; measured on the embedded writer, which copies the
+    assistant's turns ("Who stretched out beside you?", "When did you notice the space feel
+    lighter?"), a third of the questions came back in the second person."""
+
+    def aux(m: re.Match[str]) -> str:
+        verb = m.group(1)
+        return f"{_FIRST_PERSON_AUX.get(verb.lower(), verb)} I"
+
+    q = _AUX_YOU.sub(aux, question)
+    q = re.sub(r"\byourself\b", "myself", q, flags=re.I)
+    q = re.sub(r"\byours\b", "mine", q, flags=re.I)
+    q = re.sub(r"\byour\b", "my", q, flags=re.I)
+    q = re.sub(r"\bYour\b", "My", q)
+    q = re.sub(r"\byou\s+are\b", "I am", q, flags=re.I)
+    q = re.sub(r"\byou\s+were\b", "I was", q, flags=re.I)
+    q = _YOU_SUBJECT.sub("I", q)
+    q = re.sub(r"\byou\b", "me", q, flags=re.I)
+    return q[:1].upper() + q[1:] if q else q
 
 
 def _drop_relative_day(question: str) -> str:
@@ -784,6 +822,10 @@ class MemSteerGenerator(_Generator):
             if attempt:
                 repairs.append(Repair(stage="question", field="question", before=previous, after=question,
                                       reason=f"re-sampled after question:{problem}"))  # fmt: skip
+            if self.lean and self.checks and (voiced := user_voice(question)) != question:
+                repairs.append(Repair(stage="question", field="question", before=question, after=voiced,
+                                      reason="the question was put in the user's voice"))  # fmt: skip
+                question = voiced
             if self.checks and str(plan.answer_type) == "date" and _RELATIVE_TIME.search(question):
                 fixed = _drop_relative_day(question)
                 repairs.append(Repair(stage="question", field="question", before=question, after=fixed,
