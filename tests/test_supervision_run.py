@@ -345,3 +345,17 @@ def test_bootstrapped_demos_default_off_for_bounded_in_process_lms():
     assert config().demo_limit == 2
     assert config(bounded=True).demo_limit == 0
     assert config(bounded=True, max_demos=3).demo_limit == 3
+
+
+def test_a_lean_run_resumes_only_under_the_lean_checks_it_was_made_with(tmp_path, monkeypatch):
+    from memsteer_dspy.supervision import run as run_module
+
+    assert "lean_version" not in config().identity()
+    assert config(lean=True).identity()["lean_version"] == run_module.LEAN_VERSION
+    history = laptop_history()
+    generate_supervision(history, accepting_lms(), tmp_path, config(max_candidates=1, lean=True),
+                         progress=False)  # fmt: skip
+    monkeypatch.setattr(run_module, "LEAN_VERSION", run_module.LEAN_VERSION + 1)
+    with pytest.raises(RunMismatchError, match="lean_version"):
+        generate_supervision(history, accepting_lms(), tmp_path, config(max_candidates=1, lean=True),
+                             progress=False)  # fmt: skip

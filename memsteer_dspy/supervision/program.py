@@ -7,7 +7,8 @@
 2. programmatic plan checks with reason codes and deterministic citation repair
    (:func:`~memsteer_dspy.supervision.checks.check_plan`);
 3. ``write_question`` (question writer LM) — :class:`~memsteer_dspy.signatures.question.WriteQuestion`,
-   then :func:`~memsteer_dspy.supervision.checks.check_question`;
+   then :func:`~memsteer_dspy.supervision.checks.check_question` (``lean``: the question is first put
+   in the user's voice, :func:`user_voice`, and must ask for its answer's kind, ``wrong_kind``);
 4. ``audit`` (auditor LM) — :class:`~memsteer_dspy.signatures.audit.AuditQA`; every required verdict
    must be "supported" (``lean``: when every fact is its cited sentence's own words,
    :func:`~memsteer_dspy.supervision.checks.quoted_fact_support` settles the per-fact judgments and
@@ -90,6 +91,9 @@ GENERATION_ROLES = ("planner", "question_writer", "auditor", "blind_reader")
 MAX_TOKENS = {"plan": 400, "question": 100, "audit": 600, "blind": 160, "joint": 500, "direct": 300}
 # lean: what the bounded roles were measured to need in one-line JSON (plan ~120 tokens, audit ~250)
 LEAN_MAX_TOKENS = {**MAX_TOKENS, "plan": 300, "question": 80, "audit": 400, "blind": 100}
+# Lean's checks change verdicts: a lean run folder resumes only under the version it was made with.
+# 2: questions in the user's voice and asking for their answer's kind (wrong_kind).
+LEAN_VERSION = 2
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 

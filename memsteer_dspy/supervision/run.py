@@ -45,7 +45,13 @@ from memsteer_dspy.graph import GraphParams, RecordGraph
 from memsteer_dspy.normalize import normalize_text
 from memsteer_dspy.records import AnswerType, History, QAItem
 from memsteer_dspy.runfolder import JsonlLog, RunFolder, run_key, write_atomic
-from memsteer_dspy.supervision.program import GENERATION_ROLES, Outcome, RoleCost, make_generator
+from memsteer_dspy.supervision.program import (
+    GENERATION_ROLES,
+    LEAN_VERSION,
+    Outcome,
+    RoleCost,
+    make_generator,
+)
 
 __all__ = [
     "METHODS",
@@ -117,9 +123,13 @@ class GenerationConfig(BaseModel):
         return self.max_candidates or 5 * self.n
 
     def identity(self) -> dict[str, Any]:
-        """The settings a resumed run must share with the run it continues."""
-        return {"method": self.method, "checks": self.checks, "seed": self.seed, "lean": self.lean,
-                "bundle": self.bundle.model_dump(mode="json"), "graph": self.graph}  # fmt: skip
+        """The settings a resumed run must share with the run it continues (a lean run also the
+        version of lean's checks, :data:`~memsteer_dspy.supervision.program.LEAN_VERSION`)."""
+        key = {"method": self.method, "checks": self.checks, "seed": self.seed, "lean": self.lean,
+               "bundle": self.bundle.model_dump(mode="json"), "graph": self.graph}  # fmt: skip
+        if self.lean:
+            key["lean_version"] = LEAN_VERSION
+        return key
 
 
 class CandidateRecord(BaseModel):
