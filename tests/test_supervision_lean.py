@@ -347,6 +347,15 @@ def test_asked_kinds_read_the_question_word():
     assert asked_kinds("How long did the drive to Tahoe take?") == {"number"}
     assert "entity" in asked_kinds("Who recommended the ginger tea?")
     assert asked_kinds("What did Lila bring to the workshop?") is None
+    assert asked_kinds("Which two people are mentioned in the talk about comforting me?") == {"list"}
+
+
+def test_two_questions_in_one_are_rejected_when_asked_to():
+    q = "How many preparation tasks are there and what is the total number of tasks?"
+    assert check_question(q, "3", "number", kind_check=True) == "compound"
+    assert check_question(q, "3", "number") is None
+    assert check_question("Who brought ginger tea and scones to the brunch with Sofia?", "Lila",
+                          "entity", kind_check=True) is None  # fmt: skip
 
 
 def test_a_question_asking_for_another_kind_than_its_answer_is_rejected_when_asked_to():

@@ -542,7 +542,8 @@ def check_question(
     ``leaks_answer`` — contains the answer (text, entity, date and list answers);
     ``unknown_name`` — names someone or something ``known_text`` (the bundle's records and the
     user's name) never mentions (:func:`unknown_names`); with ``kind_check``, ``wrong_kind`` —
-    its question word asks for another kind of answer than the answer type (:func:`asked_kinds`).
+    its question word asks for another kind of answer than the answer type (:func:`asked_kinds`),
+    and ``compound`` — it asks two questions in one ("… and what is …?").
     """
     q = (question or "").strip()
     if len(q.split()) < 3:
@@ -567,6 +568,8 @@ def check_question(
     kind = str(answer_type)
     if kind_check and (asked := asked_kinds(q)) is not None and kind not in asked:
         return "wrong_kind"
+    if kind_check and _COMPOUND.search(q):
+        return "compound"
     if (
         kind in ("text", "entity", "date")
         and len(normalize_text(answer)) >= 3
@@ -586,9 +589,17 @@ _ASKED_KINDS: tuple[tuple[re.Pattern[str], frozenset[str]], ...] = (
     (re.compile(r"^(?:when|(?:on|in) (?:what|which) (?:date|day|month|year)|what (?:date|day|month|year)"
                 r"|which (?:date|day|month|year))\b", re.I), frozenset({"date"})),  # fmt: skip
     (re.compile(r"^how (?:many|much|long|old|often|far)\b", re.I), frozenset({"number"})),
+    (re.compile(r"^(?:which|what|who) (?:two|three|four|five) \b|^(?:which|what|who) (?:are|were) the "
+                r"(?:two|three|four|five)\b|^name (?:the )?(?:two|three|four|five)\b", re.I),
+     frozenset({"list"})),  # fmt: skip
     (re.compile(r"^(?:at )?what time\b", re.I), frozenset({"number", "text"})),
     (re.compile(r"^(?:who|whom|whose|where|with whom)\b", re.I), frozenset({"entity", "list", "text"})),
 )
+
+
+# Two questions in one ("How many tasks are there and what is the total number of tasks?"): one
+# reference answer cannot answer both.
+_COMPOUND = re.compile(r"\b(?:and|or)\s+(?:what|who|when|where|which|how)\b|\?\s*\S", re.I)
 
 
 def asked_kinds(question: str) -> frozenset[str] | None:

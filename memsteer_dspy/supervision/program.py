@@ -92,8 +92,9 @@ MAX_TOKENS = {"plan": 400, "question": 100, "audit": 600, "blind": 160, "joint":
 # lean: what the bounded roles were measured to need in one-line JSON (plan ~120 tokens, audit ~250)
 LEAN_MAX_TOKENS = {**MAX_TOKENS, "plan": 300, "question": 80, "audit": 400, "blind": 100}
 # Lean's checks change verdicts: a lean run folder resumes only under the version it was made with.
-# 2: questions in the user's voice and asking for their answer's kind (wrong_kind).
-LEAN_VERSION = 2
+# 2: questions in the user's voice and asking for their answer's kind (wrong_kind);
+# 3: "Which two …?" asks for a list, and no two questions in one (compound).
+LEAN_VERSION = 3
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 
@@ -572,6 +573,7 @@ _REWRITE_HINTS = {
     "unknown_name": "name only people, places and things the records name",
     "wrong_kind": "ask for the answer's kind: 'When …?' for a date, 'How many …?' for a number, "
     "'Who …?' or 'What …?' for a name or thing",
+    "compound": "ask one thing only, in one question",
     "empty": "write one complete question ending with '?'",
     "not_a_question": "write one complete question ending with '?'",
 }
