@@ -318,10 +318,15 @@ _URL = re.compile(r"https?://\S+|\[[^\]]*\]\([^)]*\)")
 _MARKUP = re.compile(r"^[#>*\-\s]*(?:\d+[.)]\s*)?")
 
 
+def _plain(text: str) -> str:
+    """A span's words without links, markup, list numbers and speaker prefixes."""
+    return _MARKUP.sub("", _SPEAKER.sub("", _URL.sub(" ", text)))
+
+
 def span_features(text: str) -> dict[str, int]:
     """Counts of names, numbers, dates and places in one span (links, markup, list numbers and
     spans under five words carry none)."""
-    text = _MARKUP.sub("", _SPEAKER.sub("", _URL.sub(" ", text)))
+    text = _plain(text)
     if len(text.split()) < 5:
         return {"names": 0, "numbers": 0, "dates": 0, "places": 0}
     return {
@@ -546,7 +551,7 @@ def answer_kinds(records: Iterable[BundleRecord], user_name: str | None = None) 
     for record in records:
         names: set[str] = set()
         for span in record.spans:
-            text = _MARKUP.sub("", _SPEAKER.sub("", _URL.sub(" ", span.text)))
+            text = _plain(span.text)
             if _NUMBER.search(_YEAR.sub(" ", _DATE.sub(" ", text))):
                 kinds.add("number")
             for name in _NAME.findall(text):

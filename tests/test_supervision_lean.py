@@ -306,8 +306,9 @@ def test_steered_candidates_never_ask_for_more_records_than_have_concrete_detail
 
 
 def _one_record_bundle(text: str, user: str = "Elena_Morales"):
-    record = Record(id="r:1", kind="email", thread_id="t", position=1,
-                    timestamp=datetime(2024, 5, 2), text=text)  # fmt: skip
+    record = Record(
+        id="r:1", kind="email", thread_id="t", position=1, timestamp=datetime(2024, 5, 2), text=text
+    )
     history = History(user, [record])
     return bundle_from_records(history, ["r:1"], BundleConfig())
 
@@ -316,8 +317,8 @@ def test_answer_kinds_are_what_the_sentences_hold():
     kinds = lambda text: answer_kinds(_one_record_bundle(text).records, "Elena_Morales")  # noqa: E731
     # a date and a year are not numbers; the user's own name and a weekday are not entities
     assert kinds("On March 18, 2024 I told Elena that the plan is fine and we go on Friday.") == {"date"}
-    assert kinds("The order from GreenLeaf arrived today and it cost 45 dollars in the end.") == {
-        "date", "number", "entity"}  # fmt: skip
+    held = kinds("The order from GreenLeaf arrived today and it cost 45 dollars in the end.")
+    assert held == {"date", "number", "entity"}
     assert "list" in kinds("We packed tents, stoves and two lanterns for the trip up north.")
     assert "list" in kinds("I met with Sofia at the cafe and then called Mark about the lease.")
     assert "list" not in kinds("I met with Sofia at the cafe and we talked about the lease.")
@@ -354,18 +355,18 @@ def test_two_questions_in_one_are_rejected_when_asked_to():
     q = "How many preparation tasks are there and what is the total number of tasks?"
     assert check_question(q, "3", "number", kind_check=True) == "compound"
     assert check_question(q, "3", "number") is None
-    assert check_question("Who brought ginger tea and scones to the brunch with Sofia?", "Lila",
-                          "entity", kind_check=True) is None  # fmt: skip
+    one = "Who brought ginger tea and scones to the brunch with Sofia?"
+    assert check_question(one, "Lila", "entity", kind_check=True) is None
 
 
 def test_a_question_asking_for_another_kind_than_its_answer_is_rejected_when_asked_to():
     q = "What time did Mark Jensen start the garden workshop shift?"
     assert check_question(q, "2024-05-02", "date", kind_check=True) == "wrong_kind"
     assert check_question(q, "2024-05-02", "date") is None  # the earlier pipeline does not check
-    assert check_question("Who brought seed trays to the garden workshop?", "12", "number",
-                          kind_check=True) == "wrong_kind"  # fmt: skip
-    assert check_question("When did the GreenLeaf compost order arrive?", "March 4", "date",
-                          kind_check=True) is None  # fmt: skip
+    who = "Who brought seed trays to the garden workshop?"
+    assert check_question(who, "12", "number", kind_check=True) == "wrong_kind"
+    when = "When did the GreenLeaf compost order arrive?"
+    assert check_question(when, "March 4", "date", kind_check=True) is None
 
 
 def test_user_voice_turns_the_assistant_s_you_into_the_user_s_i():

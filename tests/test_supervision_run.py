@@ -353,9 +353,8 @@ def test_a_lean_run_resumes_only_under_the_lean_checks_it_was_made_with(tmp_path
     assert "lean_version" not in config().identity()
     assert config(lean=True).identity()["lean_version"] == run_module.LEAN_VERSION
     history = laptop_history()
-    generate_supervision(history, accepting_lms(), tmp_path, config(max_candidates=1, lean=True),
-                         progress=False)  # fmt: skip
+    lean = config(max_candidates=1, lean=True)
+    generate_supervision(history, accepting_lms(), tmp_path, lean, progress=False)
     monkeypatch.setattr(run_module, "LEAN_VERSION", run_module.LEAN_VERSION + 1)
     with pytest.raises(RunMismatchError, match="lean_version"):
-        generate_supervision(history, accepting_lms(), tmp_path, config(max_candidates=1, lean=True),
-                             progress=False)  # fmt: skip
+        generate_supervision(history, accepting_lms(), tmp_path, lean, progress=False)

@@ -566,10 +566,11 @@ def check_question(
     if known_text is not None and unknown_names(q, known_text):
         return "unknown_name"
     kind = str(answer_type)
-    if kind_check and (asked := asked_kinds(q)) is not None and kind not in asked:
-        return "wrong_kind"
-    if kind_check and _COMPOUND.search(q):
-        return "compound"
+    if kind_check:
+        if (asked := asked_kinds(q)) is not None and kind not in asked:
+            return "wrong_kind"
+        if _COMPOUND.search(q):
+            return "compound"
     if (
         kind in ("text", "entity", "date")
         and len(normalize_text(answer)) >= 3
@@ -585,13 +586,25 @@ def check_question(
 
 # What a question's opening words ask for, by answer type. "What time …?" asks for a time of day,
 # never a date; "How long …?" for a duration, not a date.
+_CALENDAR_UNIT = r"(?:date|day|month|year)"
+_FEW = r"(?:two|three|four|five)"
 _ASKED_KINDS: tuple[tuple[re.Pattern[str], frozenset[str]], ...] = (
-    (re.compile(r"^(?:when|(?:on|in) (?:what|which) (?:date|day|month|year)|what (?:date|day|month|year)"
-                r"|which (?:date|day|month|year))\b", re.I), frozenset({"date"})),  # fmt: skip
+    (
+        re.compile(
+            rf"^(?:when|(?:on|in) (?:what|which) {_CALENDAR_UNIT}|(?:what|which) {_CALENDAR_UNIT})\b",
+            re.I,
+        ),
+        frozenset({"date"}),
+    ),
     (re.compile(r"^how (?:many|much|long|old|often|far)\b", re.I), frozenset({"number"})),
-    (re.compile(r"^(?:which|what|who) (?:two|three|four|five) \b|^(?:which|what|who) (?:are|were) the "
-                r"(?:two|three|four|five)\b|^name (?:the )?(?:two|three|four|five)\b", re.I),
-     frozenset({"list"})),  # fmt: skip
+    (
+        re.compile(
+            rf"^(?:which|what|who) {_FEW} \b|^(?:which|what|who) (?:are|were) the {_FEW}\b"
+            rf"|^name (?:the )?{_FEW}\b",
+            re.I,
+        ),
+        frozenset({"list"}),
+    ),
     (re.compile(r"^(?:at )?what time\b", re.I), frozenset({"number", "text"})),
     (re.compile(r"^(?:who|whom|whose|where|with whom)\b", re.I), frozenset({"entity", "list", "text"})),
 )

@@ -604,7 +604,7 @@ def first_person(ask: str) -> str:
 
 
 _YOU_SUBJECT = re.compile(
-    r"\byou\b(?=\s+(?:am|are|were|was|have|had|will|would|can|could|should|might|must|"
+    r"\byou\b(?=\s+(?:have|had|will|would|can|could|should|might|must|"
     r"do|did|got|went|met|made|said|told|saw|took|gave|sent|bought|ate|wrote|felt|left|came|"
     r"kept|found|heard|thought|knew|began|spent|paid|read|\w+ed)\b)",
     re.I,
@@ -629,7 +629,6 @@ def user_voice(question: str) -> str:
     q = re.sub(r"\byourself\b", "myself", q, flags=re.I)
     q = re.sub(r"\byours\b", "mine", q, flags=re.I)
     q = re.sub(r"\byour\b", "my", q, flags=re.I)
-    q = re.sub(r"\bYour\b", "My", q)
     q = re.sub(r"\byou\s+are\b", "I am", q, flags=re.I)
     q = re.sub(r"\byou\s+were\b", "I was", q, flags=re.I)
     q = _YOU_SUBJECT.sub("I", q)
@@ -829,8 +828,10 @@ class MemSteerGenerator(_Generator):
                 repairs.append(Repair(stage="question", field="question", before=previous, after=question,
                                       reason=f"re-sampled after question:{problem}"))  # fmt: skip
             if self.lean and self.checks and (voiced := user_voice(question)) != question:
-                repairs.append(Repair(stage="question", field="question", before=question, after=voiced,
-                                      reason="the question was put in the user's voice"))  # fmt: skip
+                why = "the question was put in the user's voice"
+                repairs.append(
+                    Repair(stage="question", field="question", before=question, after=voiced, reason=why)
+                )
                 question = voiced
             if self.checks and str(plan.answer_type) == "date" and _RELATIVE_TIME.search(question):
                 fixed = _drop_relative_day(question)
