@@ -604,7 +604,7 @@ def first_person(ask: str) -> str:
 
 
 _YOU_SUBJECT = re.compile(
-    r"\byou\b(?=\s+(?:have|had|will|would|can|could|should|might|must|"
+    r"\byou\b(?=\s+(?:am|was|have|had|will|would|can|could|should|might|must|"
     r"do|did|got|went|met|made|said|told|saw|took|gave|sent|bought|ate|wrote|felt|left|came|"
     r"kept|found|heard|thought|knew|began|spent|paid|read|\w+ed)\b)",
     re.I,
