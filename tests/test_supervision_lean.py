@@ -396,3 +396,60 @@ def test_lean_puts_a_second_person_question_in_the_user_s_voice_and_records_it()
         max_retries=1,
     )
     assert earlier(bundle=small_bundle(), task=FACT, shuffle_seed=0).outcome.question == asked
+
+
+# ---- lean version 4: who is asking, unknown labels, words that name no topic ---------------
+
+
+def _planner_prompts(lm) -> str:
+    return "\n".join(str(m["content"]) for call in lm.history for m in call["messages"])
+
+
+def test_lean_tells_the_planner_who_is_asking_and_the_earlier_pipeline_does_not():
+    entity = Task(question_type="fact", evidence_count=1, answer_type="entity")
+    told = "Elena Morales is the one asking, so the answer is never Elena Morales"
+    for lean in (True, False):
+        lms = role_lms([plan_reply()], [question_reply()], [audit_reply()], [blind_reply()])
+        gen = MemSteerGenerator(lms, max_retries=1, lean=lean, user_name="Elena_Morales")
+        assert gen(bundle=small_bundle(), task=entity, shuffle_seed=0).outcome.status == "accepted"
+        assert (told in _planner_prompts(lms["planner"])) is lean
+    # a date task names nobody: nothing to say
+    lms = role_lms([plan_reply()], [question_reply()], [audit_reply()], [blind_reply()])
+    gen = MemSteerGenerator(lms, max_retries=1, lean=True, user_name="Elena_Morales")
+    gen(bundle=small_bundle(), task=Task(question_type="temporal", evidence_count=1, answer_type="date"), shuffle_seed=0)
+    assert "is the one asking" not in _planner_prompts(lms["planner"])
+
+
+def test_an_unknown_fact_label_is_dropped_only_when_the_plan_still_covers_its_evidence():
+    from memsteer_dspy.supervision.checks import PlanCheckCode, check_plan, spans_by_id
+
+    bundle = small_bundle()
+    view, texts = bundle.view(), spans_by_id(bundle.spans())
+    plan = _plan_from_reply(plan_reply(fact_span_ids=["R1.1", "R1.1.4"]))
+    fixed, issues, repairs = check_plan(plan, FACT, view, texts, drop_unknown=True)
+    assert issues == [] and [f.span_id for f in fixed.facts] == ["c1:1#1"]
+    assert repairs[-1].before == "R1.1.4" and repairs[-1].field == "facts"
+    # the earlier pipeline keeps failing it
+    _, issues, _ = check_plan(plan, FACT, view, texts)
+    assert [i.code for i in issues] == [PlanCheckCode.UNKNOWN_SPAN]
+    # an unknown label that was an evidence record's only fact still fails: nothing covers it
+    two = Task(question_type="multi-hop", evidence_count=2)
+    evidence = [{"record_id": "R1", "contribution": "device"}, {"record_id": "R2", "contribution": "trays"}]
+    plan = _plan_from_reply(plan_reply(fact_span_ids=["R1.1", "R2.9"], evidence=evidence))
+    _, issues, _ = check_plan(plan, two, view, texts, drop_unknown=True)
+    assert PlanCheckCode.UNKNOWN_SPAN in {i.code for i in issues}
+
+
+def _plan_from_reply(reply: dict) -> AnswerPlan:
+    from memsteer_dspy.supervision.program import _plan_from
+
+    return _plan_from(dspy.Prediction(**reply))
+
+
+def test_words_that_only_place_or_perceive_name_no_topic_in_lean():
+    assert check_question("Who stretched out beside me?", "Oliver", "entity", kind_check=True) == "vague"
+    assert check_question("Who stretched out beside me?", "Oliver", "entity") is None
+    noticed = "When did I notice the space feel lighter?"
+    assert check_question(noticed, "2024-05-02", "date", kind_check=True) == "vague"
+    concrete = "Who stretched out beside me on the porch after the Tahoe hike?"
+    assert check_question(concrete, "Oliver", "entity", kind_check=True) is None

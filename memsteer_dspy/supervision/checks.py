@@ -235,16 +235,22 @@ def repair_answer_citation(
 
 
 def drop_stray_facts(
-    plan: AnswerPlan, span_texts: dict[str, str]
+    plan: AnswerPlan, span_texts: dict[str, str], *, unknown: bool = False
 ) -> tuple[AnswerPlan, Repair | None]:
-    """Drop the facts a planner cited outside its evidence records.
+    """Drop the facts a planner cited outside its evidence records (with ``unknown``, also those
+    citing a label that names no span: the embedded planner wrote "R2.1.4" beside a good "R2.4").
 
     Applies only when the answer span is in an evidence record and every evidence record keeps at
     least one fact, so the plan still covers its evidence; the dropped span ids are recorded.
     Returns the plan unchanged and ``None`` otherwise.
     """
     evidence = set(plan.evidence_ids)
-    stray = [f.span_id for f in plan.facts if f.span_id in span_texts and _record_of(f.span_id) not in evidence]
+    stray = [
+        f.span_id
+        for f in plan.facts
+        if (f.span_id in span_texts and _record_of(f.span_id) not in evidence)
+        or (unknown and f.span_id not in span_texts)
+    ]
     answer = plan.answer_span_id
     if not stray or not answer or answer not in span_texts or _record_of(answer) not in evidence:
         return plan, None
@@ -312,11 +318,13 @@ def check_plan(
     max_answer_words: int = 10,
     repair: bool = True,
     user_name: str | None = None,
+    drop_unknown: bool = False,
 ) -> tuple[AnswerPlan, list[PlanIssue], list[Repair]]:
     """Resolve and check a plan: ``(resolved plan, failures, repairs)``; no failures = pass.
 
     ``span_texts`` maps every span id of the bundle to its text. See the module docstring for
-    the checks and the citation repair.
+    the checks and the citation repair; ``drop_unknown`` lets the repair drop a fact whose label
+    names no span when the rest of the plan still covers its evidence (:func:`drop_stray_facts`).
     """
     resolved, issues = resolve_plan(plan, view, span_texts)
     repairs: list[Repair] = []
@@ -360,9 +368,12 @@ def check_plan(
             repairs.append(named)
 
     if repair:
-        resolved, stray = drop_stray_facts(resolved, span_texts)
+        cited = {f.span_id for f in resolved.facts}
+        resolved, stray = drop_stray_facts(resolved, span_texts, unknown=drop_unknown)
         if stray is not None:
             repairs.append(stray)
+            dropped = {f"fact cites {sid!r}" for sid in cited - {f.span_id for f in resolved.facts}}
+            issues = [i for i in issues if i.detail not in dropped]
     if not resolved.facts:
         issues.append(PlanIssue(code=PlanCheckCode.NO_FACTS, detail="the plan cites no fact"))
     evidence_ids = resolved.evidence_ids
@@ -420,6 +431,16 @@ _RELATIVE_TIME = re.compile(
 
 # "When did Dr. Desai remind you of this?": a pronoun at the end points at nothing the reader has.
 _DANGLING = re.compile(r"\b(?:this|that|it|them|these|those)\s*\?\s*$", re.I)
+
+
+# lean: words that place or perceive, naming no topic either. "Who stretched out beside me?"
+# (the dog, in a chat about a lazy Sunday) named "stretched", "out" and "beside" and passed as
+# specific; without them it names one word.
+_STRICT_FILLER = frozenset("""
+out up down off over under beside besides near next around across along through between behind
+above below inside outside onto upon toward towards away back
+notice noticed see saw seen hear heard realize realized mention mentioned say said tell told
+""".split())
 
 
 def topic_words(question: str) -> list[str]:
@@ -541,7 +562,8 @@ def check_question(
     Studio?" came back word for word on a history without any pottery class);
     ``leaks_answer`` — contains the answer (text, entity, date and list answers);
     ``unknown_name`` — names someone or something ``known_text`` (the bundle's records and the
-    user's name) never mentions (:func:`unknown_names`); with ``kind_check``, ``wrong_kind`` —
+    user's name) never mentions (:func:`unknown_names`); with ``kind_check`` (lean), topic words
+    exclude words that only place or perceive ("out", "beside", "noticed"), and ``wrong_kind`` —
     its question word asks for another kind of answer than the answer type (:func:`asked_kinds`),
     and ``compound`` — it asks two questions in one ("… and what is …?").
     """
@@ -555,6 +577,8 @@ def check_question(
     if _META.search(q):
         return "mentions_records"
     topic = topic_words(q)
+    if kind_check:
+        topic = [w for w in topic if w not in _STRICT_FILLER]
     if (
         len(topic) < MIN_TOPIC_WORDS
         or (str(answer_type) == "date" and _RELATIVE_TIME.search(q))
