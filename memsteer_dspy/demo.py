@@ -651,13 +651,9 @@ def _supervision(history, lm_config, folder: Path, settings: DemoSettings, say, 
     t0 = time.perf_counter()
     profile = settings.bundle_profile
     if profile == "auto":
-        backend = getattr(lm_config.spec("planner"), "backend", "litellm")
-        profile = "small" if backend in ("local", "llamacpp") else "full"
+        profile = "small" if lm_config.in_process("planner") else "full"
     # length limits in the output schemas, for LMs that decode under them (in-process llama.cpp)
-    bounded = all(
-        getattr(lm_config.spec(r), "backend", "litellm") in ("local", "llamacpp")
-        for r in GENERATION_ROLES
-    )
+    bounded = lm_config.in_process(*GENERATION_ROLES)
     config = GenerationConfig(
         bounded=bounded, n=settings.n_supervision, max_candidates=settings.max_candidates, seed=settings.seed,
         threads=settings.threads, batch_size=min(4, settings.max_candidates),

@@ -106,6 +106,12 @@ def test_default_for_every_role():
     assert cfg.spec("planner").backend == "local"
 
 
+def test_in_process_is_true_only_when_every_named_role_decodes_in_llama_cpp():
+    cfg = load_lm_config(env={}, role_lms={"judge": "openai/gpt-4o-mini"})
+    assert cfg.in_process("planner", "auditor") and LMSpec(model="llamacpp/x.gguf").in_process
+    assert not cfg.in_process("planner", "judge") and not cfg.spec("judge").in_process
+
+
 def test_precedence_cli_over_env_over_file_over_default(tmp_path):
     toml = write(
         tmp_path,

@@ -137,11 +137,8 @@ def test_assess_command(tmp_path, monkeypatch):
         def usage_by_role(self):
             return {}
 
-        def spec(self, role):
-            class Spec:
-                backend = "litellm"
-
-            return Spec()
+        def in_process(self, *roles):
+            return False  # a scripted LM: no grammar-bounded lengths, the full profile
 
     monkeypatch.setattr(memsteer_dspy.lm, "load_lm_config", lambda *a, **k: FakeConfig())
     report_path = tmp_path / "report.json"

@@ -320,11 +320,8 @@ def test_generate_command(tmp_path, monkeypatch):
         def usage_by_role(self):
             return {}
 
-        def spec(self, role):
-            class S:
-                backend = "litellm"
-
-            return S()
+        def in_process(self, *roles):
+            return False  # a scripted LM: no grammar-bounded lengths, the full profile
 
     import memsteer_dspy.lm
 

@@ -22,8 +22,7 @@ def _bundle_config(profile: str, lm_config, budget: int, record_token_cap: int |
     if profile not in PROFILES:
         raise typer.BadParameter(f"choose one of {', '.join(PROFILES)}", param_hint="--profile")
     if profile == "auto":
-        backend = getattr(lm_config.spec("planner"), "backend", "litellm")
-        profile = "small" if backend in ("local", "llamacpp") else "full"
+        profile = "small" if lm_config.in_process("planner") else "full"
     overrides = {"token_budget": budget}
     if record_token_cap is not None:
         overrides["record_token_cap"] = record_token_cap
@@ -148,10 +147,7 @@ def generate(
     bundle_config, chosen = _bundle_config(profile, lm_config, budget, record_token_cap)
     loaded = history.load()
     # length limits in the output schemas, for LMs that decode under them (in-process llama.cpp)
-    bounded = all(
-        getattr(lm_config.spec(r), "backend", "litellm") in ("local", "llamacpp")
-        for r in GENERATION_ROLES
-    )
+    bounded = lm_config.in_process(*GENERATION_ROLES)
     config = GenerationConfig(
         n=n, max_candidates=max_candidates, method=method, checks=checks, seed=seed, threads=threads,
         batch_size=batch_size, max_demos=max_demos, bundle=bundle_config, bounded=bounded, lean=lean,
@@ -224,10 +220,9 @@ def assess(
                          hint="pass --supervision <generate output folder> (repeatable) and/or --fidelity")  # fmt: skip
     loaded = history.load()
     report: dict = {"user": loaded.history.user_id, "lm": lm_config.describe()}
-    local = ("local", "llamacpp")
     lines: list[str] = []
     if supervision:
-        bounded = getattr(lm_config.spec("quality_judge"), "backend", "litellm") in local
+        bounded = lm_config.in_process("quality_judge")
         quality = assess_quality(loaded.history, supervision, lm_config.lm("quality_judge"), limit=limit, seed=seed,
                                  bounded=bounded)  # fmt: skip
         report["quality"] = quality
@@ -237,7 +232,7 @@ def assess(
             raise InputError(f"the {history.format} history has no official QA items to check against",
                              field="--fidelity", hint="use a format with QA (rhelm, locomo) or drop --fidelity")  # fmt: skip
         lms = {r: lm_config.lm(r) for r in ("auditor", "blind_reader")}
-        bounded = all(getattr(lm_config.spec(r), "backend", "litellm") in local for r in lms)
+        bounded = lm_config.in_process(*lms)
         fid = assess_fidelity(
             loaded.history, loaded.qa_items, lms, limit=limit, seed=seed, bounded=bounded, progress=True
         )

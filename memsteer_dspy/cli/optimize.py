@@ -535,8 +535,4 @@ def tune_prompts(
 def _build_call_limit(given: int | None, lm_config) -> int | None:
     if given is not None:
         return given
-    return (
-        0
-        if getattr(lm_config.spec("answerer"), "backend", "litellm") in ("local", "llamacpp")
-        else None
-    )
+    return 0 if lm_config.in_process("answerer") else None

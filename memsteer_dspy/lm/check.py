@@ -61,7 +61,7 @@ def check_lms(config: LMConfig, *, question: str = CHECK_QUESTION) -> list[Check
     for spec, roles in config.distinct():
         role = roles[0]
         preflight = None
-        if spec.backend in ("local", "llamacpp"):
+        if spec.in_process:
             try:
                 preflight = _preflight(spec)
             except Exception as exc:  # noqa: BLE001 - a missing model file etc., reported per LM

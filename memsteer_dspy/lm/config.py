@@ -128,6 +128,12 @@ class LMSpec(BaseModel):
         return provider if provider in ("local", "llamacpp") else "litellm"  # type: ignore[return-value]
 
     @property
+    def in_process(self) -> bool:
+        """Decoded by llama.cpp in this process (``local`` or ``llamacpp``): output schemas bound
+        lengths by grammar, and the small-LM profiles apply."""
+        return self.backend != "litellm"
+
+    @property
     def provider(self) -> str:
         return self.model.split("/", 1)[0]
 
@@ -467,6 +473,10 @@ class LMConfig:
 
     def spec(self, role: str) -> LMSpec:
         return self._specs[self._check_role(role)]
+
+    def in_process(self, *roles: str) -> bool:
+        """Whether every one of ``roles`` runs on an in-process llama.cpp LM (:attr:`LMSpec.in_process`)."""
+        return all(self.spec(r).in_process for r in roles)
 
     def source(self, role: str) -> str:
         """Where the role's LM was named: ``cli --lm-judge``, ``env MEMSTEER_LM``, ``file ...``."""
