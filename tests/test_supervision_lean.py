@@ -398,26 +398,7 @@ def test_lean_puts_a_second_person_question_in_the_user_s_voice_and_records_it()
     assert earlier(bundle=small_bundle(), task=FACT, shuffle_seed=0).outcome.question == asked
 
 
-# ---- lean version 4: who is asking, unknown labels, words that name no topic ---------------
-
-
-def _planner_prompts(lm) -> str:
-    return "\n".join(str(m["content"]) for call in lm.history for m in call["messages"])
-
-
-def test_lean_tells_the_planner_who_is_asking_and_the_earlier_pipeline_does_not():
-    entity = Task(question_type="fact", evidence_count=1, answer_type="entity")
-    told = "Elena Morales is the one asking, so the answer is never Elena Morales"
-    for lean in (True, False):
-        lms = role_lms([plan_reply()], [question_reply()], [audit_reply()], [blind_reply()])
-        gen = MemSteerGenerator(lms, max_retries=1, lean=lean, user_name="Elena_Morales")
-        assert gen(bundle=small_bundle(), task=entity, shuffle_seed=0).outcome.status == "accepted"
-        assert (told in _planner_prompts(lms["planner"])) is lean
-    # a date task names nobody: nothing to say
-    lms = role_lms([plan_reply()], [question_reply()], [audit_reply()], [blind_reply()])
-    gen = MemSteerGenerator(lms, max_retries=1, lean=True, user_name="Elena_Morales")
-    gen(bundle=small_bundle(), task=Task(question_type="temporal", evidence_count=1, answer_type="date"), shuffle_seed=0)
-    assert "is the one asking" not in _planner_prompts(lms["planner"])
+# ---- lean version 4: unknown labels, words that name no topic -------------------------------
 
 
 def test_an_unknown_fact_label_is_dropped_only_when_the_plan_still_covers_its_evidence():

@@ -94,8 +94,10 @@ LEAN_MAX_TOKENS = {**MAX_TOKENS, "plan": 300, "question": 80, "audit": 400, "bli
 # Lean's checks change verdicts: a lean run folder resumes only under the version it was made with.
 # 2: questions in the user's voice and asking for their answer's kind (wrong_kind);
 # 3: "Which two …?" asks for a list, and no two questions in one (compound);
-# 4: the planner is told who is asking, unknown fact labels are dropped when the plan still covers
-#    its evidence, and words that only place or perceive ("out", "beside") name no topic.
+# 4: unknown fact labels are dropped when the plan still covers its evidence, and words that only
+#    place or perceive ("out", "beside") name no topic. (Telling the planner "<user> is the one
+#    asking, so the answer is never <user>" was tried and dropped: on the embedded model it planned
+#    "who is asking this question?" → the user, 4 answer_is_user losses in 12 candidates.)
 LEAN_VERSION = 4
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
@@ -479,11 +481,6 @@ class _Generator(dspy.Module):
                                      reason=f"the plan failed {failed}; planned again"))  # fmt: skip
         return out, plan, issues, repairs
 
-    @property
-    def _asker(self) -> str:
-        """Whom the planner is told is asking (lean only; v1's prompts stay as measured)."""
-        return user_display_name(self.user_name) if self.lean and self.checks else ""
-
     def _question_problem(self, question: str, plan: AnswerPlan, view: BundleView) -> str | None:
         """:func:`~memsteer_dspy.supervision.checks.check_question` against the current demos, with
         the bundle's records (``view``, the one the planner read) and the user's name as what the
@@ -786,15 +783,9 @@ def _plan_rejection(plan: AnswerPlan, issues: list[PlanIssue], repairs, usage) -
                      plan=plan, plan_issues=issues, repairs=repairs)  # fmt: skip
 
 
-def _task_inputs(view: BundleView, task: Task, asker: str = "") -> dict[str, Any]:
-    """The planner's inputs. With ``asker`` (lean: the user's name), a task whose answer names
-    someone says who is asking: the planner reads the records without knowing whose history it is,
-    and on the embedded model planned "Elena Morales" (the email's signature) as the answer of the
-    user's own question three times in 24 candidates (``plan_check:answer_is_user``)."""
-    described = f"{task.question_type}: {task.description}"
-    if asker and task.answer_type in (None, "entity", "list"):
-        described += f"; {asker} is the one asking, so the answer is never {asker}"
-    return {"records": view.text, "question_type": described, "evidence_count": task.evidence_count}
+def _task_inputs(view: BundleView, task: Task) -> dict[str, Any]:
+    return {"records": view.text, "question_type": f"{task.question_type}: {task.description}",
+            "evidence_count": task.evidence_count}  # fmt: skip
 
 
 class MemSteerGenerator(_Generator):
@@ -817,7 +808,7 @@ class MemSteerGenerator(_Generator):
         view = bundle.view()
         try:
             _, plan, issues, repairs = yield from self._planned(
-                "plan", "plan", _task_inputs(view, task, self._asker), _plan_from, task, bundle, view, usage
+                "plan", "plan", _task_inputs(view, task), _plan_from, task, bundle, view, usage
             )
         except _LMFailure as exc:
             return _rejected(exc.stage, "lm_error", exc.detail, usage)
@@ -888,7 +879,7 @@ class JointGenerator(_Generator):
         view = bundle.view()
         try:
             out, plan, issues, repairs = yield from self._planned(
-                "plan_and_write", "joint", _task_inputs(view, task, self._asker), _plan_from, task, bundle, view, usage
+                "plan_and_write", "joint", _task_inputs(view, task), _plan_from, task, bundle, view, usage
             )
         except _LMFailure as exc:
             return _rejected(exc.stage, "lm_error", exc.detail, usage)
@@ -924,7 +915,7 @@ class DirectGenerator(_Generator):
         view = bundle.view()
         try:
             out, plan, issues, repairs = yield from self._planned(
-                "write_qa", "direct", _task_inputs(view, task, self._asker), _direct_plan, task, bundle, view, usage,
+                "write_qa", "direct", _task_inputs(view, task), _direct_plan, task, bundle, view, usage,
                 require_facts=False,
             )  # fmt: skip
         except _LMFailure as exc:
