@@ -122,6 +122,12 @@ def is_user_name(answer: str, user_name: str | None) -> bool:
     return bool(said) and len(name) >= 2 and (said == name or said == name[:1])
 
 
+def _unknown_fact(label: str) -> PlanIssue:
+    """The failure of a fact whose label names no span (one wording: the repair that drops such a
+    fact withdraws exactly this issue)."""
+    return PlanIssue(code=PlanCheckCode.UNKNOWN_SPAN, detail=f"fact cites {label!r}")
+
+
 def resolve_plan(
     plan: AnswerPlan, view: BundleView, span_texts: dict[str, str] | None = None
 ) -> tuple[AnswerPlan, list[PlanIssue]]:
@@ -133,9 +139,7 @@ def resolve_plan(
     for f in plan.facts:
         sid = view.resolve_span(f.span_id)
         if sid is None:
-            issues.append(
-                PlanIssue(code=PlanCheckCode.UNKNOWN_SPAN, detail=f"fact cites {f.span_id!r}")
-            )
+            issues.append(_unknown_fact(f.span_id))
         statement = f.statement or ((span_texts or {}).get(sid, "") if sid else "")
         if sid is not None and any(x.span_id == sid for x in facts):
             continue  # one span cited twice counts once
@@ -372,8 +376,8 @@ def check_plan(
         resolved, stray = drop_stray_facts(resolved, span_texts, unknown=drop_unknown)
         if stray is not None:
             repairs.append(stray)
-            dropped = {f"fact cites {sid!r}" for sid in cited - {f.span_id for f in resolved.facts}}
-            issues = [i for i in issues if i.detail not in dropped]
+            dropped = [_unknown_fact(sid) for sid in cited - {f.span_id for f in resolved.facts}]
+            issues = [i for i in issues if i not in dropped]
     if not resolved.facts:
         issues.append(PlanIssue(code=PlanCheckCode.NO_FACTS, detail="the plan cites no fact"))
     evidence_ids = resolved.evidence_ids
