@@ -10,6 +10,7 @@ from datetime import datetime
 import dspy
 from memsteer_dspy.signatures.plan import AnswerPlan, Fact, PlanAnswer
 from supervision_helpers import (
+    RECORDS,
     audit_reply,
     blind_reply,
     plan_reply,
@@ -434,3 +435,95 @@ def test_words_that_only_place_or_perceive_name_no_topic_in_lean():
     assert check_question(noticed, "2024-05-02", "date", kind_check=True) == "vague"
     concrete = "Who stretched out beside me on the porch after the Tahoe hike?"
     assert check_question(concrete, "Oliver", "entity", kind_check=True) is None
+
+
+# ---- lean version 5: answers held without being stated; "Who …?" answered by a role ---------
+
+# Lines of RHELM's Elena_Morales report attachments (the embedded planner cited them, measured:
+# "Where does Elena go for companion planting?" → "Montessori Gardens", the title of a source
+# link; "When did the module 4 observation … start?" → the report's date, cited from a heading).
+REPORT = RECORDS[2].model_copy(update={
+    "id": "report:1", "kind": "document", "thread_id": "report", "metadata": {},
+    "timestamp": datetime(2024, 11, 23),
+    "text": (
+        "### Module 4: Observation, Assessment, and Reflective Practice\n"
+        "- **Key Topics:**\n"
+        "Amelia Torres planted the companion seedlings on May 6.\n"
+        "1. [Montessori Gardens: Experiential Learning Resources]"
+        "(https://amshq.org/Educators/Educator-Resources/Classroom-Resources/Gardening-in-Montessori)\n"
+        "Elena Morales (Montessori Program Lead Teacher) met Mrs. Patel on May 6, 2024."
+    ),
+})
+
+
+def _report_plan(span: int, answer: str, answer_type: str) -> AnswerPlan:
+    label = f"R1.{span}"
+    return _plan_from_reply(plan_reply(
+        fact_span_ids=[label], answer_span_id=label, answer=answer, answer_type=answer_type,
+        evidence=[{"record_id": "R1", "contribution": "states it"}],
+    ))  # fmt: skip
+
+
+def test_is_heading_tells_headings_and_labels_from_statements():
+    from memsteer_dspy.supervision.checks import is_heading
+
+    assert is_heading("### Module 4: Observation, Assessment, and Reflective Practice")
+    assert is_heading("- **Key Topics:**")
+    assert is_heading("Attendees:")
+    assert is_heading("**Weekly schedule**")
+    assert not is_heading("**Date:** October 14, 2024")
+    assert not is_heading("Subject: Garden workshop supplies")
+    assert not is_heading("Amelia Torres planted the companion seedlings on May 6.")
+    assert not is_heading("- Sensitive periods in development and their classroom implications")
+
+
+def test_an_answer_held_only_by_a_link_line_or_a_date_from_a_heading_is_not_stated():
+    from memsteer_dspy.supervision.checks import PlanCheckCode, check_plan, spans_by_id
+
+    bundle = bundle_from_records(History("Elena_Morales", [REPORT]), ["report:1"], BundleConfig())
+    view, texts = bundle.view(), spans_by_id(bundle.spans())
+    assert texts["report:1#5"].startswith("[Montessori Gardens")  # "1." is a span of its own
+
+    def codes(plan, **kw):
+        return [i.code for i in check_plan(plan, FACT, view, texts, **kw)[1]]
+
+    link = _report_plan(5, "Montessori Gardens", "entity")
+    assert codes(link, stated=True) == [PlanCheckCode.ANSWER_NOT_STATED]
+    assert codes(link) == []  # the earlier pipeline accepts it
+    heading_date = _report_plan(2, "2024-11-23", "date")
+    assert codes(heading_date, stated=True) == [PlanCheckCode.ANSWER_NOT_STATED]
+    assert codes(_report_plan(1, "2024-11-23", "date"), stated=True) == [PlanCheckCode.ANSWER_NOT_STATED]
+    assert codes(heading_date) == []
+    # statements pass: a name in a sentence, a date cited from a sentence that writes it, and the
+    # record's own date cited from a sentence (the "This morning, …" items that read good)
+    assert codes(_report_plan(3, "Amelia Torres", "entity"), stated=True) == []
+    assert codes(_report_plan(6, "2024-05-06", "date"), stated=True) == []
+    assert codes(_report_plan(3, "2024-11-23", "date"), stated=True) == []
+
+
+def test_who_answered_by_a_role_is_the_wrong_kind_in_lean():
+    from memsteer_dspy.supervision.checks import is_role
+
+    assert is_role("Montessori Program Lead Teacher") and is_role("Administrative Lead")
+    assert not is_role("Amelia Torres") and not is_role("Mrs. Patel")
+    q = "Who is the program lead teacher at the Portland campus?"
+    assert check_question(q, "Montessori Program Lead Teacher", "entity", kind_check=True) == "wrong_kind"
+    assert check_question(q, "Montessori Program Lead Teacher", "entity") is None
+    assert check_question(q, "Elena Morales", "entity", kind_check=True) is None
+    role = "What is Elena's role in the Montessori Garden Initiative?"
+    assert check_question(role, "Montessori Program Lead Teacher", "entity", kind_check=True) is None
+
+
+def test_lean_re_samples_a_plan_whose_answer_is_a_link_title():
+    bundle = bundle_from_records(History("Elena_Morales", [REPORT]), ["report:1"], BundleConfig())
+    link = plan_reply(fact_span_ids=["R1.5"], answer_span_id="R1.5", answer="Montessori Gardens",
+                      evidence=[{"record_id": "R1", "contribution": "names the resource"}])  # fmt: skip
+    good = plan_reply(fact_span_ids=["R1.3"], answer_span_id="R1.3", answer="Amelia Torres",
+                      evidence=[{"record_id": "R1", "contribution": "names the planter"}])  # fmt: skip
+    asked = "Who planted the companion seedlings on May 6?"
+    lms = role_lms([link, good], [question_reply(asked)], [audit_reply(facts=("R1.3",))],
+                   [blind_reply("Amelia Torres", cited=("report:1#3",))])  # fmt: skip
+    out = lean_run(lms, bundle=bundle)
+    assert out.status == "accepted", out.detail
+    assert out.plan.answer == "Amelia Torres"
+    assert any("answer_not_stated" in f"{r.before} {r.reason}" for r in out.repairs), out.repairs

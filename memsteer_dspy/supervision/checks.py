@@ -20,6 +20,11 @@ code                       the plan fails when
 ``answer_not_in_spans``    a text/entity answer (or a list item) is not in the cited spans
 ``answer_is_user``         an entity answer is the user's own name (the user asking their own
                            assistant "Who woke up feeling unrested?" → themselves)
+``answer_not_stated``      (``stated``, lean) the cited spans hold the answer without stating a
+                           fact about it: a text/entity/list answer found only in a source or
+                           link line (a URL line: "[Montessori Gardens: …](https://…)"), or a date
+                           answer cited from a heading or label that writes no date ("- **Key
+                           Topics:**": the date is the record's own, and nothing happened on it)
 =========================  =====================================================================
 
 Before ``answer_not_in_spans`` fails a plan, :func:`repair_answer_citation` tries a deterministic
@@ -78,6 +83,7 @@ class PlanCheckCode(StrEnum):
     ANSWER_TOO_LONG = "answer_too_long"
     ANSWER_NOT_IN_SPANS = "answer_not_in_spans"
     ANSWER_IS_USER = "answer_is_user"
+    ANSWER_NOT_STATED = "answer_not_stated"
 
 
 class PlanIssue(BaseModel):
@@ -313,6 +319,42 @@ def _answer_support_issue(
     return None
 
 
+_URL = re.compile(r"\bhttps?://|\bwww\.", re.I)
+_LIST_MARK = re.compile(r"^(?:[-*+•]|\d+[.)])\s+")
+
+
+def is_heading(text: str) -> bool:
+    """Whether a span is a heading or a label rather than a statement: a markdown heading
+    ("### Module 1: …"), a label ending in a colon ("- **Key Topics:**", "Attendees:"), or a line
+    that is wholly bold ("**Weekly schedule**")."""
+    t = text.strip()
+    if t.startswith("#"):
+        return True
+    t = _LIST_MARK.sub("", t).strip()
+    if t.strip("*_ ").endswith(":"):
+        return True
+    return len(t) > 4 and t[:2] in ("**", "__") and t[-2:] == t[:2] and t[:2] not in t[2:-2]
+
+
+def _unstated_issue(plan: AnswerPlan, kind: AnswerType, span_texts: dict[str, str]) -> PlanIssue | None:
+    """``answer_not_stated`` for a plan whose cited spans hold its answer without stating a fact
+    about it (see the module docstring), or None."""
+    cited = [sid for sid in dict.fromkeys([plan.answer_span_id, *(f.span_id for f in plan.facts)])
+             if sid in span_texts]  # fmt: skip
+    if kind in (*EXTRACTIVE_TYPES, AnswerType.LIST):
+        items = list_items(plan.answer) if kind is AnswerType.LIST else [plan.answer]
+        holding = [sid for sid in cited if any(_contains(span_texts[sid], i) for i in items)]
+        if holding and all(_URL.search(span_texts[sid]) for sid in holding):
+            return PlanIssue(code=PlanCheckCode.ANSWER_NOT_STATED,
+                             detail=f"{plan.answer!r} is only in a source or link line")  # fmt: skip
+    if kind is AnswerType.DATE:
+        span = span_texts.get(plan.answer_span_id or "")
+        if span is not None and is_heading(span) and not _DATE_IN_TEXT.search(span):
+            return PlanIssue(code=PlanCheckCode.ANSWER_NOT_STATED,
+                             detail=f"the date is cited from a heading that writes none: {span[:60]!r}")  # fmt: skip
+    return None
+
+
 def check_plan(
     plan: AnswerPlan,
     task: Task,
@@ -323,12 +365,14 @@ def check_plan(
     repair: bool = True,
     user_name: str | None = None,
     drop_unknown: bool = False,
+    stated: bool = False,
 ) -> tuple[AnswerPlan, list[PlanIssue], list[Repair]]:
     """Resolve and check a plan: ``(resolved plan, failures, repairs)``; no failures = pass.
 
     ``span_texts`` maps every span id of the bundle to its text. See the module docstring for
     the checks and the citation repair; ``drop_unknown`` lets the repair drop a fact whose label
-    names no span when the rest of the plan still covers its evidence (:func:`drop_stray_facts`).
+    names no span when the rest of the plan still covers its evidence (:func:`drop_stray_facts`);
+    ``stated`` adds ``answer_not_stated``.
     """
     resolved, issues = resolve_plan(plan, view, span_texts)
     repairs: list[Repair] = []
@@ -366,6 +410,8 @@ def check_plan(
             ]
     if support is not None:
         issues.append(support)
+    elif stated and (unstated := _unstated_issue(resolved, kind, span_texts)) is not None:
+        issues.append(unstated)
     elif repair:
         resolved, named = expand_name(resolved, span_texts)
         if named is not None:
@@ -568,8 +614,8 @@ def check_question(
     ``unknown_name`` — names someone or something ``known_text`` (the bundle's records and the
     user's name) never mentions (:func:`unknown_names`); with ``kind_check`` (lean), topic words
     exclude words that only place or perceive ("out", "beside", "noticed"), and ``wrong_kind`` —
-    its question word asks for another kind of answer than the answer type (:func:`asked_kinds`),
-    and ``compound`` — it asks two questions in one ("… and what is …?").
+    its question word asks for another kind of answer than the answer type (:func:`asked_kinds`)
+    or "Who …?" is answered by a role (:func:`is_role`), and ``compound`` — it asks two questions in one ("… and what is …?").
     """
     q = (question or "").strip()
     if len(q.split()) < 3:
@@ -596,6 +642,8 @@ def check_question(
     kind = str(answer_type)
     if kind_check:
         if (asked := asked_kinds(q)) is not None and kind not in asked:
+            return "wrong_kind"
+        if kind == "entity" and _WHO.match(q) and is_role(answer):
             return "wrong_kind"
         if _COMPOUND.search(q):
             return "compound"
@@ -636,6 +684,25 @@ _ASKED_KINDS: tuple[tuple[re.Pattern[str], frozenset[str]], ...] = (
     (re.compile(r"^(?:at )?what time\b", re.I), frozenset({"number", "text"})),
     (re.compile(r"^(?:who|whom|whose|where|with whom)\b", re.I), frozenset({"entity", "list", "text"})),
 )
+
+
+# "Who is the program lead teacher?" → "Montessori Program Lead Teacher": a "Who …?" question
+# answered by a role or a title names nobody (measured on the embedded model; the role was the
+# apposition in "Elena Morales (Montessori Program Lead Teacher)").
+_WHO = re.compile(r"^\W*(?:who|whom|with whom|to whom)\b", re.I)
+_ROLE_NOUNS = frozenset("""
+teacher teachers lead leads director manager coordinator administrator principal officer
+specialist assistant aide head chair secretary counselor therapist supervisor instructor
+volunteer volunteers staff team committee department office leader president organizer
+""".split())
+
+
+def is_role(answer: str) -> bool:
+    """Whether an entity answer is a role or a title ("Montessori Program Lead Teacher",
+    "Administrative Lead", "the school nurse office") rather than a name: its last word is a role
+    noun."""
+    words = normalize_text(answer).split()
+    return bool(words) and words[-1] in _ROLE_NOUNS
 
 
 # Two questions in one ("How many tasks are there and what is the total number of tasks?"): one

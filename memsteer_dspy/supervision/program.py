@@ -98,7 +98,9 @@ LEAN_MAX_TOKENS = {**MAX_TOKENS, "plan": 300, "question": 80, "audit": 400, "bli
 #    place or perceive ("out", "beside") name no topic. (Telling the planner "<user> is the one
 #    asking, so the answer is never <user>" was tried and dropped: on the embedded model it planned
 #    "who is asking this question?" → the user, 4 answer_is_user losses in 12 candidates.)
-LEAN_VERSION = 4
+# 5: an answer only in a source/link line or a date cited from a heading fails the plan
+#    (answer_not_stated), and "Who …?" answered by a role is wrong_kind.
+LEAN_VERSION = 5
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 
@@ -439,6 +441,7 @@ class _Generator(dspy.Module):
         resolved, issues, repairs = check_plan(
             plan, task, view, texts, max_answer_words=self.max_answer_words,
             repair=self.checks and require_facts, user_name=self.user_name, drop_unknown=self.lean,
+            stated=self.lean,
         )  # fmt: skip
         if not require_facts:  # the direct baseline has no facts to check
             skip = ("no_facts", "evidence_without_fact", "answer_not_in_spans")
