@@ -56,32 +56,40 @@ from memsteer_dspy.supervision.program import GENERATION_ROLES  # noqa: E402
 from memsteer_dspy.supervision.run import (  # noqa: E402
     GenerationConfig,
     accepted_distribution,
+    format_kept,
     generate_supervision,
+    kept_by_task,
     read_log,
 )
 
-# name -> (lean pipeline, steered task sampler). The two mixed ones separate the two effects: the
-# steered sampler asks for harder items (two-record tasks, numbers, lists), which a small LM keeps
-# less often whatever its prompts.
-CONFIGS: dict[str, tuple[bool, bool]] = {
-    "v1": (False, False),
-    "lean": (True, True),
-    "lean-unsteered": (True, False),
-    "v1-steered": (False, True),
+# name -> (lean pipeline, steered task sampler, steered by yield). The two mixed ones separate the
+# pipeline from the sampler: the steered sampler asks for harder items (two-record tasks, numbers,
+# lists), which a small LM keeps less often whatever its prompts. "lean-yield" also weighs each
+# kind by what it has yielded on this run (BundleConfig.steer_by_yield): measured with lean on the
+# embedded model, entity and two-record tasks kept 1 of 42 while the lag alone kept asking for them.
+CONFIGS: dict[str, tuple[bool, bool, bool]] = {
+    "v1": (False, False, False),
+    "lean": (True, True, False),
+    "lean-unsteered": (True, False, False),
+    "v1-steered": (False, True, False),
+    "lean-yield": (True, True, True),
 }
 
 
 def generation_config(name: str, candidates: int, seed: int) -> GenerationConfig:
     """The named configuration (:data:`CONFIGS`), every check on, stopping only when ``candidates``
     are done."""
-    lean, steered = CONFIGS[name]
+    lean, steered, by_yield = CONFIGS[name]
+    bundle = small_lm_bundle_config(steered=steered)
+    if by_yield:
+        bundle = bundle.model_copy(update={"steer_by_yield": True})
     return GenerationConfig(
         n=candidates,
         max_candidates=candidates,
         seed=seed,
         lean=lean,
         bounded=True,
-        bundle=small_lm_bundle_config(steered=steered),
+        bundle=bundle,
     )
 
 
@@ -132,6 +140,7 @@ def role_costs(out: Path) -> dict[str, Any]:
         "wall_seconds": wall,
         "per_accepted": per,
         **accepted_distribution(accepted_items),
+        "kept_by_task": kept_by_task(log),
     }
 
 
@@ -150,6 +159,7 @@ def print_costs(name: str, cost: dict[str, Any]) -> None:
               f"{per['calls']:.1f} calls, {per['lm_seconds']:.1f} s of LM time, {per['wall_seconds']:.1f} s wall")  # fmt: skip
     print(f"  accepted by answer type {cost['accepted_by_answer_type']}, by question form "
           f"{cost['accepted_by_question_word']}, by evidence records {cost['accepted_by_evidence_count']}")  # fmt: skip
+    print(f"  kept by task (accepted/tried): {format_kept(cost['kept_by_task'])}")
     print(f"  rejected by reason {cost['rejected_by_reason']}")
 
 

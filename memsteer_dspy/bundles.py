@@ -27,7 +27,7 @@ import random
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -128,6 +128,13 @@ class BundleConfig(BaseModel):
         description="With answer_type_weights: a task targets only answer types its bundle's "
         "sentences hold (answer_kinds: a number, a name other than the user's, a list); the "
         "target mix is then steered among those.",
+    )
+    steer_by_yield: bool = Field(
+        default=False,
+        description="With answer_type_weights: each kind's steered weight is also multiplied by "
+        "what that kind has yielded so far on this run, (accepted + 1) / (tried + 2) of the tasks "
+        "that asked for it (per answer type and per evidence count), so a kind the LM rarely gets "
+        "through the checks is asked for less instead of more as it falls further behind.",
     )
 
 
@@ -458,10 +465,15 @@ def sample_task(rng: random.Random, config: BundleConfig | None = None) -> Task:
     return Task(question_type=rng.choice(types), evidence_count=count)
 
 
-def steered(target: dict, accepted: dict | None) -> dict:
+def steered(target: dict, accepted: dict | None, yields: dict | None = None) -> dict:
     """``target`` weights (normalised) raised for kinds the ``accepted`` counts lack: each weight
     is multiplied by ``exp(4 · (target share − accepted share))``, so a kind that falls behind is
-    drawn more often until it catches up, and one ahead less."""
+    drawn more often until it catches up, and one ahead less.
+
+    With ``yields`` (kind → the kept share of the tasks that asked for it, see
+    :attr:`AcceptedMix.answer_type_yield`) each weight is also multiplied by its kind's yield (0.5,
+    the prior, for a kind not tried yet): the expected catch-up per candidate, not the lag alone,
+    so a kind that keeps failing on this LM stops taking the budget its lag would claim."""
     total_w = sum(w for w in target.values() if w > 0)
     counts = accepted or {}
     n = sum(counts.get(k, 0) for k in target)
@@ -472,15 +484,21 @@ def steered(target: dict, accepted: dict | None) -> dict:
         want = w / total_w
         have = counts.get(k, 0) / n if n else want
         out[k] = want * math.exp(4 * (want - have))
+        if yields is not None:
+            out[k] *= yields.get(k, 0.5)
     return out
 
 
 @dataclass(frozen=True)
 class AcceptedMix:
-    """What the accepted items so far cover: counts by answer type and by evidence count."""
+    """What the accepted items so far cover: counts by answer type and by evidence count; and what
+    each kind of task has yielded, ``(accepted + 1) / (tried + 2)`` of the candidates whose task
+    asked for that answer type / evidence count (kinds not tried yet are absent)."""
 
     answer_types: dict[str, int]
     evidence_counts: dict[int, int]
+    answer_type_yield: dict[str, float] = field(default_factory=dict)
+    evidence_yield: dict[int, float] = field(default_factory=dict)
 
 
 def steered_task(
@@ -499,7 +517,12 @@ def steered_task(
     weights = config.evidence_weights
     if max_evidence is not None and any(c <= max_evidence for c, w in weights.items() if w > 0):
         weights = {c: w for c, w in weights.items() if c <= max_evidence}
-    counts = steered(weights, mix.evidence_counts if mix else None)
+    by_yield = config.steer_by_yield and mix is not None
+    counts = steered(
+        weights,
+        mix.evidence_counts if mix else None,
+        mix.evidence_yield if by_yield else None,
+    )
     keys = sorted(counts)
     count = rng.choices(keys, weights=[counts[c] for c in keys])[0]
     return task_for_count(rng, config, count, mix, answer_kinds)
@@ -520,7 +543,12 @@ def task_for_count(
     suited = {a for t in types for a in ANSWER_TYPES_BY_QUESTION.get(t, ())}
     if answer_kinds is not None:
         suited = (suited & set(answer_kinds)) or suited
-    weights = steered(config.answer_type_weights, mix.answer_types if mix else None)
+    by_yield = config.steer_by_yield and mix is not None
+    weights = steered(
+        config.answer_type_weights,
+        mix.answer_types if mix else None,
+        mix.answer_type_yield if by_yield else None,
+    )
     options = sorted(a for a in weights if a in suited) or sorted(suited) or ["entity"]
     answer = rng.choices(options, weights=[weights.get(a, 1.0) for a in options])[0]
     fitting = [t for t in types if answer in ANSWER_TYPES_BY_QUESTION.get(t, ())] or types

@@ -11,7 +11,7 @@ from typing import Any
 import dspy
 from dspy.utils import DummyLM
 
-from memsteer_dspy.bundles import Bundle, BundleConfig, bundle_from_records
+from memsteer_dspy.bundles import Bundle, BundleConfig, Task, bundle_from_records
 from memsteer_dspy.records import History, Record
 
 RECORDS = [
@@ -138,3 +138,13 @@ def role_lms(plan=(), question=(), audit=(), blind=()) -> dict[str, DummyLM]:
         "auditor": scripted(*audit),
         "blind_reader": scripted(*blind),
     }
+
+
+def logged(index: int, status: str, answer_type: str | None, evidence_count: int):
+    """A progress-log line (``CandidateRecord``) for a task of this kind, with no LM work."""
+    from memsteer_dspy.supervision.run import CandidateRecord
+
+    task = Task(question_type="fact", evidence_count=evidence_count, answer_type=answer_type)
+    return CandidateRecord(
+        index=index, status=status, method="memsteer", seed_record="r", task=task
+    )

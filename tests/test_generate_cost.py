@@ -14,19 +14,21 @@ gc = load_script("benchmarks/generate_cost.py")
 
 
 @pytest.mark.parametrize(
-    ("name", "lean", "steered"),
+    ("name", "lean", "steered", "by_yield"),
     [
-        ("v1", False, False),
-        ("lean", True, True),
-        ("lean-unsteered", True, False),
-        ("v1-steered", False, True),
+        ("v1", False, False, False),
+        ("lean", True, True, False),
+        ("lean-unsteered", True, False, False),
+        ("v1-steered", False, True, False),
+        ("lean-yield", True, True, True),
     ],
 )
-def test_configurations_cross_pipeline_and_sampler(name, lean, steered):
+def test_configurations_cross_pipeline_and_sampler(name, lean, steered, by_yield):
     c = gc.generation_config(name, 12, 3)
     assert (c.lean, c.seed, c.n, c.max_candidates, c.bounded) == (lean, 3, 12, 12, True)
     # the steered sampler is the one with answer-type targets
     assert (c.bundle.answer_type_weights is not None) == steered
+    assert c.bundle.steer_by_yield == by_yield
     assert c.checks
 
 
@@ -55,6 +57,10 @@ def test_run_configs_reports_each_configuration_from_its_own_log(tmp_path):
         assert cost["total"]["calls"] == calls == sum(t["calls"] for t in cost["roles"].values())
         assert set(cost["roles"]) <= set(GENERATION_ROLES)
         assert cost["per_accepted"]["calls"] == pytest.approx(calls / accepted)
+        kept = cost["kept_by_task"]  # both configurations leave the answer type to the planner
+        assert sum(k["tried"] for k in kept.values()) == 4
+        assert sum(k["accepted"] for k in kept.values()) == accepted
+        assert all(kind.startswith("any/") for kind in kept)
     lean, v1 = results["lean-unsteered"], results["v1"]
     r = gc.ratios(lean, v1)
     assert r["calls_per_accepted"] == round(

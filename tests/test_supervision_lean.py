@@ -8,6 +8,7 @@ from collections import Counter
 from datetime import datetime
 
 import dspy
+import pytest
 from memsteer_dspy.signatures.plan import AnswerPlan, Fact, PlanAnswer
 from supervision_helpers import (
     RECORDS,
@@ -246,6 +247,72 @@ def test_steered_tasks_follow_the_profile_and_move_away_from_an_overfull_kind():
     assert sum(t.evidence_count == 2 for t in full_of_dates) > sum(
         t.evidence_count == 2 for t in plain
     )
+
+
+def test_steering_by_yield_weighs_the_lag_by_what_each_kind_has_kept():
+    target, accepted = {"date": 0.5, "entity": 0.5}, {"date": 3, "entity": 2}
+    lag = steered(target, accepted)
+    # entities behind (2.2x the weight of dates) but 1 kept of 14 tried, dates 2 of 6: the
+    # expected catch-up per candidate favours dates
+    by_yield = steered(target, accepted, {"date": 3 / 8, "entity": 2 / 16})
+    assert lag["entity"] > 2 * lag["date"] and by_yield["entity"] < by_yield["date"]
+    assert by_yield["date"] == pytest.approx(lag["date"] * 3 / 8)
+    # a kind not tried yet gets the prior 0.5; equal yields leave the ratios of the lag alone
+    fresh = steered(target, accepted, {"date": 3 / 8})
+    assert fresh["entity"] == pytest.approx(lag["entity"] * 0.5)
+    same = steered(target, accepted, {"date": 0.25, "entity": 0.25})
+    assert same["entity"] / same["date"] == pytest.approx(lag["entity"] / lag["date"])
+
+
+def test_steer_by_yield_asks_less_for_a_kind_that_keeps_failing_and_is_off_by_default():
+    def share_of_entities(config, mix, n=600):
+        rng = random.Random(11)
+        return sum(steered_task(rng, config, mix).answer_type == "entity" for _ in range(n)) / n
+
+    failing = AcceptedMix(
+        answer_types={"date": 3},
+        evidence_counts={1: 3},
+        answer_type_yield={"entity": 1 / 16, "date": 4 / 8},
+        evidence_yield={1: 4 / 24, 2: 1 / 21},
+    )
+    lag_only = small_lm_bundle_config()
+    assert lag_only.steer_by_yield is False
+    by_yield = lag_only.model_copy(update={"steer_by_yield": True})
+    assert share_of_entities(by_yield, failing) < share_of_entities(lag_only, failing) / 2
+    rng_a, rng_b = random.Random(3), random.Random(3)
+    two_lag = sum(steered_task(rng_a, lag_only, failing).evidence_count == 2 for _ in range(600))
+    two_yield = sum(steered_task(rng_b, by_yield, failing).evidence_count == 2 for _ in range(600))
+    assert two_yield < two_lag
+
+
+def test_the_run_log_gives_each_task_kind_its_kept_share():
+    from supervision_helpers import logged as rec
+
+    from memsteer_dspy.supervision.run import _mix
+
+    kinds = [("rejected", "entity", 2), ("rejected", "entity", 1), ("skipped", "entity", 1),
+             ("rejected", "date", 1), ("rejected", None, 1)]  # fmt: skip
+    log = [rec(i, *kind) for i, kind in enumerate(kinds)]
+    mix = _mix(log)
+    # (kept + 1) / (tried + 2); a skipped candidate was never tried; a free answer type is no kind
+    assert mix.answer_type_yield == {"entity": 1 / 4, "date": 1 / 3}
+    assert mix.evidence_yield == {2: 1 / 3, 1: 1 / 5}
+    assert mix.answer_types == {} and mix.evidence_counts == {}
+
+
+def test_steer_by_yield_is_part_of_a_runs_key_and_reaches_it_from_the_cli():
+    from memsteer_dspy.cli.generate import _bundle_config
+    from memsteer_dspy.lm import LMConfig
+    from memsteer_dspy.supervision.run import GenerationConfig
+
+    lm_config = LMConfig.uniform()  # the embedded default
+    lag, _ = _bundle_config("small", lm_config, 2500, None)
+    by_yield, profile = _bundle_config("small", lm_config, 2500, None, steer_by_yield=True)
+    assert profile == "small" and by_yield.steer_by_yield and not lag.steer_by_yield
+    off, on = GenerationConfig(bundle=lag).identity(), GenerationConfig(bundle=by_yield).identity()
+    assert on != off and on["bundle"]["steer_by_yield"] is True
+    # off, the key is the one of runs made before the option existed: they still resume
+    assert "steer_by_yield" not in off["bundle"]
 
 
 def test_a_targeted_task_tells_the_planner_the_answer_type():

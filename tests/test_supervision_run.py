@@ -16,8 +16,10 @@ from memsteer_dspy.runfolder import RunMismatchError
 from memsteer_dspy.supervision.run import (
     GenerationConfig,
     SupervisionSet,
+    format_kept,
     format_summary,
     generate_supervision,
+    kept_by_task,
     load_qa_jsonl,
     read_log,
     split_by_bundle,
@@ -177,6 +179,32 @@ def test_near_duplicate_questions_are_removed(tmp_path):
                                    config(max_candidates=4, max_demos=0), progress=False)  # fmt: skip
     assert summary["accepted"] == 1
     assert summary["rejected_by_reason"] == {"dedup:near_duplicate": 3}
+    # the task left the answer type to the planner: one kind, "any" answer from one record
+    assert summary["kept_by_task"] == {"any/1": {"tried": 4, "accepted": 1}}
+    assert "kept by task (accepted/tried): any/1 1/4" in format_summary(summary)
+
+
+def test_kept_by_task_counts_tried_and_accepted_per_kind_and_skips_skipped():
+    from supervision_helpers import logged as rec
+
+    log = [
+        rec(0, "rejected", "entity", 2),
+        rec(1, "accepted", "date", 1),
+        rec(2, "rejected", "entity", 2),
+        rec(3, "skipped", "entity", 2),
+        rec(4, "accepted", "entity", 2),
+        rec(5, "rejected", "date", 1),
+        rec(6, "rejected", "date", 1),
+        rec(7, "rejected", "number", 1),
+    ]
+    kept = kept_by_task(log)
+    assert kept == {
+        "entity/2": {"tried": 3, "accepted": 1},
+        "date/1": {"tried": 3, "accepted": 1},
+        "number/1": {"tried": 1, "accepted": 0},
+    }
+    assert list(kept)[-1] == "number/1"  # most tried first
+    assert format_kept(kept) == "entity/2 1/3, date/1 1/3, number/1 0/1"
 
 
 def test_copies_of_an_accepted_demo_question_are_rejected_before_the_audit(tmp_path):

@@ -16,7 +16,9 @@ from memsteer_dspy.errors import InputError
 PROFILES = ("auto", "small", "full")
 
 
-def _bundle_config(profile: str, lm_config, budget: int, record_token_cap: int | None):
+def _bundle_config(
+    profile: str, lm_config, budget: int, record_token_cap: int | None, steer_by_yield: bool = False
+):
     from memsteer_dspy.bundles import BundleConfig, small_lm_bundle_config
 
     if profile not in PROFILES:
@@ -26,6 +28,8 @@ def _bundle_config(profile: str, lm_config, budget: int, record_token_cap: int |
     overrides = {"token_budget": budget}
     if record_token_cap is not None:
         overrides["record_token_cap"] = record_token_cap
+    if steer_by_yield:
+        overrides["steer_by_yield"] = True
     return (
         small_lm_bundle_config(**overrides) if profile == "small" else BundleConfig(**overrides)
     ), profile
@@ -122,6 +126,15 @@ def generate(
             "on the embedded model (5 of 16 vs 2 of 16; see the README).",
         ),
     ] = False,
+    steer_by_yield: Annotated[
+        bool,
+        typer.Option(
+            "--steer-by-yield",
+            help="Small profile: weigh each task kind (answer type, evidence count) the accepted "
+            "items lack also by the share of its tasks kept so far, so a kind the LM keeps failing "
+            "is asked for less (default: by the lag alone; summary.json kept_by_task shows both).",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     restart: Annotated[
         bool,
@@ -144,7 +157,9 @@ def generate(
 
     if method not in METHODS:
         raise typer.BadParameter(f"choose one of {', '.join(METHODS)}", param_hint="--method")
-    bundle_config, chosen = _bundle_config(profile, lm_config, budget, record_token_cap)
+    bundle_config, chosen = _bundle_config(
+        profile, lm_config, budget, record_token_cap, steer_by_yield
+    )
     loaded = history.load()
     # length limits in the output schemas, for LMs that decode under them (in-process llama.cpp)
     bounded = lm_config.in_process(*GENERATION_ROLES)

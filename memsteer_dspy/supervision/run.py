@@ -13,7 +13,8 @@ output folder:
 ``val.jsonl``            accepted items in the validation split (disjoint bundles)
 ``rejected.jsonl``       every rejected or skipped candidate with ``stage`` and ``reason``
 ``summary.json``         candidates, accepted, kept_fraction, rejected_by_stage, lm_calls,
-                         tokens_per_accepted, wall_seconds, …
+                         tokens_per_accepted, kept_by_task (tried / accepted per task
+                         kind), wall_seconds, …
 ``dataset/``             the accepted items as a ``datasets.DatasetDict`` (train / validation)
 ``graph-*.json.gz``      the record graph, keyed by the history fingerprint
 =======================  ==========================================================================
@@ -125,8 +126,11 @@ class GenerationConfig(BaseModel):
     def identity(self) -> dict[str, Any]:
         """The settings a resumed run must share with the run it continues (a lean run also the
         version of lean's checks, :data:`~memsteer_dspy.supervision.program.LEAN_VERSION`)."""
+        bundle = self.bundle.model_dump(mode="json")
+        if not bundle.get("steer_by_yield"):  # off: the key runs made before the option had
+            bundle.pop("steer_by_yield", None)
         key = {"method": self.method, "checks": self.checks, "seed": self.seed, "lean": self.lean,
-               "bundle": self.bundle.model_dump(mode="json"), "graph": self.graph}  # fmt: skip
+               "bundle": bundle, "graph": self.graph}  # fmt: skip
         if self.lean:
             key["lean_version"] = LEAN_VERSION
         return key
@@ -443,6 +447,7 @@ def _summary(
             Counter(r.reason or "?" for r in log if r.status == "skipped").most_common()
         ),
         **accepted_distribution(accepted),
+        "kept_by_task": kept_by_task(log),
         "repairs": sum(
             len((r.outcome or {}).get("repairs", [])) for r in log if r.status == "accepted"
         ),
@@ -553,15 +558,50 @@ def accepted_distribution(items: list[QAItem]) -> dict[str, dict[str, int]]:
     }
 
 
+def kept_by_task(log: list[CandidateRecord]) -> dict[str, dict[str, int]]:
+    """Candidates tried and accepted per task kind, ``"<answer type>/<evidence count>"`` (``any``
+    where the task left the answer type to the planner), most tried first.
+
+    The sampler steers toward the kinds the accepted items lack; this is what each kind yields on
+    the LM at hand (on the embedded 1.5B model entity and two-record tasks are kept far less often
+    than one-record dates), so a run can tell a mix that was asked for from one that was kept."""
+    tried: Counter[str] = Counter()
+    kept: Counter[str] = Counter()
+    for r in log:
+        if r.status == "skipped":
+            continue
+        kind = f"{r.task.answer_type or 'any'}/{r.task.evidence_count}"
+        tried[kind] += 1
+        kept[kind] += r.status == "accepted"
+    return {k: {"tried": n, "accepted": kept[k]} for k, n in tried.most_common()}
+
+
+def format_kept(kept: Mapping[str, Mapping[str, int]]) -> str:
+    """:func:`kept_by_task` in one line: ``date/1 2/6, entity/1 1/14, …``."""
+    return ", ".join(f"{k} {v['accepted']}/{v['tried']}" for k, v in kept.items())
+
+
 def _accepted_items(log: list[CandidateRecord]) -> list[dict[str, Any]]:
     return [r.item for r in log if r.status == "accepted" and r.item]
 
 
 def _mix(log: list[CandidateRecord]) -> AcceptedMix:
-    """What the accepted items so far cover (the sampler steers toward what they lack)."""
+    """What the accepted items so far cover, and what each kind of task yielded (the sampler
+    steers toward what they lack; with ``steer_by_yield``, toward what it can also get)."""
     items = _accepted_items(log)
-    return AcceptedMix(answer_types=dict(Counter(str(i["answer_type"]) for i in items)),
-                       evidence_counts=dict(Counter(len(i["evidence_ids"]) for i in items)))  # fmt: skip
+    tried = [r for r in log if r.status != "skipped"]
+
+    def yields(kind: Callable[[Task], Any]) -> dict:
+        asked = Counter(kind(r.task) for r in tried)
+        kept = Counter(kind(r.task) for r in tried if r.status == "accepted")
+        return {k: (kept[k] + 1) / (n + 2) for k, n in asked.items() if k is not None}
+
+    return AcceptedMix(
+        answer_types=dict(Counter(str(i["answer_type"]) for i in items)),
+        evidence_counts=dict(Counter(len(i["evidence_ids"]) for i in items)),
+        answer_type_yield=yields(lambda t: t.answer_type),
+        evidence_yield=yields(lambda t: t.evidence_count),
+    )
 
 
 _SHORT = {"entity": "ent", "number": "num", "date": "date", "list": "list", "text": "text", "boolean": "bool"}
@@ -816,6 +856,8 @@ def format_summary(summary: Mapping[str, Any]) -> str:
                        ("accepted_by_evidence_count", "evidence records")):  # fmt: skip
         if summary.get(key):
             lines.append(f"accepted by {label}: " + ", ".join(f"{k} {v}" for k, v in summary[key].items()))
+    if summary.get("kept_by_task"):
+        lines.append("kept by task (accepted/tried): " + format_kept(summary["kept_by_task"]))
     per_calls = summary.get("lm_calls_per_accepted", {})
     per_tokens = summary.get("tokens_per_accepted", {})
     if per_tokens:
