@@ -25,8 +25,9 @@ writes to its own subfolder of ``out_dir`` and resumes there, so a rerun reuses 
 ``demo.json``              the settings and the result; ``results.md`` the table
 =========================  ==========================================================================
 
-Two sizes: ``small`` (the default) fits 15 minutes on a 2-core CPU with the embedded 1.5B model by
-generating a handful of items, optimizing for delivered recall for a few iterations (no answering
+Two sizes: ``small`` (the default) is sized for a 2-core CPU with the embedded 1.5B model
+(measured on an AVX2-only 2-core AMD EPYC: 36 min, 26 of them generating supervision; the README
+has every timing) by generating a handful of items, optimizing for delivered recall for a few iterations (no answering
 during optimization) and answering a stratified subset of the hand-written items with a smaller
 (fixed) context; ``full`` runs the paper-sized version. :meth:`DemoSettings.sized_down` says what
 a size changes relative to ``full``, and the demo prints it.
@@ -158,10 +159,10 @@ class DemoSettings(BaseModel):
 
 
 SIZES: dict[str, DemoSettings] = {
-    # Fits 15 minutes on a 2-core CPU with the embedded 1.5B model (see the README for timings).
-    # Supervision: 8 accepted items (about 5 train / 3 validation, enough for the validation set to
-    # separate designs) from at most 20 candidates (the default pipeline kept 5 of 16 on RHELM's
-    # Elena_Morales; the demo at this size is not yet timed on the current pipeline).
+    # Sized for a 2-core CPU with the embedded 1.5B model. Supervision: 8 accepted items wanted
+    # (about 5 train / 3 validation, enough for the validation set to separate designs) from at
+    # most 20 candidates. Measured on an AVX2-only 2-core AMD EPYC (README): 36 min in all, 5 of 20
+    # kept in 26 min, and Base-BM25 already at delivered recall 1.0 on the 2 validation items.
     "small": DemoSettings(
         size="small",
         n_supervision=8,
@@ -508,7 +509,8 @@ def run_demo(
     Args:
         out_dir: the demo's folder; a rerun with the same settings and LMs resumes it.
         lm_config: an :class:`~memsteer_dspy.lm.LMConfig` (role → LM; the embedded model by default).
-        size: ``"small"`` (fits 15 minutes on a 2-core CPU with the embedded model) or ``"full"``.
+        size: ``"small"`` (sized for a 2-core CPU with the embedded model; 36 min measured on
+            an AVX2-only one) or ``"full"``.
         settings: explicit :class:`DemoSettings` instead of a named size (tests, custom runs).
         cache_dir: where stores and indexes are kept (default ``out_dir/indexes``).
         tracking_uri: MLflow tracking URI (default ``$MLFLOW_TRACKING_URI``, else

@@ -27,7 +27,7 @@ def demo(
         str,
         typer.Option(
             "--size",
-            help="'small' (fits 15 minutes on a 2-core CPU with the embedded model) or 'full' (the paper's sizes: 100 generated items, 20 iterations, all hand-written QA, 4,000-token context).",
+            help="'small' (sized for a 2-core CPU with the embedded model: 36 min measured on an AVX2-only one, see the README) or 'full' (the paper's sizes: 100 generated items, 20 iterations, all hand-written QA, 4,000-token context).",
         ),
     ] = "small",
     threads: Annotated[
