@@ -45,6 +45,7 @@ __all__ = [
     "list_jaccard",
     "normalize_answer",
     "normalize_text",
+    "numbers_in",
     "parse_answer",
 ]
 
@@ -209,10 +210,9 @@ def _canonical_unit(word: str) -> str | None:
     return first
 
 
-def _parse_number(text: str) -> Quantity:
-    raw = unicodedata.normalize("NFKC", str(text)).strip()
-    if not raw:
-        raise AnswerParseError("empty answer")
+def _number_spans(raw: str) -> list[tuple[int, int, float]]:
+    """Every number written in ``raw`` (digits, with "k"/"million" multipliers, or number words):
+    ``(start, end, value)``."""
     found: list[tuple[int, int, float]] = []  # (start, end, value)
     for m in _DIGITS.finditer(raw):
         value = float(m.group(2).replace(",", ""))
@@ -239,6 +239,19 @@ def _parse_number(text: str) -> Quantity:
             end = m.end()
             # "3 million" written with a digit is handled above; "two million" here
             found.append((m.start(), end, value))
+    return found
+
+
+def numbers_in(text: str) -> set[float]:
+    """The values of every number written in ``text`` ("3", "1,200", "two dozen", "5 million")."""
+    return {round(v, 9) for _, _, v in _number_spans(unicodedata.normalize("NFKC", str(text)))}
+
+
+def _parse_number(text: str) -> Quantity:
+    raw = unicodedata.normalize("NFKC", str(text)).strip()
+    if not raw:
+        raise AnswerParseError("empty answer")
+    found = _number_spans(raw)
     if not found:
         raise AnswerParseError(f"no number in {text!r}")
     values = {round(v, 9) for _, _, v in found}

@@ -16,7 +16,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import date, datetime
 from enum import StrEnum
 from functools import cached_property
@@ -172,6 +172,14 @@ class Record(BaseModel):
     @cached_property
     def spans(self) -> list[Span]:
         return split_spans(self.id, self.text)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Record:
+        """A copy; its spans are split again from its own id and text (pydantic copies the cached
+        ``spans`` of the original along with the fields, so a copy with a new text kept the old
+        text's spans)."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__dict__.pop("spans", None)
+        return copy
 
     @property
     def title(self) -> str | None:

@@ -105,3 +105,13 @@ def test_qaitem_roundtrip():
     q = QAItem(id="q1", question="Who?", answer="Lila", answer_type="entity", evidence_ids=["a"],
                question_date=date(2024, 1, 2), question_type="fact")  # fmt: skip
     assert QAItem.model_validate_json(q.to_json()) == q
+
+
+def test_a_copy_with_a_new_text_splits_its_own_spans():
+    rec = Record(id="c:1", kind="conversation_turn", thread_id="c", position=1,
+                 timestamp=datetime(2024, 3, 2), text="User: First sentence here. Second one there.")  # fmt: skip
+    assert len(rec.spans) == 2  # cached on the original
+    copy = rec.model_copy(update={"id": "d:1", "text": "User: Only one sentence."})
+    assert [s.text for s in copy.spans] == ["User: Only one sentence."]
+    assert all(s.id.startswith("d:1#") for s in copy.spans)
+    assert len(rec.spans) == 2

@@ -594,3 +594,121 @@ def test_lean_re_samples_a_plan_whose_answer_is_a_link_title():
     assert out.status == "accepted", out.detail
     assert out.plan.answer == "Amelia Torres"
     assert any("answer_not_stated" in f"{r.before} {r.reason}" for r in out.repairs), out.repairs
+
+
+# ---- lean version 6: the task's kind, numbers that are written, plural asks, evidence words --
+
+
+def test_numbers_in_reads_digits_and_words():
+    from memsteer_dspy.normalize import numbers_in
+
+    assert numbers_in("She will bring 12 seed trays and three rakes for 1,200 dollars.") == {12.0, 3.0, 1200.0}
+    assert numbers_in("No number here.") == set()
+
+
+def test_a_number_answer_must_be_written_in_its_cited_spans_or_count_its_evidence():
+    from memsteer_dspy.supervision.checks import PlanCheckCode, check_plan, spans_by_id
+
+    bundle = small_bundle()
+    view, texts = bundle.view(), spans_by_id(bundle.spans())
+    trays = next(sid for sid, t in texts.items() if "12 seed trays" in t)
+    label = view.label_of(trays.split("#")[0]) + "." + trays.split("#")[1]
+
+    def codes(answer, **kw):
+        plan = _plan_from_reply(plan_reply(fact_span_ids=[label], answer_span_id=label, answer=answer,
+                                           answer_type="number", evidence=[{"record_id": label.split(".")[0],
+                                                                            "contribution": "trays"}]))  # fmt: skip
+        return [i.code for i in check_plan(plan, FACT, view, texts, **kw)[1]]
+
+    assert codes("12", stated=True) == []
+    assert codes("12 trays", stated=True) == []
+    # 3 is written nowhere in the cited sentence (the small planner counted "3 suggestions")
+    assert codes("3", stated=True) == [PlanCheckCode.ANSWER_NOT_STATED]
+    assert codes("3") == []  # the earlier pipeline accepts it
+    # one evidence record, one fact: a count of 1 is the count of its evidence
+    assert codes("1", stated=True) == []
+
+
+def test_a_date_writes_no_number_a_count_can_be_read_from():
+    from memsteer_dspy.supervision.checks import PlanCheckCode, check_plan, spans_by_id
+
+    rec = RECORDS[0].model_copy(update={"id": "d:1", "thread_id": "d", "text": "User: On 2024-02-03 I met Lila at 10:30."})
+    bundle = bundle_from_records(History("Elena_Morales", [rec]), ["d:1"], BundleConfig())
+    view, texts = bundle.view(), spans_by_id(bundle.spans())
+    plan = _plan_from_reply(plan_reply(fact_span_ids=["R1.1"], answer_span_id="R1.1", answer="3",
+                                       answer_type="number", evidence=[{"record_id": "R1", "contribution": "x"}]))  # fmt: skip
+    issues = check_plan(plan, FACT, view, texts, stated=True)[1]
+    assert [i.code for i in issues] == [PlanCheckCode.ANSWER_NOT_STATED], (issues, view.text)
+
+
+def test_a_plan_answers_the_kind_its_task_asks_for_and_a_list_has_two_items():
+    from memsteer_dspy.supervision.checks import PlanCheckCode, check_plan, spans_by_id
+
+    bundle = small_bundle()
+    view, texts = bundle.view(), spans_by_id(bundle.spans())
+    one_name = _plan_from_reply(plan_reply(answer="Lila", answer_type="entity", fact_span_ids=["R1.1"],
+                                           answer_span_id="R1.1"))  # fmt: skip
+    as_list = Task(question_type="aggregation", evidence_count=1, answer_type="list")
+    as_entity = Task(question_type="fact", evidence_count=1, answer_type="entity")
+
+    def codes(plan, task, **kw):
+        return [i.code for i in check_plan(plan, task, view, texts, **kw)[1]]
+
+    assert codes(one_name, as_list, task_kind=True) == [PlanCheckCode.WRONG_KIND]
+    assert codes(one_name, as_list) == []  # the earlier pipeline let the planner change the kind
+    assert codes(one_name, as_entity, task_kind=True) == []
+    assert codes(one_name, FACT, task_kind=True) == []  # an unsteered task names no kind
+    list_of_one = _plan_from_reply(plan_reply(answer="Lila", answer_type="list", fact_span_ids=["R1.1"],
+                                              answer_span_id="R1.1"))  # fmt: skip
+    assert codes(list_of_one, as_list, task_kind=True) == [PlanCheckCode.WRONG_KIND]
+    two = _plan_from_reply(plan_reply(answer="Lila, Oliver", answer_type="list", fact_span_ids=["R1.1", "R1.2"],
+                                      answer_span_id="R1.1"))  # fmt: skip
+    assert codes(two, as_list, task_kind=True) == []
+
+
+def test_a_plural_question_answered_by_one_value_is_the_wrong_kind_in_lean():
+    from memsteer_dspy.supervision.checks import asks_plural
+
+    for q in ("What dates did I take photos of the seedlings in the garden?", "Which books did Sofia read?",
+              "Who are the children in the sensory bin exploration?", "What garden tools did I buy?",
+              "Who were the guests at the Advent dinner?"):  # fmt: skip
+        assert asks_plural(q), q
+    for q in ("What does Charles do at the garden?", "What status did the shopping list show?",
+              "What class did I teach on Friday?", "Who is bringing the seed trays?", "When did Lila reply?"):  # fmt: skip
+        assert not asks_plural(q), q
+    q = "Who are the children in the sensory bin exploration?"
+    assert check_question(q, "Amelia", "entity", kind_check=True) == "wrong_kind"
+    assert check_question(q, "Amelia", "entity") is None
+    assert check_question(q, "Amelia", "list", kind_check=True) == "wrong_kind"  # a list of one
+    assert check_question(q, "Amelia, Kai", "list", kind_check=True) is None
+    dates = "What dates did I take photos of the seedlings in the garden?"
+    assert check_question(dates, "2024-03-16", "date", kind_check=True) == "wrong_kind"
+
+
+def test_a_question_mostly_in_words_its_evidence_never_uses_is_off_evidence():
+    from memsteer_dspy.supervision.checks import off_evidence_words
+
+    evidence = ("User: I do find those quiet pauses—like watching the chickadees with Oliver—help me carry "
+                "a sense of calm into my day.")  # fmt: skip
+    off = "When did I sit with my lesson plan journal during breakfast?"
+    assert set(off_evidence_words(off, evidence)) == {"sit", "lesson", "plan", "journal", "breakfast"}
+    assert check_question(off, "2024-02-01", "date", evidence_text=evidence) == "off_evidence"
+    assert check_question(off, "2024-02-01", "date") is None  # not checked without the evidence
+    on = "When did I watch the chickadees with Oliver during a quiet pause?"
+    assert check_question(on, "2024-02-01", "date", evidence_text=evidence) is None
+    # a crude stem: "planted" in the question, "planting" in the record
+    assert off_evidence_words("Who planted seedlings with Amelia?", "Amelia and I were planting seedlings.") == []
+
+
+def test_lean_re_samples_a_plan_of_the_wrong_kind_and_a_question_off_its_evidence():
+    as_entity = Task(question_type="fact", evidence_count=1, answer_type="entity")
+    wrong = plan_reply(answer="March 2, 2024", answer_type="date")
+    good = plan_reply()
+    off = "Which laptop did I pack for the long trip?"
+    lms = role_lms([wrong, good], [question_reply(off), question_reply()], [audit_reply()],
+                   [blind_reply("MacBook Air", cited=("c1:1#1",))])  # fmt: skip
+    out = lean_run(lms, task=as_entity)
+    assert out.status == "accepted", out.detail
+    reasons = [f"{r.before} {r.reason}" for r in out.repairs]
+    assert any("plan_check:wrong_kind" in r for r in reasons), reasons
+    assert any("question:off_evidence" in r for r in reasons), reasons

@@ -24,7 +24,13 @@ code                       the plan fails when
                            fact about it: a text/entity/list answer found only in a source or
                            link line (a URL line: "[Montessori Gardens: …](https://…)"), or a date
                            answer cited from a heading or label that writes no date ("- **Key
-                           Topics:**": the date is the record's own, and nothing happened on it)
+                           Topics:**": the date is the record's own, and nothing happened on it),
+                           or a number answer that no cited span writes (digits or words) and
+                           that is not the count of the plan's facts or evidence records (the
+                           small planner counted "3 suggestions" in a sentence that gave one)
+``wrong_kind``             (``task_kind``, lean) the plan's answer type is not the one the task
+                           asks for (a list task answered by one name), or a list answer has
+                           fewer than two items
 =========================  =====================================================================
 
 Before ``answer_not_in_spans`` fails a plan, :func:`repair_answer_citation` tries a deterministic
@@ -45,7 +51,13 @@ from enum import StrEnum
 from pydantic import BaseModel
 
 from memsteer_dspy.bundles import MIN_CONCRETE_DETAIL, Bundle, BundleView, Task, concrete_records
-from memsteer_dspy.normalize import AnswerParseError, list_items, normalize_text, parse_answer
+from memsteer_dspy.normalize import (
+    AnswerParseError,
+    list_items,
+    normalize_text,
+    numbers_in,
+    parse_answer,
+)
 from memsteer_dspy.records import AnswerType
 from memsteer_dspy.signatures.plan import AnswerPlan, EvidenceUse, Fact
 
@@ -57,6 +69,8 @@ __all__ = [
     "check_plan",
     "topic_words",
     "check_question",
+    "asks_plural",
+    "off_evidence_words",
     "prefilter_bundle",
     "asked_kinds",
     "quoted_fact_support",
@@ -84,6 +98,7 @@ class PlanCheckCode(StrEnum):
     ANSWER_NOT_IN_SPANS = "answer_not_in_spans"
     ANSWER_IS_USER = "answer_is_user"
     ANSWER_NOT_STATED = "answer_not_stated"
+    WRONG_KIND = "wrong_kind"
 
 
 class PlanIssue(BaseModel):
@@ -352,6 +367,32 @@ def _unstated_issue(plan: AnswerPlan, kind: AnswerType, span_texts: dict[str, st
         if span is not None and is_heading(span) and not _DATE_IN_TEXT.search(span):
             return PlanIssue(code=PlanCheckCode.ANSWER_NOT_STATED,
                              detail=f"the date is cited from a heading that writes none: {span[:60]!r}")  # fmt: skip
+    if kind is AnswerType.NUMBER:
+        try:
+            value = round(parse_answer(plan.answer, kind).value, 9)
+        except AnswerParseError:
+            return None  # answer_unparseable says so
+        text = _DATE_OR_TIME.sub(" ", "\n".join(span_texts[sid] for sid in cited))
+        counts = {float(len(plan.facts)), float(len(plan.evidence_ids))}
+        if value not in numbers_in(text) and value not in counts:
+            return PlanIssue(code=PlanCheckCode.ANSWER_NOT_STATED,
+                             detail=f"no cited span writes the number {plan.answer!r}, and it counts "
+                             "neither the facts nor the evidence records")  # fmt: skip
+    return None
+
+
+# Dates and clock times are not quantities a number answer can be read from ("2024-02-03" writes
+# no 3 anything).
+_DATE_OR_TIME = re.compile(r"\b\d{4}-\d{1,2}-\d{1,2}\b|\b\d{1,2}[:/]\d{2}(?:[:/]\d{2,4})?\b")
+
+
+def _kind_issue(plan: AnswerPlan, kind: AnswerType, task: Task) -> PlanIssue | None:
+    """``wrong_kind`` for a plan that answers another kind than its task asks for, or a list of one."""
+    if task.answer_type and kind.value != task.answer_type:
+        return PlanIssue(code=PlanCheckCode.WRONG_KIND,
+                         detail=f"the task asks for a {task.answer_type} answer; the plan gives a {kind.value}")  # fmt: skip
+    if kind is AnswerType.LIST and len(list_items(plan.answer)) < 2:
+        return PlanIssue(code=PlanCheckCode.WRONG_KIND, detail=f"a list answer of one item: {plan.answer!r}")
     return None
 
 
@@ -366,13 +407,14 @@ def check_plan(
     user_name: str | None = None,
     drop_unknown: bool = False,
     stated: bool = False,
+    task_kind: bool = False,
 ) -> tuple[AnswerPlan, list[PlanIssue], list[Repair]]:
     """Resolve and check a plan: ``(resolved plan, failures, repairs)``; no failures = pass.
 
     ``span_texts`` maps every span id of the bundle to its text. See the module docstring for
     the checks and the citation repair; ``drop_unknown`` lets the repair drop a fact whose label
     names no span when the rest of the plan still covers its evidence (:func:`drop_stray_facts`);
-    ``stated`` adds ``answer_not_stated``.
+    ``stated`` adds ``answer_not_stated`` and ``task_kind`` adds ``wrong_kind``.
     """
     resolved, issues = resolve_plan(plan, view, span_texts)
     repairs: list[Repair] = []
@@ -392,6 +434,8 @@ def check_plan(
         issues.append(PlanIssue(code=PlanCheckCode.ANSWER_UNPARSEABLE, detail=str(exc)))
     if kind is AnswerType.ENTITY and is_user_name(resolved.answer, user_name):
         issues.append(PlanIssue(code=PlanCheckCode.ANSWER_IS_USER, detail=f"{resolved.answer!r} is the user"))
+    if task_kind and (wrong := _kind_issue(resolved, kind, task)) is not None:
+        issues.append(wrong)
     if kind in EXTRACTIVE_TYPES and len(resolved.answer.split()) > max_answer_words:
         issues.append(PlanIssue(code=PlanCheckCode.ANSWER_TOO_LONG,
                                 detail=f"{len(resolved.answer.split())} words (at most {max_answer_words})"))  # fmt: skip
@@ -598,6 +642,7 @@ def check_question(
     known_text: str | None = None,
     *,
     kind_check: bool = False,
+    evidence_text: str | None = None,
 ) -> str | None:
     """Why a written question is unusable (a reason code), or None when it is fine.
 
@@ -615,7 +660,11 @@ def check_question(
     user's name) never mentions (:func:`unknown_names`); with ``kind_check`` (lean), topic words
     exclude words that only place or perceive ("out", "beside", "noticed"), and ``wrong_kind`` —
     its question word asks for another kind of answer than the answer type (:func:`asked_kinds`)
-    or "Who …?" is answered by a role (:func:`is_role`), and ``compound`` — it asks two questions in one ("… and what is …?").
+    or "Who …?" is answered by a role (:func:`is_role`) or a plural question ("What dates …?",
+    "Who are the children …?") by one value (:func:`asks_plural`), and ``compound`` — it asks two
+    questions in one ("… and what is …?"); ``off_evidence`` — fewer than half of its topic words
+    are in ``evidence_text`` (the evidence records: "When did I sit with my lesson plan journal
+    during breakfast?" on a record about watching chickadees; :func:`off_evidence_words`).
     """
     q = (question or "").strip()
     if len(q.split()) < 3:
@@ -645,8 +694,14 @@ def check_question(
             return "wrong_kind"
         if kind == "entity" and _WHO.match(q) and is_role(answer):
             return "wrong_kind"
+        if asks_plural(q) and (kind in ("entity", "date", "number") or (kind == "list" and len(list_items(answer)) < 2)):
+            return "wrong_kind"
         if _COMPOUND.search(q):
             return "compound"
+    if evidence_text is not None and topic:
+        off = off_evidence_words(q, evidence_text, strict=kind_check)
+        if len(off) * 2 > len(topic):
+            return "off_evidence"
     if (
         kind in ("text", "entity", "date")
         and len(normalize_text(answer)) >= 3
@@ -708,6 +763,44 @@ def is_role(answer: str) -> bool:
 # Two questions in one ("How many tasks are there and what is the total number of tasks?"): one
 # reference answer cannot answer both.
 _COMPOUND = re.compile(r"\b(?:and|or)\s+(?:what|who|when|where|which|how)\b|\?\s*\S", re.I)
+
+
+# "What dates did I …?", "Which books did …?", "Who are the children …?": asks for several things.
+# The plural noun is lower case (not a name: "What does Charles do?") and not a singular in -s
+# ("status", "class", "analysis").
+_PLURAL_ARE = re.compile(r"^(?i:who|what|which)\s+(?i:are|were)\s+(?i:the|all|my|your|some|our)\b")
+_AUX = "did|do|does|were|are|have|had|will|would|could|can"
+_PLURAL_NOUN = re.compile(
+    rf"^(?i:what|which)\s+(?:(?!(?i:is|was|{_AUX})\b)\w+\s+)?"  # an optional modifier ("garden tools")
+    rf"(?![a-z]*(?:ss|us|is)\b)[a-z]{{2,}}s\s+(?i:{_AUX})\b"  # a plural noun, then its verb
+)
+
+
+def asks_plural(question: str) -> bool:
+    """Whether a question asks for several things ("What dates did I …?", "Which books did Sofia
+    read?", "Who are the children in …?"), which one name, date or number cannot answer. Measured
+    on the embedded model: "Who are the children in the sensory bin exploration?" → "Amelia" and
+    "What dates did I take photos of the seedlings?" → one date were accepted."""
+    q = question.strip().lstrip("\"'“‘(")
+    return bool(_PLURAL_ARE.match(q) or _PLURAL_NOUN.match(q))
+
+
+def _stem(word: str) -> str:
+    for suffix in ("ing", "ed", "es", "s"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            return word[: -len(suffix)]
+    return word
+
+
+def off_evidence_words(question: str, evidence_text: str, *, strict: bool = False) -> list[str]:
+    """The question's topic words (:func:`topic_words`; with ``strict``, less the words that only
+    place or perceive) that ``evidence_text`` does not contain, compared by a crude stem
+    ("planted" ~ "planting")."""
+    have = {_stem(w) for w in normalize_text(evidence_text).split()}
+    words = topic_words(question)
+    if strict:
+        words = [w for w in words if w not in _STRICT_FILLER]
+    return [w for w in words if _stem(w) not in have]
 
 
 def asked_kinds(question: str) -> frozenset[str] | None:
