@@ -712,3 +712,13 @@ def test_lean_re_samples_a_plan_of_the_wrong_kind_and_a_question_off_its_evidenc
     reasons = [f"{r.before} {r.reason}" for r in out.repairs]
     assert any("plan_check:wrong_kind" in r for r in reasons), reasons
     assert any("question:off_evidence" in r for r in reasons), reasons
+
+
+def test_the_planner_demo_shows_an_output_its_bounded_schema_allows():
+    from pydantic import TypeAdapter
+
+    gen = MemSteerGenerator(None, lean=True, bounded=True, max_demos=0)
+    (demo,) = gen.plan.demos
+    assert demo.answer_span_id in demo.fact_span_ids  # the answer sentence is a fact sentence
+    bounded = gen.plan.signature.output_fields["fact_span_ids"].annotation
+    TypeAdapter(bounded).validate_python(demo.fact_span_ids)  # minItems=1: [] once failed here

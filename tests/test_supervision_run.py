@@ -383,3 +383,16 @@ def test_a_lean_run_resumes_only_under_the_lean_checks_it_was_made_with(tmp_path
     monkeypatch.setattr(run_module, "LEAN_VERSION", run_module.LEAN_VERSION + 1)
     with pytest.raises(RunMismatchError, match="lean_version"):
         generate_supervision(history, accepting_lms(), tmp_path, lean, progress=False)
+
+
+def test_a_run_resumes_only_under_the_prompts_it_was_made_with(tmp_path, monkeypatch):
+    from memsteer_dspy.supervision import run as run_module
+
+    assert config().identity()["prompt_version"] == run_module.PROMPT_VERSION
+    history = laptop_history()
+    cfg = config(max_candidates=1)
+    generate_supervision(history, accepting_lms(), tmp_path, cfg, progress=False)
+    generate_supervision(history, accepting_lms(), tmp_path, cfg, progress=False)  # same prompts: resumes
+    monkeypatch.setattr(run_module, "PROMPT_VERSION", run_module.PROMPT_VERSION + 1)
+    with pytest.raises(RunMismatchError, match="prompt_version"):
+        generate_supervision(history, accepting_lms(), tmp_path, cfg, progress=False)

@@ -106,6 +106,10 @@ LEAN_MAX_TOKENS = {**MAX_TOKENS, "plan": 300, "question": 80, "audit": 400, "bli
 #    use is off_evidence. (Measured: 6 of the 13 items lean-yield accepted in the seventh cost run
 #    were bad; 5 of them fail one of these checks.)
 LEAN_VERSION = 6
+# The prompts every method shows (instructions, the cold-start demonstration): a run folder resumes
+# only under the prompts it was made with. 1: unversioned; 2: the planner's demonstration lists the
+# answer sentence among its fact sentences (it showed an empty list, which the bounded schema forbids).
+PROMPT_VERSION = 2
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 
@@ -957,14 +961,17 @@ def _direct_plan(out: dspy.Prediction) -> AnswerPlan:
 
 
 def _plan_demo_fields(view: BundleView, plan: AnswerPlan, task: Task) -> dict[str, Any]:
-    """The planner's inputs and outputs for a demonstration, with the demo view's labels."""
+    """The planner's inputs and outputs for a demonstration, with the demo view's labels. Its
+    ``fact_span_ids`` hold every fact's label, the answer sentence's too: the field asks for the
+    fact sentences, and the bounded schema wants at least one (a one-fact demo once showed ``[]``,
+    an output the grammar forbids)."""
     labels = [view.span_label(f.span_id) for f in plan.facts]
     answer_label = view.span_label(plan.answer_span_id) if plan.answer_span_id else labels[0]
     evidence = [EvidenceUse(record_id=view.label_of(e.record_id) or e.record_id, contribution=e.contribution)
                 for e in plan.evidence]  # fmt: skip
     return {
         "records": view.text, "question_type": f"{task.question_type}: {task.description}",
-        "evidence_count": len(plan.evidence_ids), "fact_span_ids": [x for x in labels if x != answer_label],
+        "evidence_count": len(plan.evidence_ids), "fact_span_ids": labels,
         "answer_span_id": answer_label, "answer_type": plan.answer_type, "answer": plan.answer,
         "evidence": evidence, "operations": plan.operations, "ask": plan.ask,
     }  # fmt: skip

@@ -49,6 +49,7 @@ from memsteer_dspy.runfolder import JsonlLog, RunFolder, run_key, write_atomic
 from memsteer_dspy.supervision.program import (
     GENERATION_ROLES,
     LEAN_VERSION,
+    PROMPT_VERSION,
     Outcome,
     RoleCost,
     make_generator,
@@ -124,13 +125,14 @@ class GenerationConfig(BaseModel):
         return self.max_candidates or 5 * self.n
 
     def identity(self) -> dict[str, Any]:
-        """The settings a resumed run must share with the run it continues (a lean run also the
-        version of lean's checks, :data:`~memsteer_dspy.supervision.program.LEAN_VERSION`)."""
+        """The settings a resumed run must share with the run it continues: also the version of the
+        prompts (:data:`~memsteer_dspy.supervision.program.PROMPT_VERSION`) and, for a lean run,
+        of lean's checks (:data:`~memsteer_dspy.supervision.program.LEAN_VERSION`)."""
         bundle = self.bundle.model_dump(mode="json")
         if not bundle.get("steer_by_yield"):  # off: the key runs made before the option had
             bundle.pop("steer_by_yield", None)
         key = {"method": self.method, "checks": self.checks, "seed": self.seed, "lean": self.lean,
-               "bundle": bundle, "graph": self.graph}  # fmt: skip
+               "bundle": bundle, "graph": self.graph, "prompt_version": PROMPT_VERSION}  # fmt: skip
         if self.lean:
             key["lean_version"] = LEAN_VERSION
         return key
