@@ -722,3 +722,18 @@ def test_the_planner_demo_shows_an_output_its_bounded_schema_allows():
     assert demo.answer_span_id in demo.fact_span_ids  # the answer sentence is a fact sentence
     bounded = gen.plan.signature.output_fields["fact_span_ids"].annotation
     TypeAdapter(bounded).validate_python(demo.fact_span_ids)  # minItems=1: [] once failed here
+
+
+def test_a_date_cited_from_a_separator_line_is_not_stated():
+    # RHELM's "Montessori Learning Reflection Report" attachment is a heading and a "---" line: the
+    # embedded planner cited the "---" for the report's own date (accepted twice before lean v7)
+    from memsteer_dspy.supervision.checks import PlanCheckCode, check_plan, spans_by_id
+
+    rec = Record(id="report:2", kind="document", thread_id="report2", position=1, timestamp=datetime(2024, 10, 14),
+                 text="## Montessori Learning Reflection Report\n---")  # fmt: skip
+    bundle = bundle_from_records(History("Elena_Morales", [rec]), ["report:2"], BundleConfig())
+    view, texts = bundle.view(), spans_by_id(bundle.spans())
+    assert texts["report:2#2"] == "---"
+    plan = _report_plan(2, "2024-10-14", "date")
+    assert [i.code for i in check_plan(plan, FACT, view, texts, stated=True)[1]] == [PlanCheckCode.ANSWER_NOT_STATED]
+    assert [i.code for i in check_plan(plan, FACT, view, texts)[1]] == []

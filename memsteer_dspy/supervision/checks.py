@@ -23,8 +23,9 @@ code                       the plan fails when
 ``answer_not_stated``      (``stated``, lean) the cited spans hold the answer without stating a
                            fact about it: a text/entity/list answer found only in a source or
                            link line (a URL line: "[Montessori Gardens: …](https://…)"), or a date
-                           answer cited from a heading or label that writes no date ("- **Key
-                           Topics:**": the date is the record's own, and nothing happened on it),
+                           answer cited from a heading, a label or a separator ("---") that
+                           writes no date ("- **Key Topics:**": the date is the record's own, and
+                           nothing happened on it),
                            or a number answer that no cited span writes (digits or words) and
                            that is not the count of the plan's facts or evidence records (the
                            small planner counted "3 suggestions" in a sentence that gave one)
@@ -335,6 +336,8 @@ def _answer_support_issue(
 
 
 _URL = re.compile(r"\bhttps?://|\bwww\.", re.I)
+# A span with no letter or digit ("---", "***") states nothing.
+_WORD = re.compile(r"[^\W_]")
 _LIST_MARK = re.compile(r"^(?:[-*+•]|\d+[.)])\s+")
 
 
@@ -364,7 +367,7 @@ def _unstated_issue(plan: AnswerPlan, kind: AnswerType, span_texts: dict[str, st
                              detail=f"{plan.answer!r} is only in a source or link line")  # fmt: skip
     if kind is AnswerType.DATE:
         span = span_texts.get(plan.answer_span_id or "")
-        if span is not None and is_heading(span) and not _DATE_IN_TEXT.search(span):
+        if span is not None and (is_heading(span) or not _WORD.search(span)) and not _DATE_IN_TEXT.search(span):
             return PlanIssue(code=PlanCheckCode.ANSWER_NOT_STATED,
                              detail=f"the date is cited from a heading that writes none: {span[:60]!r}")  # fmt: skip
     if kind is AnswerType.NUMBER:

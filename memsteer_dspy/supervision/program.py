@@ -105,7 +105,8 @@ LEAN_MAX_TOKENS = {**MAX_TOKENS, "plan": 300, "question": 80, "audit": 400, "bli
 #    answered by one value is wrong_kind, and a question mostly in words its evidence records never
 #    use is off_evidence. (Measured: 6 of the 13 items lean-yield accepted in the seventh cost run
 #    were bad; 5 of them fail one of these checks.)
-LEAN_VERSION = 6
+# 7: a date cited from a separator line ("---") states nothing either (answer_not_stated).
+LEAN_VERSION = 7
 # The prompts every method shows (instructions, the cold-start demonstration): a run folder resumes
 # only under the prompts it was made with. 1: unversioned; 2: the planner's demonstration lists the
 # answer sentence among its fact sentences (it showed an empty list, which the bounded schema forbids).
