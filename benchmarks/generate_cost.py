@@ -67,22 +67,24 @@ from memsteer_dspy.supervision.run import (  # noqa: E402
 # lists), which a small LM keeps less often whatever its prompts. "lean-yield" also weighs each
 # kind by what it has yielded on this run (BundleConfig.steer_by_yield): measured with lean on the
 # embedded model, entity and two-record tasks kept 1 of 42 while the lag alone kept asking for them.
-CONFIGS: dict[str, tuple[bool, bool, bool]] = {
-    "v1": (False, False, False),
-    "lean": (True, True, False),
-    "lean-unsteered": (True, False, False),
-    "v1-steered": (False, True, False),
-    "lean-yield": (True, True, True),
+CONFIGS: dict[str, tuple[bool, bool, float]] = {
+    # name: (lean, steered, yield power: 0 steers by the lag alone)
+    "v1": (False, False, 0),
+    "lean": (True, True, 0),
+    "lean-unsteered": (True, False, 0),
+    "v1-steered": (False, True, 0),
+    "lean-yield": (True, True, 1.0),
+    "lean-yield2": (True, True, 2.0),
 }
 
 
 def generation_config(name: str, candidates: int, seed: int) -> GenerationConfig:
     """The named configuration (:data:`CONFIGS`), every check on, stopping only when ``candidates``
     are done."""
-    lean, steered, by_yield = CONFIGS[name]
+    lean, steered, power = CONFIGS[name]
     bundle = small_lm_bundle_config(steered=steered)
-    if by_yield:
-        bundle = bundle.model_copy(update={"steer_by_yield": True})
+    if power:
+        bundle = bundle.model_copy(update={"steer_by_yield": True, "yield_power": power})
     return GenerationConfig(
         n=candidates,
         max_candidates=candidates,

@@ -14,21 +14,23 @@ gc = load_script("benchmarks/generate_cost.py")
 
 
 @pytest.mark.parametrize(
-    ("name", "lean", "steered", "by_yield"),
+    ("name", "lean", "steered", "by_yield", "power"),
     [
-        ("v1", False, False, False),
-        ("lean", True, True, False),
-        ("lean-unsteered", True, False, False),
-        ("v1-steered", False, True, False),
-        ("lean-yield", True, True, True),
+        ("v1", False, False, False, 1.0),
+        ("lean", True, True, False, 1.0),
+        ("lean-unsteered", True, False, False, 1.0),
+        ("v1-steered", False, True, False, 1.0),
+        ("lean-yield", True, True, True, 1.0),
+        ("lean-yield2", True, True, True, 2.0),
     ],
 )
-def test_configurations_cross_pipeline_and_sampler(name, lean, steered, by_yield):
+def test_configurations_cross_pipeline_and_sampler(name, lean, steered, by_yield, power):
     c = gc.generation_config(name, 12, 3)
     assert (c.lean, c.seed, c.n, c.max_candidates, c.bounded) == (lean, 3, 12, 12, True)
     # the steered sampler is the one with answer-type targets
     assert (c.bundle.answer_type_weights is not None) == steered
     assert c.bundle.steer_by_yield == by_yield
+    assert c.bundle.yield_power == power
     assert c.checks
 
 

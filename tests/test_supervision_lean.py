@@ -737,3 +737,37 @@ def test_a_date_cited_from_a_separator_line_is_not_stated():
     plan = _report_plan(2, "2024-10-14", "date")
     assert [i.code for i in check_plan(plan, FACT, view, texts, stated=True)[1]] == [PlanCheckCode.ANSWER_NOT_STATED]
     assert [i.code for i in check_plan(plan, FACT, view, texts)[1]] == []
+
+
+def test_a_higher_yield_power_stops_asking_for_a_kind_that_keeps_failing():
+    # the eighth cost run's mix: every accepted item one-record, all 19 two-record tasks failed
+    mix = AcceptedMix(answer_types={"entity": 3, "date": 3}, evidence_counts={1: 6},
+                      answer_type_yield={"entity": 4 / 18, "date": 4 / 17}, evidence_yield={1: 7 / 23, 2: 1 / 21})  # fmt: skip
+    by_yield = small_lm_bundle_config(steer_by_yield=True)
+    squared = small_lm_bundle_config(steer_by_yield=True, yield_power=2.0)
+
+    def two_record_share(config, n=2000):
+        rng = random.Random(5)
+        return sum(steered_task(rng, config, mix).evidence_count == 2 for _ in range(n)) / n
+
+    # power 1: the lag term (exp(4 * 0.35)) still outweighs a yield of 1/21 — half the draws
+    assert two_record_share(by_yield) > 0.45
+    assert two_record_share(squared) < 0.25
+    # and the default power keeps the key of runs made before the option
+    from memsteer_dspy.supervision.run import GenerationConfig
+
+    assert "yield_power" not in GenerationConfig(bundle=by_yield).identity()["bundle"]
+    assert GenerationConfig(bundle=squared).identity()["bundle"]["yield_power"] == 2.0
+
+
+def test_yield_power_reaches_the_bundle_config_from_the_cli_and_needs_steer_by_yield():
+    import typer
+
+    from memsteer_dspy.cli.generate import _bundle_config
+    from memsteer_dspy.lm import LMConfig
+
+    lm_config = LMConfig.uniform()
+    squared, _ = _bundle_config("small", lm_config, 2500, None, steer_by_yield=True, yield_power=2.0)
+    assert squared.steer_by_yield and squared.yield_power == 2.0
+    with pytest.raises(typer.BadParameter, match="steer-by-yield"):
+        _bundle_config("small", lm_config, 2500, None, yield_power=2.0)

@@ -17,7 +17,8 @@ PROFILES = ("auto", "small", "full")
 
 
 def _bundle_config(
-    profile: str, lm_config, budget: int, record_token_cap: int | None, steer_by_yield: bool = False
+    profile: str, lm_config, budget: int, record_token_cap: int | None, steer_by_yield: bool = False,
+    yield_power: float = 1.0,
 ):
     from memsteer_dspy.bundles import BundleConfig, small_lm_bundle_config
 
@@ -30,6 +31,10 @@ def _bundle_config(
         overrides["record_token_cap"] = record_token_cap
     if steer_by_yield:
         overrides["steer_by_yield"] = True
+    if yield_power != 1.0:
+        if not steer_by_yield:
+            raise typer.BadParameter("needs --steer-by-yield", param_hint="--yield-power")
+        overrides["yield_power"] = yield_power
     return (
         small_lm_bundle_config(**overrides) if profile == "small" else BundleConfig(**overrides)
     ), profile
@@ -135,6 +140,17 @@ def generate(
             "is asked for less (default: by the lag alone; summary.json kept_by_task shows both).",
         ),
     ] = False,
+    yield_power: Annotated[
+        float,
+        typer.Option(
+            "--yield-power",
+            min=1.0,
+            max=4.0,
+            help="With --steer-by-yield: the power each kind's kept share is raised to (default 1). "
+            "At 2 a kind that keeps failing loses its draws within about ten tries; at 1 the lag "
+            "term kept giving two-record tasks half the draws after 19 failures (README).",
+        ),
+    ] = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     restart: Annotated[
         bool,
@@ -158,7 +174,7 @@ def generate(
     if method not in METHODS:
         raise typer.BadParameter(f"choose one of {', '.join(METHODS)}", param_hint="--method")
     bundle_config, chosen = _bundle_config(
-        profile, lm_config, budget, record_token_cap, steer_by_yield
+        profile, lm_config, budget, record_token_cap, steer_by_yield, yield_power
     )
     loaded = history.load()
     # length limits in the output schemas, for LMs that decode under them (in-process llama.cpp)

@@ -131,6 +131,8 @@ class GenerationConfig(BaseModel):
         bundle = self.bundle.model_dump(mode="json")
         if not bundle.get("steer_by_yield"):  # off: the key runs made before the option had
             bundle.pop("steer_by_yield", None)
+        if bundle.get("yield_power") == 1.0:  # the default: the key runs made before it had
+            bundle.pop("yield_power", None)
         key = {"method": self.method, "checks": self.checks, "seed": self.seed, "lean": self.lean,
                "bundle": bundle, "graph": self.graph, "prompt_version": PROMPT_VERSION}  # fmt: skip
         if self.lean:
