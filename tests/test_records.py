@@ -108,8 +108,14 @@ def test_qaitem_roundtrip():
 
 
 def test_a_copy_with_a_new_text_splits_its_own_spans():
-    rec = Record(id="c:1", kind="conversation_turn", thread_id="c", position=1,
-                 timestamp=datetime(2024, 3, 2), text="User: First sentence here. Second one there.")  # fmt: skip
+    rec = Record(
+        id="c:1",
+        kind="conversation_turn",
+        thread_id="c",
+        position=1,
+        timestamp=datetime(2024, 3, 2),
+        text="User: First sentence here. Second one there.",
+    )
     assert len(rec.spans) == 2  # cached on the original
     copy = rec.model_copy(update={"id": "d:1", "text": "User: Only one sentence."})
     assert [s.text for s in copy.spans] == ["User: Only one sentence."]

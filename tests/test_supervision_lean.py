@@ -602,7 +602,8 @@ def test_lean_re_samples_a_plan_whose_answer_is_a_link_title():
 def test_numbers_in_reads_digits_and_words():
     from memsteer_dspy.normalize import numbers_in
 
-    assert numbers_in("She will bring 12 seed trays and three rakes for 1,200 dollars.") == {12.0, 3.0, 1200.0}
+    text = "She will bring 12 seed trays and three rakes for 1,200 dollars."
+    assert numbers_in(text) == {12.0, 3.0, 1200.0}
     assert numbers_in("No number here.") == set()
 
 
@@ -615,9 +616,15 @@ def test_a_number_answer_must_be_written_in_its_cited_spans_or_count_its_evidenc
     label = view.label_of(trays.split("#")[0]) + "." + trays.split("#")[1]
 
     def codes(answer, **kw):
-        plan = _plan_from_reply(plan_reply(fact_span_ids=[label], answer_span_id=label, answer=answer,
-                                           answer_type="number", evidence=[{"record_id": label.split(".")[0],
-                                                                            "contribution": "trays"}]))  # fmt: skip
+        plan = _plan_from_reply(
+            plan_reply(
+                fact_span_ids=[label],
+                answer_span_id=label,
+                answer=answer,
+                answer_type="number",
+                evidence=[{"record_id": label.split(".")[0], "contribution": "trays"}],
+            )
+        )
         return [i.code for i in check_plan(plan, FACT, view, texts, **kw)[1]]
 
     assert codes("12", stated=True) == []
@@ -632,11 +639,20 @@ def test_a_number_answer_must_be_written_in_its_cited_spans_or_count_its_evidenc
 def test_a_date_writes_no_number_a_count_can_be_read_from():
     from memsteer_dspy.supervision.checks import PlanCheckCode, check_plan, spans_by_id
 
-    rec = RECORDS[0].model_copy(update={"id": "d:1", "thread_id": "d", "text": "User: On 2024-02-03 I met Lila at 10:30."})
+    rec = RECORDS[0].model_copy(
+        update={"id": "d:1", "thread_id": "d", "text": "User: On 2024-02-03 I met Lila at 10:30."}
+    )
     bundle = bundle_from_records(History("Elena_Morales", [rec]), ["d:1"], BundleConfig())
     view, texts = bundle.view(), spans_by_id(bundle.spans())
-    plan = _plan_from_reply(plan_reply(fact_span_ids=["R1.1"], answer_span_id="R1.1", answer="3",
-                                       answer_type="number", evidence=[{"record_id": "R1", "contribution": "x"}]))  # fmt: skip
+    plan = _plan_from_reply(
+        plan_reply(
+            fact_span_ids=["R1.1"],
+            answer_span_id="R1.1",
+            answer="3",
+            answer_type="number",
+            evidence=[{"record_id": "R1", "contribution": "x"}],
+        )
+    )
     issues = check_plan(plan, FACT, view, texts, stated=True)[1]
     assert [i.code for i in issues] == [PlanCheckCode.ANSWER_NOT_STATED], (issues, view.text)
 
@@ -646,8 +662,11 @@ def test_a_plan_answers_the_kind_its_task_asks_for_and_a_list_has_two_items():
 
     bundle = small_bundle()
     view, texts = bundle.view(), spans_by_id(bundle.spans())
-    one_name = _plan_from_reply(plan_reply(answer="Lila", answer_type="entity", fact_span_ids=["R1.1"],
-                                           answer_span_id="R1.1"))  # fmt: skip
+    one_name = _plan_from_reply(
+        plan_reply(
+            answer="Lila", answer_type="entity", fact_span_ids=["R1.1"], answer_span_id="R1.1"
+        )
+    )
     as_list = Task(question_type="aggregation", evidence_count=1, answer_type="list")
     as_entity = Task(question_type="fact", evidence_count=1, answer_type="entity")
 
@@ -658,23 +677,39 @@ def test_a_plan_answers_the_kind_its_task_asks_for_and_a_list_has_two_items():
     assert codes(one_name, as_list) == []  # the earlier pipeline let the planner change the kind
     assert codes(one_name, as_entity, task_kind=True) == []
     assert codes(one_name, FACT, task_kind=True) == []  # an unsteered task names no kind
-    list_of_one = _plan_from_reply(plan_reply(answer="Lila", answer_type="list", fact_span_ids=["R1.1"],
-                                              answer_span_id="R1.1"))  # fmt: skip
+    list_of_one = _plan_from_reply(
+        plan_reply(answer="Lila", answer_type="list", fact_span_ids=["R1.1"], answer_span_id="R1.1")
+    )
     assert codes(list_of_one, as_list, task_kind=True) == [PlanCheckCode.WRONG_KIND]
-    two = _plan_from_reply(plan_reply(answer="Lila, Oliver", answer_type="list", fact_span_ids=["R1.1", "R1.2"],
-                                      answer_span_id="R1.1"))  # fmt: skip
+    two = _plan_from_reply(
+        plan_reply(
+            answer="Lila, Oliver",
+            answer_type="list",
+            fact_span_ids=["R1.1", "R1.2"],
+            answer_span_id="R1.1",
+        )
+    )
     assert codes(two, as_list, task_kind=True) == []
 
 
 def test_a_plural_question_answered_by_one_value_is_the_wrong_kind_in_lean():
     from memsteer_dspy.supervision.checks import asks_plural
 
-    for q in ("What dates did I take photos of the seedlings in the garden?", "Which books did Sofia read?",
-              "Who are the children in the sensory bin exploration?", "What garden tools did I buy?",
-              "Who were the guests at the Advent dinner?"):  # fmt: skip
+    for q in (
+        "What dates did I take photos of the seedlings in the garden?",
+        "Which books did Sofia read?",
+        "Who are the children in the sensory bin exploration?",
+        "What garden tools did I buy?",
+        "Who were the guests at the Advent dinner?",
+    ):
         assert asks_plural(q), q
-    for q in ("What does Charles do at the garden?", "What status did the shopping list show?",
-              "What class did I teach on Friday?", "Who is bringing the seed trays?", "When did Lila reply?"):  # fmt: skip
+    for q in (
+        "What does Charles do at the garden?",
+        "What status did the shopping list show?",
+        "What class did I teach on Friday?",
+        "Who is bringing the seed trays?",
+        "When did Lila reply?",
+    ):
         assert not asks_plural(q), q
     q = "Who are the children in the sensory bin exploration?"
     assert check_question(q, "Amelia", "entity", kind_check=True) == "wrong_kind"
@@ -688,16 +723,29 @@ def test_a_plural_question_answered_by_one_value_is_the_wrong_kind_in_lean():
 def test_a_question_mostly_in_words_its_evidence_never_uses_is_off_evidence():
     from memsteer_dspy.supervision.checks import off_evidence_words
 
-    evidence = ("User: I do find those quiet pauses—like watching the chickadees with Oliver—help me carry "
-                "a sense of calm into my day.")  # fmt: skip
+    evidence = (
+        "User: I do find those quiet pauses—like watching the chickadees with Oliver—help me carry "
+        "a sense of calm into my day."
+    )
     off = "When did I sit with my lesson plan journal during breakfast?"
-    assert set(off_evidence_words(off, evidence)) == {"sit", "lesson", "plan", "journal", "breakfast"}
+    assert set(off_evidence_words(off, evidence)) == {
+        "sit",
+        "lesson",
+        "plan",
+        "journal",
+        "breakfast",
+    }
     assert check_question(off, "2024-02-01", "date", evidence_text=evidence) == "off_evidence"
     assert check_question(off, "2024-02-01", "date") is None  # not checked without the evidence
     on = "When did I watch the chickadees with Oliver during a quiet pause?"
     assert check_question(on, "2024-02-01", "date", evidence_text=evidence) is None
     # a crude stem: "planted" in the question, "planting" in the record
-    assert off_evidence_words("Who planted seedlings with Amelia?", "Amelia and I were planting seedlings.") == []
+    assert (
+        off_evidence_words(
+            "Who planted seedlings with Amelia?", "Amelia and I were planting seedlings."
+        )
+        == []
+    )
 
 
 def test_lean_re_samples_a_plan_of_the_wrong_kind_and_a_question_off_its_evidence():
@@ -705,8 +753,12 @@ def test_lean_re_samples_a_plan_of_the_wrong_kind_and_a_question_off_its_evidenc
     wrong = plan_reply(answer="March 2, 2024", answer_type="date")
     good = plan_reply()
     off = "Which laptop did I pack for the long trip?"
-    lms = role_lms([wrong, good], [question_reply(off), question_reply()], [audit_reply()],
-                   [blind_reply("MacBook Air", cited=("c1:1#1",))])  # fmt: skip
+    lms = role_lms(
+        [wrong, good],
+        [question_reply(off), question_reply()],
+        [audit_reply()],
+        [blind_reply("MacBook Air", cited=("c1:1#1",))],
+    )
     out = lean_run(lms, task=as_entity)
     assert out.status == "accepted", out.detail
     reasons = [f"{r.before} {r.reason}" for r in out.repairs]
@@ -729,20 +781,32 @@ def test_a_date_cited_from_a_separator_line_is_not_stated():
     # embedded planner cited the "---" for the report's own date (accepted twice before lean v7)
     from memsteer_dspy.supervision.checks import PlanCheckCode, check_plan, spans_by_id
 
-    rec = Record(id="report:2", kind="document", thread_id="report2", position=1, timestamp=datetime(2024, 10, 14),
-                 text="## Montessori Learning Reflection Report\n---")  # fmt: skip
+    rec = Record(
+        id="report:2",
+        kind="document",
+        thread_id="report2",
+        position=1,
+        timestamp=datetime(2024, 10, 14),
+        text="## Montessori Learning Reflection Report\n---",
+    )
     bundle = bundle_from_records(History("Elena_Morales", [rec]), ["report:2"], BundleConfig())
     view, texts = bundle.view(), spans_by_id(bundle.spans())
     assert texts["report:2#2"] == "---"
     plan = _report_plan(2, "2024-10-14", "date")
-    assert [i.code for i in check_plan(plan, FACT, view, texts, stated=True)[1]] == [PlanCheckCode.ANSWER_NOT_STATED]
+    assert [i.code for i in check_plan(plan, FACT, view, texts, stated=True)[1]] == [
+        PlanCheckCode.ANSWER_NOT_STATED
+    ]
     assert [i.code for i in check_plan(plan, FACT, view, texts)[1]] == []
 
 
 def test_a_higher_yield_power_stops_asking_for_a_kind_that_keeps_failing():
     # the eighth cost run's mix: every accepted item one-record, all 19 two-record tasks failed
-    mix = AcceptedMix(answer_types={"entity": 3, "date": 3}, evidence_counts={1: 6},
-                      answer_type_yield={"entity": 4 / 18, "date": 4 / 17}, evidence_yield={1: 7 / 23, 2: 1 / 21})  # fmt: skip
+    mix = AcceptedMix(
+        answer_types={"entity": 3, "date": 3},
+        evidence_counts={1: 6},
+        answer_type_yield={"entity": 4 / 18, "date": 4 / 17},
+        evidence_yield={1: 7 / 23, 2: 1 / 21},
+    )
     by_yield = small_lm_bundle_config(steer_by_yield=True)
     squared = small_lm_bundle_config(steer_by_yield=True, yield_power=2.0)
 
@@ -767,7 +831,9 @@ def test_yield_power_reaches_the_bundle_config_from_the_cli_and_needs_steer_by_y
     from memsteer_dspy.lm import LMConfig
 
     lm_config = LMConfig.uniform()
-    squared, _ = _bundle_config("small", lm_config, 2500, None, steer_by_yield=True, yield_power=2.0)
+    squared, _ = _bundle_config(
+        "small", lm_config, 2500, None, steer_by_yield=True, yield_power=2.0
+    )
     assert squared.steer_by_yield and squared.yield_power == 2.0
     with pytest.raises(typer.BadParameter, match="steer-by-yield"):
         _bundle_config("small", lm_config, 2500, None, yield_power=2.0)

@@ -392,7 +392,8 @@ def test_a_run_resumes_only_under_the_prompts_it_was_made_with(tmp_path, monkeyp
     history = laptop_history()
     cfg = config(max_candidates=1)
     generate_supervision(history, accepting_lms(), tmp_path, cfg, progress=False)
-    generate_supervision(history, accepting_lms(), tmp_path, cfg, progress=False)  # same prompts: resumes
+    # the same prompts: it resumes
+    generate_supervision(history, accepting_lms(), tmp_path, cfg, progress=False)
     monkeypatch.setattr(run_module, "PROMPT_VERSION", run_module.PROMPT_VERSION + 1)
     with pytest.raises(RunMismatchError, match="prompt_version"):
         generate_supervision(history, accepting_lms(), tmp_path, cfg, progress=False)

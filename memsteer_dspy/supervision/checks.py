@@ -367,7 +367,8 @@ def _unstated_issue(plan: AnswerPlan, kind: AnswerType, span_texts: dict[str, st
                              detail=f"{plan.answer!r} is only in a source or link line")  # fmt: skip
     if kind is AnswerType.DATE:
         span = span_texts.get(plan.answer_span_id or "")
-        if span is not None and (is_heading(span) or not _WORD.search(span)) and not _DATE_IN_TEXT.search(span):
+        states_nothing = span is not None and (is_heading(span) or not _WORD.search(span))
+        if states_nothing and not _DATE_IN_TEXT.search(span):
             return PlanIssue(code=PlanCheckCode.ANSWER_NOT_STATED,
                              detail=f"the date is cited from a heading that writes none: {span[:60]!r}")  # fmt: skip
     if kind is AnswerType.NUMBER:
@@ -378,9 +379,11 @@ def _unstated_issue(plan: AnswerPlan, kind: AnswerType, span_texts: dict[str, st
         text = _DATE_OR_TIME.sub(" ", "\n".join(span_texts[sid] for sid in cited))
         counts = {float(len(plan.facts)), float(len(plan.evidence_ids))}
         if value not in numbers_in(text) and value not in counts:
-            return PlanIssue(code=PlanCheckCode.ANSWER_NOT_STATED,
-                             detail=f"no cited span writes the number {plan.answer!r}, and it counts "
-                             "neither the facts nor the evidence records")  # fmt: skip
+            return PlanIssue(
+                code=PlanCheckCode.ANSWER_NOT_STATED,
+                detail=f"no cited span writes the number {plan.answer!r}, and it counts "
+                "neither the facts nor the evidence records",
+            )
     return None
 
 
@@ -392,8 +395,10 @@ _DATE_OR_TIME = re.compile(r"\b\d{4}-\d{1,2}-\d{1,2}\b|\b\d{1,2}[:/]\d{2}(?:[:/]
 def _kind_issue(plan: AnswerPlan, kind: AnswerType, task: Task) -> PlanIssue | None:
     """``wrong_kind`` for a plan that answers another kind than its task asks for, or a list of one."""
     if task.answer_type and kind.value != task.answer_type:
-        return PlanIssue(code=PlanCheckCode.WRONG_KIND,
-                         detail=f"the task asks for a {task.answer_type} answer; the plan gives a {kind.value}")  # fmt: skip
+        return PlanIssue(
+            code=PlanCheckCode.WRONG_KIND,
+            detail=f"the task asks for a {task.answer_type} answer; the plan gives a {kind.value}",
+        )
     if kind is AnswerType.LIST and len(list_items(plan.answer)) < 2:
         return PlanIssue(code=PlanCheckCode.WRONG_KIND, detail=f"a list answer of one item: {plan.answer!r}")
     return None
@@ -540,9 +545,11 @@ notice noticed see saw seen hear heard realize realized mention mentioned say sa
 """.split())
 
 
-def topic_words(question: str) -> list[str]:
-    """The words of a question that name what it is about (normalized; filler words removed)."""
-    return [w for w in normalize_text(question).split() if w not in _FILLER]
+def topic_words(question: str, *, strict: bool = False) -> list[str]:
+    """The words of a question that name what it is about (normalized; filler words removed; with
+    ``strict``, lean's, also the words that only place or perceive)."""
+    words = [w for w in normalize_text(question).split() if w not in _FILLER]
+    return [w for w in words if w not in _STRICT_FILLER] if strict else words
 
 
 # Words that say how the user felt or talked, not what happened: no use as a question's topic.
@@ -678,9 +685,7 @@ def check_question(
         return "not_a_question"
     if _META.search(q):
         return "mentions_records"
-    topic = topic_words(q)
-    if kind_check:
-        topic = [w for w in topic if w not in _STRICT_FILLER]
+    topic = topic_words(q, strict=kind_check)
     if (
         len(topic) < MIN_TOPIC_WORDS
         or (str(answer_type) == "date" and _RELATIVE_TIME.search(q))
@@ -697,7 +702,10 @@ def check_question(
             return "wrong_kind"
         if kind == "entity" and _WHO.match(q) and is_role(answer):
             return "wrong_kind"
-        if asks_plural(q) and (kind in ("entity", "date", "number") or (kind == "list" and len(list_items(answer)) < 2)):
+        one_value = kind in ("entity", "date", "number") or (
+            kind == "list" and len(list_items(answer)) < 2
+        )
+        if one_value and asks_plural(q):
             return "wrong_kind"
         if _COMPOUND.search(q):
             return "compound"
@@ -796,14 +804,10 @@ def _stem(word: str) -> str:
 
 
 def off_evidence_words(question: str, evidence_text: str, *, strict: bool = False) -> list[str]:
-    """The question's topic words (:func:`topic_words`; with ``strict``, less the words that only
-    place or perceive) that ``evidence_text`` does not contain, compared by a crude stem
-    ("planted" ~ "planting")."""
+    """The question's topic words (:func:`topic_words`) that ``evidence_text`` does not contain,
+    compared by a crude stem ("planted" ~ "planting")."""
     have = {_stem(w) for w in normalize_text(evidence_text).split()}
-    words = topic_words(question)
-    if strict:
-        words = [w for w in words if w not in _STRICT_FILLER]
-    return [w for w in words if _stem(w) not in have]
+    return [w for w in topic_words(question, strict=strict) if _stem(w) not in have]
 
 
 def asked_kinds(question: str) -> frozenset[str] | None:

@@ -501,12 +501,20 @@ class _Generator(dspy.Module):
         the bundle's records (``view``, the one the planner read) and the user's name as what the
         question may name; lean also holds its topic words to the plan's evidence records."""
         demos = {str(d.question) for p in self.predictors() for d in p.demos if d.get("question")}
-        known = f"{view.text}\n{user_display_name(self.user_name)}"
+        user = user_display_name(self.user_name)
+        known = f"{view.text}\n{user}"
         evidence = None
         if self.lean and plan.evidence_ids:
-            evidence = f"{bundle.subset(plan.evidence_ids).view().text}\n{user_display_name(self.user_name)}"
-        return check_question(question, plan.answer, str(plan.answer_type), demos, known,
-                              kind_check=self.lean, evidence_text=evidence)  # fmt: skip
+            evidence = f"{bundle.subset(plan.evidence_ids).view().text}\n{user}"
+        return check_question(
+            question,
+            plan.answer,
+            str(plan.answer_type),
+            demos,
+            known,
+            kind_check=self.lean,
+            evidence_text=evidence,
+        )
 
     def _verify(
         self,

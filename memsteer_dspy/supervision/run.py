@@ -73,6 +73,11 @@ _STOP = frozenset(
 )
 
 
+# BundleConfig options added after runs were made, with their defaults: a run at the default keeps
+# the key it had before the option existed, so it still resumes.
+_LATER_BUNDLE_OPTIONS = {"steer_by_yield": False, "yield_power": 1.0}
+
+
 class GenerationConfig(BaseModel):
     """Settings of one ``generate`` run. ``max_candidates`` defaults to 5 × ``n``."""
 
@@ -129,12 +134,18 @@ class GenerationConfig(BaseModel):
         prompts (:data:`~memsteer_dspy.supervision.program.PROMPT_VERSION`) and, for a lean run,
         of lean's checks (:data:`~memsteer_dspy.supervision.program.LEAN_VERSION`)."""
         bundle = self.bundle.model_dump(mode="json")
-        if not bundle.get("steer_by_yield"):  # off: the key runs made before the option had
-            bundle.pop("steer_by_yield", None)
-        if bundle.get("yield_power") == 1.0:  # the default: the key runs made before it had
-            bundle.pop("yield_power", None)
-        key = {"method": self.method, "checks": self.checks, "seed": self.seed, "lean": self.lean,
-               "bundle": bundle, "graph": self.graph, "prompt_version": PROMPT_VERSION}  # fmt: skip
+        for name, default in _LATER_BUNDLE_OPTIONS.items():  # at its default: the key runs made
+            if bundle.get(name) == default:  # before the option had
+                bundle.pop(name)
+        key = {
+            "method": self.method,
+            "checks": self.checks,
+            "seed": self.seed,
+            "lean": self.lean,
+            "bundle": bundle,
+            "graph": self.graph,
+            "prompt_version": PROMPT_VERSION,
+        }
         if self.lean:
             key["lean_version"] = LEAN_VERSION
         return key
