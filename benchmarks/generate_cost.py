@@ -20,7 +20,10 @@ slows both alike:
   the audit, tight output caps, and tasks steered toward the profile's mix;
 - ``lean-unsteered`` — lean's pipeline on v1's task draw, and ``v1-steered`` — v1's pipeline on
   lean's steered draw: together they tell the pipeline's effect from the sampler's (the steered
-  draw asks for two-record, number and list items, which a small LM keeps less often).
+  draw asks for two-record, number and list items, which a small LM keeps less often);
+- ``lean-yield``, ``lean-yield2`` — lean with each kind also weighed by its yield on this run (to
+  the power 1 or 2), and ``lean-anchor`` — lean-yield2 with the anchored planner, which picks its
+  answer by number from the options the program reads off the bundle's sentences.
 
 Prints per role and in total: LM calls, prompt tokens, prompt tokens actually evaluated (llama.cpp
 reuses the longest common prefix with the previous call; reported as ``cached_tokens``),
@@ -67,29 +70,35 @@ from memsteer_dspy.supervision.run import (  # noqa: E402
 # lists), which a small LM keeps less often whatever its prompts. "lean-yield" also weighs each
 # kind by what it has yielded on this run (BundleConfig.steer_by_yield): measured with lean on the
 # embedded model, entity and two-record tasks kept 1 of 42 while the lag alone kept asking for them.
-CONFIGS: dict[str, tuple[bool, bool, float]] = {
-    # name: (lean, steered, yield power: 0 steers by the lag alone)
-    "v1": (False, False, 0),
-    "lean": (True, True, 0),
-    "lean-unsteered": (True, False, 0),
-    "v1-steered": (False, True, 0),
-    "lean-yield": (True, True, 1.0),
-    "lean-yield2": (True, True, 2.0),
+CONFIGS: dict[str, tuple[bool, bool, float, bool]] = {
+    # name: (lean, steered, yield power: 0 steers by the lag alone, anchored planner)
+    "v1": (False, False, 0, False),
+    "lean": (True, True, 0, False),
+    "lean-unsteered": (True, False, 0, False),
+    "v1-steered": (False, True, 0, False),
+    "lean-yield": (True, True, 1.0, False),
+    "lean-yield2": (True, True, 2.0, False),
+    # the planner picks its answer from the program's options (GenerationConfig.anchored), and the
+    # sampler steers toward the answer types a bundle has options for
+    "lean-anchor": (True, True, 2.0, True),
 }
 
 
 def generation_config(name: str, candidates: int, seed: int) -> GenerationConfig:
     """The named configuration (:data:`CONFIGS`), every check on, stopping only when ``candidates``
     are done."""
-    lean, steered, power = CONFIGS[name]
+    lean, steered, power, anchored = CONFIGS[name]
     bundle = small_lm_bundle_config(steered=steered)
     if power:
         bundle = bundle.model_copy(update={"steer_by_yield": True, "yield_power": power})
+    if anchored:
+        bundle = bundle.model_copy(update={"steer_to_options": True})
     return GenerationConfig(
         n=candidates,
         max_candidates=candidates,
         seed=seed,
         lean=lean,
+        anchored=anchored,
         bounded=True,
         bundle=bundle,
     )

@@ -28,12 +28,13 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from memsteer_dspy.graph import EdgeType, RecordGraph
-from memsteer_dspy.records import History, Record, Span
+from memsteer_dspy.records import History, Record, Span, is_heading
 from memsteer_dspy.tokens import count_tokens
 
 __all__ = [
@@ -54,6 +55,8 @@ __all__ = [
     "steered_task",
     "task_for_count",
     "answer_kinds",
+    "answer_options",
+    "AnswerOption",
     "small_lm_bundle_config",
 ]
 
@@ -135,6 +138,12 @@ class BundleConfig(BaseModel):
         "what that kind has yielded so far on this run, (accepted + 1) / (tried + 2) of the tasks "
         "that asked for it (per answer type and per evidence count), so a kind the LM rarely gets "
         "through the checks is asked for less instead of more as it falls further behind.",
+    )
+    steer_to_options: bool = Field(
+        default=False,
+        description="With steer_to_bundle: the answer types a bundle holds are those of its answer "
+        "options (answer_options), what an anchored planner can choose from, instead of those its "
+        "sentences suggest (answer_kinds, which also counts a stray number or a capitalised word).",
     )
     yield_power: float = Field(
         default=1.0,
@@ -578,6 +587,20 @@ _CALENDAR_WORDS = re.compile(
 _ENUMERATION = re.compile(r"\b[\w'-]+(?: [\w'-]+)?, [\w'-]+(?: [\w'-]+)?,? (?:and|or) [\w'-]+", re.I)
 
 
+def _span_names(text: str, user: set[str]) -> list[str]:
+    """The names in a span's plain text that are not the user's, without month and weekday words."""
+    names = []
+    for name in _NAME.findall(text):
+        words = [w for w in name.split() if not _CALENDAR_WORDS.match(w)]
+        if words and not {w.lower() for w in words} <= user:
+            names.append(" ".join(words))
+    return names
+
+
+def _user_words(user_name: str | None) -> set[str]:
+    return {w.lower() for w in (user_name or "").replace("_", " ").split()}
+
+
 def answer_kinds(records: Iterable[BundleRecord], user_name: str | None = None) -> set[str]:
     """The answer types the records' own sentences can supply: ``number`` (a number that is not
     part of a date or a year), ``entity`` (a name that is not the user's, a month or a weekday),
@@ -587,7 +610,7 @@ def answer_kinds(records: Iterable[BundleRecord], user_name: str | None = None) 
     A task steered toward a kind its bundle does not hold cannot be planned: measured on the
     embedded model, "number" tasks on bundles without a number came back as a blind-read mismatch,
     and "entity" tasks on chats that name nobody but the user as ``answer_is_user``."""
-    user = {w.lower() for w in (user_name or "").replace("_", " ").split()}
+    user = _user_words(user_name)
     kinds = {"date"}
     for record in records:
         names: set[str] = set()
@@ -595,10 +618,7 @@ def answer_kinds(records: Iterable[BundleRecord], user_name: str | None = None) 
             text = _plain(span.text)
             if _NUMBER.search(_YEAR.sub(" ", _DATE.sub(" ", text))):
                 kinds.add("number")
-            for name in _NAME.findall(text):
-                words = [w for w in name.split() if not _CALENDAR_WORDS.match(w)]
-                if words and not {w.lower() for w in words} <= user:
-                    names.add(" ".join(words))
+            names.update(_span_names(text, user))
             if _ENUMERATION.search(text):
                 kinds.add("list")
         if names:
@@ -606,6 +626,134 @@ def answer_kinds(records: Iterable[BundleRecord], user_name: str | None = None) 
         if len(names) >= 2:
             kinds.add("list")
     return kinds
+
+
+MAX_ANSWER_OPTIONS = 8
+
+
+@dataclass(frozen=True)
+class AnswerOption:
+    """A reference answer the program reads off one sentence of a bundle: what an anchored planner
+    chooses from instead of writing its own answer (see :func:`answer_options`)."""
+
+    span_id: str
+    answer: str
+    answer_type: str
+
+
+# "—", "***", "[…]": a sentence without a letter or digit states nothing
+_STATES = re.compile(r"[^\W_]")
+
+
+def _states(text: str) -> bool:
+    return bool(_STATES.search(text)) and not is_heading(text)
+
+
+# a whole run of capitalised words ("Amelia Torres", "Dr. Desai"), where _NAME (made for telling
+# kinds apart) takes "Torres" alone from a table cell "| Amelia Torres |"
+_NAME_WORD = r"[A-Z][A-Za-z]*[a-z][A-Za-z]*\b"  # "Amelia", "MacBook", "GreenLeaf"
+_NAME_RUN = re.compile(rf"\b(?:(?:Dr|Ms|Mr|Mrs)\.\s+)?{_NAME_WORD}(?:\s+{_NAME_WORD})*")
+_LEADING_WORDS = frozenset(
+    "a an the and but so if as at by for from in into on to with after before when while this that "
+    "my our your his her their dear hi hey hello thanks thank".split()
+)
+_MID_SENTENCE = re.compile(r"(?<=[a-z,] )[A-Z][a-z]+")
+_TABLE_RULE = re.compile(r"^\|?[\s:|-]*-{3}[\s:|-]*$")
+
+
+_VERB_OR_LINK = frozenset("is are was were be of like including such also".split())
+
+
+def _list_answer(enumeration: str) -> str:
+    """An enumeration without the word before its first item that _ENUMERATION took along
+    ("for tea, scones and jam", "is comfortable, organized and welcoming")."""
+    first, _, rest = enumeration.partition(",")
+    words = first.split()
+    if len(words) > 1 and words[0].lower() in _LEADING_WORDS | _VERB_OR_LINK:
+        words = words[1:]
+    return f"{' '.join(words)},{rest}"
+
+
+_UNIT = re.compile(r"\s+([a-z]{3,})\b")
+_NOT_UNITS = frozenset("and but for from with the that this than into onto over are was were".split())
+
+
+def _with_unit(text: str, number: re.Match[str]) -> str:
+    """A number with the word it counts ("12 children", "2 hours"): a sentence with two numbers
+    then offers two different answers, not "2" the planner may take for the other one."""
+    unit = _UNIT.match(text, number.end())
+    if unit and unit.group(1) not in _NOT_UNITS:
+        return f"{number.group(0)} {unit.group(1)}"
+    return number.group(0)
+
+
+def _option_names(text: str, user: set[str], mid_sentence: set[str]) -> list[str]:
+    """The names of a span's plain text for answer options: whole runs of capitalised words that
+    are not the user's name, a month or a weekday; a single word at the start of the sentence
+    ("Thank", "Sofia") only when the bundle also writes it inside a sentence."""
+    names = []
+    for m in _NAME_RUN.finditer(text):
+        words = [w for w in m.group(0).split() if not _CALENDAR_WORDS.match(w)]
+        while len(words) > 1 and words[0].lower() in _LEADING_WORDS:  # "With Elena", "Dear Sofia"
+            words = words[1:]
+        if not words or {w.lower() for w in words} <= user:
+            continue
+        before = text[: m.start()].rstrip(" \"'“”‘’([*_-")
+        initial = not before or before[-1] in ".!?:;|"
+        if initial and len(words) == 1 and words[0] not in mid_sentence:
+            continue
+        names.append(" ".join(words))
+    return names
+
+
+def answer_options(
+    records: Sequence[BundleRecord],
+    user_name: str | None = None,
+    answer_type: str | None = None,
+    limit: int = MAX_ANSWER_OPTIONS,
+) -> list[AnswerOption]:
+    """The answers the records' own sentences supply, found the way :func:`answer_kinds` finds
+    their kinds: each name that is not the user's (``entity``), each number that is not part of a
+    date or a year (``number``), each enumeration "a, b and c" (``list``), and each record's date
+    (``date``, cited from its first sentence that is not a heading or a separator).
+
+    With ``answer_type``, only that kind's options when the records hold one (else every kind).
+    At most ``limit``, taken in turn from each record so that none crowds the others out; the
+    same answer once. Measured on the embedded 1.5B model, a planner that writes its own answer
+    wrote one that is in no sentence it cites, or is not stated there, or is its demonstration's,
+    in a third of its plans; one that picks an option cannot."""
+    user = _user_words(user_name)
+    mid_sentence = {w for r in records for s in r.spans for w in _MID_SENTENCE.findall(_plain(s.text))}
+    per_record: list[list[AnswerOption]] = []
+    for record in records:
+        found: list[AnswerOption] = []
+        # a table's header row names columns, not things: the row above a rule "|---|---|"
+        header = {a.id for a, b in pairwise(record.spans) if _TABLE_RULE.match(b.text.strip())}
+        stating = [s for s in record.spans if _states(s.text) and s.id not in header]
+        if record.date and stating:
+            found.append(AnswerOption(stating[0].id, record.date, "date"))
+        for span in stating:
+            text = _plain(span.text)
+            found += [AnswerOption(span.id, _list_answer(m.group(0)), "list") for m in _ENUMERATION.finditer(text)]
+            names = _option_names(text, user, mid_sentence)
+            found += [AnswerOption(span.id, name, "entity") for name in names]
+            masked = _YEAR.sub(" ", _DATE.sub(" ", text))
+            found += [AnswerOption(span.id, _with_unit(masked, m), "number") for m in _NUMBER.finditer(masked)]
+        per_record.append(found)
+    if answer_type and any(o.answer_type == answer_type for found in per_record for o in found):
+        per_record = [[o for o in found if o.answer_type == answer_type] for found in per_record]
+    options: list[AnswerOption] = []
+    seen: set[str] = set()
+    queues = [iter(found) for found in per_record]
+    while queues and len(options) < limit:
+        for queue in list(queues):  # each record's next answer not offered yet, in turn
+            option = next((o for o in queue if o.answer.lower() not in seen), None)
+            if option is None:
+                queues.remove(queue)
+            elif len(options) < limit:
+                seen.add(option.answer.lower())
+                options.append(option)
+    return options
 
 
 # --------------------------------------------------------------------------------------------
@@ -793,7 +941,7 @@ class BundleSampler:
                 if bundle_size(fewer, self.config) == size:
                     task = fewer
         if steer and self.config.steer_to_bundle and bundle is not None and task.answer_type not in (
-            kinds := answer_kinds(bundle.records, self.history.user_id)
+            kinds := self._bundle_kinds(bundle)
         ):
             # ask for an answer the bundle's sentences hold: the bundle depends on the evidence
             # count only, so a resumed run rebuilds the same bundle from the logged task
@@ -801,3 +949,9 @@ class BundleSampler:
         if bundle is not None and len(bundle.records) < task.evidence_count:
             bundle, reason = None, "too_few_records"
         return Candidate(index=index, seed_id=seed_id, task=task, bundle=bundle, skip_reason=reason)
+
+    def _bundle_kinds(self, bundle: Bundle) -> set[str]:
+        """The answer types ``bundle`` can answer (see :attr:`BundleConfig.steer_to_options`)."""
+        if self.config.steer_to_options:
+            return {o.answer_type for o in answer_options(bundle.records, self.history.user_id, limit=64)}
+        return answer_kinds(bundle.records, self.history.user_id)

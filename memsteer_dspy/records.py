@@ -63,6 +63,22 @@ _WORD_RUN = re.compile(r"[A-Za-z.]+")
 MAX_SPAN_CHARS = 600
 
 
+_LIST_MARK = re.compile(r"^(?:[-*+•]|\d+[.)])\s+")
+
+
+def is_heading(text: str) -> bool:
+    """Whether a span is a heading or a label rather than a statement: a markdown heading
+    ("### Module 1: …"), a label ending in a colon ("- **Key Topics:**", "Attendees:"), or a line
+    that is wholly bold ("**Weekly schedule**")."""
+    t = text.strip()
+    if t.startswith("#"):
+        return True
+    t = _LIST_MARK.sub("", t).strip()
+    if t.strip("*_ ").endswith(":"):
+        return True
+    return len(t) > 4 and t[:2] in ("**", "__") and t[-2:] == t[:2] and t[:2] not in t[2:-2]
+
+
 class Span(BaseModel):
     """One sentence or line of a record. ``start``/``end`` are character offsets into the text."""
 

@@ -19,6 +19,7 @@ PROFILES = ("auto", "small", "full")
 def _bundle_config(
     profile: str, lm_config, budget: int, record_token_cap: int | None, steer_by_yield: bool = False,
     yield_power: float = 1.0,
+    anchored: bool = False,
 ):
     from memsteer_dspy.bundles import BundleConfig, small_lm_bundle_config
 
@@ -35,6 +36,8 @@ def _bundle_config(
         if not steer_by_yield:
             raise typer.BadParameter("needs --steer-by-yield", param_hint="--yield-power")
         overrides["yield_power"] = yield_power
+    if anchored:  # steer toward the answer types the anchored planner has options for
+        overrides["steer_to_options"] = True
     return (
         small_lm_bundle_config(**overrides) if profile == "small" else BundleConfig(**overrides)
     ), profile
@@ -151,6 +154,16 @@ def generate(
             "term kept giving two-record tasks half the draws after 19 failures (README).",
         ),
     ] = 1.0,
+    anchored: Annotated[
+        bool,
+        typer.Option(
+            "--anchored",
+            help="The planner chooses its reference answer by number from the names, numbers, "
+            "lists and record dates the program reads off the bundle's sentences, instead of "
+            "writing it (method memsteer; the small profile then steers toward the answer types "
+            "a bundle has options for). Every check stays on.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     restart: Annotated[
         bool,
@@ -174,7 +187,7 @@ def generate(
     if method not in METHODS:
         raise typer.BadParameter(f"choose one of {', '.join(METHODS)}", param_hint="--method")
     bundle_config, chosen = _bundle_config(
-        profile, lm_config, budget, record_token_cap, steer_by_yield, yield_power
+        profile, lm_config, budget, record_token_cap, steer_by_yield, yield_power, anchored
     )
     loaded = history.load()
     # length limits in the output schemas, for LMs that decode under them (in-process llama.cpp)
@@ -182,6 +195,7 @@ def generate(
     config = GenerationConfig(
         n=n, max_candidates=max_candidates, method=method, checks=checks, seed=seed, threads=threads,
         batch_size=batch_size, max_demos=max_demos, bundle=bundle_config, bounded=bounded, lean=lean,
+        anchored=anchored,
     )  # fmt: skip
     lms = {role: lm_config.lm(role) for role in GENERATION_ROLES}
     described = lm_config.describe()

@@ -59,7 +59,7 @@ from memsteer_dspy.normalize import (
     numbers_in,
     parse_answer,
 )
-from memsteer_dspy.records import AnswerType
+from memsteer_dspy.records import AnswerType, is_heading
 from memsteer_dspy.signatures.plan import AnswerPlan, EvidenceUse, Fact
 
 __all__ = [
@@ -338,22 +338,6 @@ def _answer_support_issue(
 _URL = re.compile(r"\bhttps?://|\bwww\.", re.I)
 # A span with no letter or digit ("---", "***") states nothing.
 _WORD = re.compile(r"[^\W_]")
-_LIST_MARK = re.compile(r"^(?:[-*+•]|\d+[.)])\s+")
-
-
-def is_heading(text: str) -> bool:
-    """Whether a span is a heading or a label rather than a statement: a markdown heading
-    ("### Module 1: …"), a label ending in a colon ("- **Key Topics:**", "Attendees:"), or a line
-    that is wholly bold ("**Weekly schedule**")."""
-    t = text.strip()
-    if t.startswith("#"):
-        return True
-    t = _LIST_MARK.sub("", t).strip()
-    if t.strip("*_ ").endswith(":"):
-        return True
-    return len(t) > 4 and t[:2] in ("**", "__") and t[-2:] == t[:2] and t[:2] not in t[2:-2]
-
-
 def _unstated_issue(plan: AnswerPlan, kind: AnswerType, span_texts: dict[str, str]) -> PlanIssue | None:
     """``answer_not_stated`` for a plan whose cited spans hold its answer without stating a fact
     about it (see the module docstring), or None."""

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import dspy
 from pydantic import BeforeValidator, Field
 
+from memsteer_dspy.bundles import MAX_ANSWER_OPTIONS
 from memsteer_dspy.signatures.audit import FactCheck, RecordCheck
 from memsteer_dspy.signatures.plan import EvidenceUse
 
@@ -80,6 +81,7 @@ def _labels(n: int, at_least: int = 0) -> type:
 LIMITS: dict[str, Any] = {
     "fact_span_ids": _labels(4, at_least=1),
     "answer_span_id": _text(12),
+    "answer_option": bounded_type(int, "Option", minimum=1, maximum=MAX_ANSWER_OPTIONS),
     "answer": bounded_type(_Answer, "Answer48", maxLength=48),
     "evidence": bounded_type(list[BriefEvidenceUse], "EvidenceList", minItems=1, maxItems=4),
     "operations": bounded_type(

@@ -44,17 +44,25 @@ import threading
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import dspy
 from pydantic import BaseModel, Field
 
-from memsteer_dspy.bundles import Bundle, BundleView, Task
+from memsteer_dspy.bundles import (
+    MAX_ANSWER_OPTIONS,
+    AnswerOption,
+    Bundle,
+    BundleView,
+    Task,
+    answer_options,
+)
 from memsteer_dspy.normalize import answers_match
 from memsteer_dspy.signatures.audit import AuditQA, AuditQuotedFacts
 from memsteer_dspy.signatures.baselines import PlanAndWriteQuestion, WriteQAPair
 from memsteer_dspy.signatures.blind_read import BlindRead
-from memsteer_dspy.signatures.plan import AnswerPlan, EvidenceUse, Fact, PlanAnswer
+from memsteer_dspy.signatures.plan import AnswerPlan, EvidenceUse, Fact, PlanAnswer, PlanFromOptions
 from memsteer_dspy.signatures.question import WriteQuestion
 from memsteer_dspy.supervision.adapter import CompactJSONAdapter
 from memsteer_dspy.supervision.checks import (
@@ -266,9 +274,11 @@ class _Generator(dspy.Module):
         plan_retries: int = 1,
         user_name: str | None = None,
         lean: bool = False,
+        anchored: bool = False,
     ):
         super().__init__()
         self.lean = lean
+        self.anchored = anchored
         self.max_tokens = LEAN_MAX_TOKENS if lean else MAX_TOKENS
         self.user_name = user_name
         self.question_rewrites = question_rewrites
@@ -301,7 +311,7 @@ class _Generator(dspy.Module):
         if self.cold_start:
             bundle, task, outcome = cold_start_example()
             view = bundle.view()
-            for name, example in self._demo_examples(view, outcome.plan, outcome, task).items():
+            for name, example in self._demo_examples(view, outcome.plan, outcome, task, bundle).items():
                 getattr(self, name).demos = [example]
 
     # -- LMs ---------------------------------------------------------------------------------
@@ -420,15 +430,16 @@ class _Generator(dspy.Module):
         with self._demo_lock:
             if self._demo_count >= self.max_demos:
                 return False
-            view = _demo_bundle(bundle, plan).view()
-            for name, example in self._demo_examples(view, plan, outcome, task).items():
+            demo = _demo_bundle(bundle, plan)
+            view = demo.view()
+            for name, example in self._demo_examples(view, plan, outcome, task, demo).items():
                 predictor = getattr(self, name)
                 predictor.demos = [*predictor.demos, example]
             self._demo_count += 1
         return True
 
     def _demo_examples(
-        self, view: BundleView, plan: AnswerPlan, outcome: Outcome, task: Task
+        self, view: BundleView, plan: AnswerPlan, outcome: Outcome, task: Task, bundle: Bundle | None = None
     ) -> dict[str, dspy.Example]:
         cited = [view.span_label(f.span_id) for f in plan.facts]
         blind = dspy.Example(
@@ -803,6 +814,61 @@ def _plan_from(out: dspy.Prediction) -> AnswerPlan:
     )  # fmt: skip
 
 
+def options_text(view: BundleView, options: Sequence[AnswerOption]) -> str:
+    """The anchored planner's numbered options, each with its sentence's label in ``view``."""
+    return "\n".join(
+        f"{n}. {o.answer_type}: {o.answer} ({view.span_label(o.span_id)})" for n, o in enumerate(options, 1)
+    )
+
+
+def _anchored_plan(
+    out: dspy.Prediction, *, options: Sequence[AnswerOption], view: BundleView, task: Task
+) -> AnswerPlan:
+    """The anchored planner's fields as an :class:`AnswerPlan`: answer, type and answer span from
+    the chosen option; the option's record first among the evidence records (the planner's own
+    contribution for it kept), then the planner's others, ``task.evidence_count`` in all. A number
+    that names no option gives an empty answer and an unknown answer span, so the plan checks
+    reject it (and re-plan) like any other plan."""
+    choice = getattr(out, "answer_option", None)
+    try:
+        option = options[int(choice) - 1] if int(choice) >= 1 else None
+    except (TypeError, ValueError, IndexError):
+        option = None
+    labels = [str(x) for x in (getattr(out, "fact_span_ids", None) or [])]
+    given = list(getattr(out, "evidence", None) or [])
+    common = {"ask": str(getattr(out, "ask", "") or ""),
+              "operations": [str(o) for o in (getattr(out, "operations", None) or [])]}  # fmt: skip
+    if option is None:
+        return AnswerPlan(answer="", answer_type=task.answer_type or "entity", answer_span_id=f"option {choice}",
+                          facts=[Fact(span_id=label, statement="") for label in dict.fromkeys(labels)],
+                          evidence=given, **common)  # fmt: skip
+    record_id = option.span_id.rpartition("#")[0]
+    own = [e for e in given if view.resolve_record(e.record_id) == record_id]
+    others = [e for e in given if view.resolve_record(e.record_id) not in (record_id, None)]
+    first = EvidenceUse(record_id=record_id, contribution=own[0].contribution if own else "states the answer")
+    evidence = [first, *others][: max(task.evidence_count, 1)]
+    if option.span_id not in {view.resolve_span(label) for label in labels}:
+        labels.append(option.span_id)
+    return AnswerPlan(answer=option.answer, answer_type=option.answer_type, answer_span_id=option.span_id,
+                      facts=[Fact(span_id=label, statement="") for label in dict.fromkeys(labels)],
+                      evidence=evidence, **common)  # fmt: skip
+
+
+def _anchored_demo_fields(
+    bundle: Bundle, view: BundleView, fields: dict[str, Any], plan: AnswerPlan, user_name: str | None
+) -> dict[str, Any]:
+    """A planner demonstration's fields for the anchored planner: the demo bundle's options (the
+    plan's own answer among them) and the chosen number in place of the written answer."""
+    options = answer_options(bundle.records, user_name, str(plan.answer_type))
+    chosen = next((n for n, o in enumerate(options, 1) if o.answer.lower() == plan.answer.lower()), None)
+    if chosen is None:
+        own = AnswerOption(plan.answer_span_id or plan.facts[0].span_id, plan.answer, str(plan.answer_type))
+        keep = options[: MAX_ANSWER_OPTIONS - 1]
+        options, chosen = [*keep, own], len(keep) + 1
+    fields = {k: v for k, v in fields.items() if k not in ("answer", "answer_type", "answer_span_id")}
+    return {**fields, "options": options_text(view, options), "answer_option": chosen}
+
+
 def _plan_rejection(plan: AnswerPlan, issues: list[PlanIssue], repairs, usage) -> Outcome:
     detail = "; ".join(f"{i.code.value}: {i.detail}" for i in issues)
     return _rejected("plan_check", f"plan_check:{issues[0].code.value}", detail, usage,
@@ -821,7 +887,7 @@ class MemSteerGenerator(_Generator):
 
     def __init__(self, lms: Mapping[str, dspy.BaseLM] | None = None, **kwargs: Any):
         super().__init__(lms, **kwargs)
-        self.plan = dspy.Predict(PlanAnswer)
+        self.plan = dspy.Predict(PlanFromOptions if self.anchored else PlanAnswer)
         self.write_question = dspy.Predict(WriteQuestion)
         self.role_of.update({"plan": "planner", "write_question": "question_writer"})
         self._ready()
@@ -832,9 +898,17 @@ class MemSteerGenerator(_Generator):
             return _rejected("prefilter", f"prefilter:{why}", "fewer records with a name, number, date "
                              f"or place than the task's {task.evidence_count} evidence records", usage)  # fmt: skip
         view = bundle.view()
+        inputs, to_plan = _task_inputs(view, task), _plan_from
+        if self.anchored:
+            options = answer_options(bundle.records, self.user_name, task.answer_type)
+            if not options:
+                return _rejected("prefilter", "prefilter:no_options", "no sentence of the bundle holds a "
+                                 "name, number, list or dated statement to answer with", usage)  # fmt: skip
+            inputs = {**inputs, "options": options_text(view, options)}
+            to_plan = partial(_anchored_plan, options=options, view=view, task=task)
         try:
             _, plan, issues, repairs = yield from self._planned(
-                "plan", "plan", _task_inputs(view, task), _plan_from, task, bundle, view, usage
+                "plan", "plan", inputs, to_plan, task, bundle, view, usage
             )
         except _LMFailure as exc:
             return _rejected(exc.stage, "lm_error", exc.detail, usage)
@@ -876,11 +950,14 @@ class MemSteerGenerator(_Generator):
                                         question_check=False, problem=problem))  # fmt: skip
 
     def _demo_examples(
-        self, view: BundleView, plan: AnswerPlan, outcome: Outcome, task: Task
+        self, view: BundleView, plan: AnswerPlan, outcome: Outcome, task: Task, bundle: Bundle | None = None
     ) -> dict[str, dspy.Example]:
         examples = super()._demo_examples(view, plan, outcome, task)
-        examples["plan"] = dspy.Example(**_plan_demo_fields(view, plan, task)).with_inputs(
-            "records", "question_type", "evidence_count"
+        fields = _plan_demo_fields(view, plan, task)
+        if self.anchored and bundle is not None:
+            fields = _anchored_demo_fields(bundle, view, fields, plan, self.user_name)
+        examples["plan"] = dspy.Example(**fields).with_inputs(
+            "records", "question_type", "evidence_count", *(["options"] if self.anchored else [])
         )
         examples["write_question"] = dspy.Example(
             records=view.text, ask=first_person(plan.ask), facts=[f.statement for f in plan.facts], answer=plan.answer,
@@ -915,7 +992,7 @@ class JointGenerator(_Generator):
         return (yield from self._verify(bundle, view, plan, question, usage, shuffle_seed, repairs))
 
     def _demo_examples(
-        self, view: BundleView, plan: AnswerPlan, outcome: Outcome, task: Task
+        self, view: BundleView, plan: AnswerPlan, outcome: Outcome, task: Task, bundle: Bundle | None = None
     ) -> dict[str, dspy.Example]:
         examples = super()._demo_examples(view, plan, outcome, task)
         fields = _plan_demo_fields(view, plan, task)
@@ -952,7 +1029,7 @@ class DirectGenerator(_Generator):
         return (yield from self._verify(bundle, view, plan, question, usage, shuffle_seed, repairs))
 
     def _demo_examples(
-        self, view: BundleView, plan: AnswerPlan, outcome: Outcome, task: Task
+        self, view: BundleView, plan: AnswerPlan, outcome: Outcome, task: Task, bundle: Bundle | None = None
     ) -> dict[str, dspy.Example]:
         examples = super()._demo_examples(view, plan, outcome, task)
         examples["write_qa"] = dspy.Example(

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import dspy
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memsteer_dspy.bundles import AcceptedMix, Bundle, BundleConfig, BundleSampler, Candidate, Task
 from memsteer_dspy.errors import InputError
@@ -75,7 +75,7 @@ _STOP = frozenset(
 
 # BundleConfig options added after runs were made, with their defaults: a run at the default keeps
 # the key it had before the option existed, so it still resumes.
-_LATER_BUNDLE_OPTIONS = {"steer_by_yield": False, "yield_power": 1.0}
+_LATER_BUNDLE_OPTIONS = {"steer_by_yield": False, "yield_power": 1.0, "steer_to_options": False}
 
 
 class GenerationConfig(BaseModel):
@@ -115,9 +115,22 @@ class GenerationConfig(BaseModel):
         "the audit, tight output caps. False (default): the earlier prompts and order, which "
         "kept 5 of 16 candidates on the embedded model against lean's 2 of 16.",
     )
+    anchored: bool = Field(
+        default=False,
+        description="MemSteer method: the planner chooses its reference answer from the answer "
+        "options the program reads off the bundle's sentences (names, numbers, enumerations, "
+        "record dates; bundles.answer_options), by number, instead of writing it; every other "
+        "stage and check is unchanged. A bundle with no option is rejected before any LM call.",
+    )
     dedup_threshold: float = Field(default=0.8, gt=0, le=1)
     bundle: BundleConfig = Field(default_factory=BundleConfig)
     graph: dict[str, Any] = Field(default_factory=lambda: asdict(GraphParams()))
+
+    @model_validator(mode="after")
+    def _anchored_plans_only(self) -> GenerationConfig:
+        if self.anchored and self.method != "memsteer":
+            raise ValueError(f"anchored plans are the memsteer method's planner; method is {self.method!r}")
+        return self
 
     @property
     def demo_limit(self) -> int:
@@ -148,6 +161,8 @@ class GenerationConfig(BaseModel):
         }
         if self.lean:
             key["lean_version"] = LEAN_VERSION
+        if self.anchored:  # absent when off: the key runs made before the option had
+            key["anchored"] = True
         return key
 
 
@@ -683,6 +698,7 @@ def generate_supervision(
     generator = make_generator(
         config.method, lms, checks=config.checks, max_retries=config.max_retries, max_demos=config.demo_limit,
         bounded=config.bounded, cold_start=config.cold_start, user_name=history.user_id, lean=config.lean,
+        anchored=config.anchored,
     )  # fmt: skip
     log = read_log(out)
     done = {r.index for r in log}
