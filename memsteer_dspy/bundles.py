@@ -674,7 +674,7 @@ def _list_answer(enumeration: str) -> str:
     return f"{' '.join(words)},{rest}"
 
 
-_UNIT = re.compile(r"\s+([a-z]{3,})\b")
+_UNIT = re.compile(r"\s+([a-z]{3,})\b(?![-'’])")  # not "child" of "2 child-sized pitchers"
 _NOT_UNITS = frozenset("and but for from with the that this than into onto over are was were".split())
 
 

@@ -24,7 +24,7 @@ from memsteer_dspy.bundles import (
     bundle_from_records,
 )
 from memsteer_dspy.records import History
-from memsteer_dspy.supervision.program import MemSteerGenerator, options_text
+from memsteer_dspy.supervision.program import ANCHORED_VERSION, MemSteerGenerator, options_text
 
 FACT = Task(question_type="fact", evidence_count=1, answer_type="entity")
 
@@ -49,6 +49,8 @@ def test_answer_options_are_the_names_numbers_lists_and_dates_the_sentences_stat
     assert ("date", "2024-04-15") in got
     assert ("entity", "Amelia Torres") in got  # the whole name, not "Torres"
     assert ("number", "12 dollars") in got  # with the word it counts
+    # not a part of a compound word (the tenth cost run offered "2 child" for "2 child-sized")
+    assert ("number", "2") in _answers("User: Bring 2 child-sized pitchers for the pouring.")
     assert ("list", "tea, scones and jam") in got
     # the user's own name, a weekday and a year are no options
     got = _answers("User: On Friday I told Elena Morales that the 2024 plan is fine.")
@@ -179,7 +181,9 @@ def test_anchored_is_part_of_a_run_s_key_reaches_it_from_the_cli_and_is_memsteer
         GenerationConfig().identity(),
         GenerationConfig(anchored=True, bundle=bundle).identity(),
     )
-    assert on["anchored"] is True and on["bundle"]["steer_to_options"] is True
-    assert "anchored" not in off and "steer_to_options" not in off["bundle"]  # older runs' keys
+    assert on["anchored_version"] == ANCHORED_VERSION and on["bundle"]["steer_to_options"] is True
+    assert (
+        "anchored_version" not in off and "steer_to_options" not in off["bundle"]
+    )  # older runs' keys
     with pytest.raises(ValueError, match="memsteer"):
         GenerationConfig(anchored=True, method="joint")

@@ -119,6 +119,10 @@ LEAN_VERSION = 7
 # only under the prompts it was made with. 1: unversioned; 2: the planner's demonstration lists the
 # answer sentence among its fact sentences (it showed an empty list, which the bounded schema forbids).
 PROMPT_VERSION = 2
+# The anchored planner's options (bundles.answer_options) change its plans: an anchored run folder
+# resumes only under the version of the options it was made with. 1: the tenth cost run; 2: a
+# number's unit is never the start of a compound word ("2 child" of "2 child-sized pitchers").
+ANCHORED_VERSION = 2
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 

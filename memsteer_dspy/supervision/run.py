@@ -47,6 +47,7 @@ from memsteer_dspy.normalize import normalize_text
 from memsteer_dspy.records import AnswerType, History, QAItem
 from memsteer_dspy.runfolder import JsonlLog, RunFolder, run_key, write_atomic
 from memsteer_dspy.supervision.program import (
+    ANCHORED_VERSION,
     GENERATION_ROLES,
     LEAN_VERSION,
     PROMPT_VERSION,
@@ -162,7 +163,7 @@ class GenerationConfig(BaseModel):
         if self.lean:
             key["lean_version"] = LEAN_VERSION
         if self.anchored:  # absent when off: the key runs made before the option had
-            key["anchored"] = True
+            key["anchored_version"] = ANCHORED_VERSION
         return key
 
 
