@@ -30,8 +30,9 @@ FACT = Task(question_type="fact", evidence_count=1, answer_type="entity")
 
 
 def _records(text: str, user: str = "Elena_Morales"):
-    record = RECORDS[0].model_copy(update={"id": "r:1", "thread_id": "r", "text": text,
-                                           "timestamp": datetime(2024, 4, 15)})  # fmt: skip
+    record = RECORDS[0].model_copy(
+        update={"id": "r:1", "thread_id": "r", "text": text, "timestamp": datetime(2024, 4, 15)}
+    )
     return bundle_from_records(History(user, [record]), ["r:1"], BundleConfig()).records
 
 
@@ -90,8 +91,13 @@ def test_answer_options_keep_to_the_asked_kind_when_the_records_hold_it_and_take
 
 
 def _plan(option: int, **overrides):
-    reply = {"answer_option": option, "evidence": [{"record_id": "R1", "contribution": "names it"}],
-             "fact_span_ids": ["R1.1"], "operations": ["lookup"], "ask": "which laptop I wrote from"}  # fmt: skip
+    reply = {
+        "answer_option": option,
+        "evidence": [{"record_id": "R1", "contribution": "names it"}],
+        "fact_span_ids": ["R1.1"],
+        "operations": ["lookup"],
+        "ask": "which laptop I wrote from",
+    }
     reply.update(overrides)
     return reply
 
@@ -127,8 +133,12 @@ def test_the_option_s_record_is_evidence_even_when_the_planner_names_another():
     )
     audit = audit_reply(facts=("R3.2",))
     audit["record_checks"][0]["record_id"] = "R3"
-    lms = role_lms([reply], [question_reply("Which company sent the compost order for my garden workshop?")],
-                   [audit], [blind_reply("GreenLeaf", cited=("mail:1#2",))])  # fmt: skip
+    lms = role_lms(
+        [reply],
+        [question_reply("Which company sent the compost order for my garden workshop?")],
+        [audit],
+        [blind_reply("GreenLeaf", cited=("mail:1#2",))],
+    )
     out, _ = _anchored(lms, bundle)
     assert out.plan.evidence_ids == ["mail:1"], out.plan
     assert out.status == "accepted", out.detail

@@ -840,22 +840,27 @@ def _anchored_plan(
         option = None
     labels = [str(x) for x in (getattr(out, "fact_span_ids", None) or [])]
     given = list(getattr(out, "evidence", None) or [])
-    common = {"ask": str(getattr(out, "ask", "") or ""),
-              "operations": [str(o) for o in (getattr(out, "operations", None) or [])]}  # fmt: skip
-    if option is None:
-        return AnswerPlan(answer="", answer_type=task.answer_type or "entity", answer_span_id=f"option {choice}",
-                          facts=[Fact(span_id=label, statement="") for label in dict.fromkeys(labels)],
-                          evidence=given, **common)  # fmt: skip
-    record_id = option.span_id.rpartition("#")[0]
-    own = [e for e in given if view.resolve_record(e.record_id) == record_id]
-    others = [e for e in given if view.resolve_record(e.record_id) not in (record_id, None)]
-    first = EvidenceUse(record_id=record_id, contribution=own[0].contribution if own else "states the answer")
-    evidence = [first, *others][: max(task.evidence_count, 1)]
-    if option.span_id not in {view.resolve_span(label) for label in labels}:
-        labels.append(option.span_id)
-    return AnswerPlan(answer=option.answer, answer_type=option.answer_type, answer_span_id=option.span_id,
-                      facts=[Fact(span_id=label, statement="") for label in dict.fromkeys(labels)],
-                      evidence=evidence, **common)  # fmt: skip
+    evidence, answer, answer_span = given, "", f"option {choice}"
+    answer_type = task.answer_type or "entity"
+    if option is not None:
+        record_id = option.span_id.rpartition("#")[0]
+        own = [e for e in given if view.resolve_record(e.record_id) == record_id]
+        others = [e for e in given if view.resolve_record(e.record_id) not in (record_id, None)]
+        contribution = own[0].contribution if own else "states the answer"
+        first = EvidenceUse(record_id=record_id, contribution=contribution)
+        evidence = [first, *others][: max(task.evidence_count, 1)]
+        answer, answer_type, answer_span = option.answer, option.answer_type, option.span_id
+        if option.span_id not in {view.resolve_span(label) for label in labels}:
+            labels.append(option.span_id)
+    return AnswerPlan(
+        ask=str(getattr(out, "ask", "") or ""),
+        answer=answer,
+        answer_type=answer_type,
+        answer_span_id=answer_span,
+        facts=[Fact(span_id=label, statement="") for label in dict.fromkeys(labels)],
+        evidence=evidence,
+        operations=[str(o) for o in (getattr(out, "operations", None) or [])],
+    )
 
 
 def _anchored_demo_fields(
@@ -906,8 +911,8 @@ class MemSteerGenerator(_Generator):
         if self.anchored:
             options = answer_options(bundle.records, self.user_name, task.answer_type)
             if not options:
-                return _rejected("prefilter", "prefilter:no_options", "no sentence of the bundle holds a "
-                                 "name, number, list or dated statement to answer with", usage)  # fmt: skip
+                why = "no sentence of the bundle holds a name, number, list or dated statement"
+                return _rejected("prefilter", "prefilter:no_options", why, usage)
             inputs = {**inputs, "options": options_text(view, options)}
             to_plan = partial(_anchored_plan, options=options, view=view, task=task)
         try:
