@@ -34,7 +34,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from memsteer_dspy.graph import EdgeType, RecordGraph
-from memsteer_dspy.records import History, Record, Span, is_heading
+from memsteer_dspy.records import History, Record, Span, states_nothing
 from memsteer_dspy.tokens import count_tokens
 
 __all__ = [
@@ -641,14 +641,6 @@ class AnswerOption:
     answer_type: str
 
 
-# "—", "***", "[…]": a sentence without a letter or digit states nothing
-_STATES = re.compile(r"[^\W_]")
-
-
-def _states(text: str) -> bool:
-    return bool(_STATES.search(text)) and not is_heading(text)
-
-
 # a whole run of capitalised words ("Amelia Torres", "Dr. Desai"), where _NAME (made for telling
 # kinds apart) takes "Torres" alone from a table cell "| Amelia Torres |"
 _NAME_WORD = r"[A-Z][A-Za-z]*[a-z][A-Za-z]*\b"  # "Amelia", "MacBook", "GreenLeaf"
@@ -675,7 +667,9 @@ def _list_answer(enumeration: str) -> str:
 
 
 _UNIT = re.compile(r"\s+([a-z]{3,})\b(?![-'’])")  # not "child" of "2 child-sized pitchers"
-_NOT_UNITS = frozenset("and but for from with the that this than into onto over are was were".split())
+_NOT_UNITS = frozenset(
+    "and but for from with the that this than into onto over are was were".split()
+)
 
 
 def _with_unit(text: str, number: re.Match[str]) -> str:
@@ -710,7 +704,7 @@ def answer_options(
     records: Sequence[BundleRecord],
     user_name: str | None = None,
     answer_type: str | None = None,
-    limit: int = MAX_ANSWER_OPTIONS,
+    limit: int | None = MAX_ANSWER_OPTIONS,
 ) -> list[AnswerOption]:
     """The answers the records' own sentences supply, found the way :func:`answer_kinds` finds
     their kinds: each name that is not the user's (``entity``), each number that is not part of a
@@ -718,41 +712,51 @@ def answer_options(
     (``date``, cited from its first sentence that is not a heading or a separator).
 
     With ``answer_type``, only that kind's options when the records hold one (else every kind).
-    At most ``limit``, taken in turn from each record so that none crowds the others out; the
-    same answer once. Measured on the embedded 1.5B model, a planner that writes its own answer
-    wrote one that is in no sentence it cites, or is not stated there, or is its demonstration's,
-    in a third of its plans; one that picks an option cannot."""
+    At most ``limit`` (None: all), taken in turn from each record so that none crowds the others
+    out; the same answer once. Measured on the embedded 1.5B model, a planner that writes its own
+    answer wrote one that is in no sentence it cites, or is not stated there, or is its
+    demonstration's, in a third of its plans; one that picks an option cannot."""
     user = _user_words(user_name)
-    mid_sentence = {w for r in records for s in r.spans for w in _MID_SENTENCE.findall(_plain(s.text))}
+    mid_sentence = {
+        w for r in records for s in r.spans for w in _MID_SENTENCE.findall(_plain(s.text))
+    }
     per_record: list[list[AnswerOption]] = []
     for record in records:
         found: list[AnswerOption] = []
         # a table's header row names columns, not things: the row above a rule "|---|---|"
         header = {a.id for a, b in pairwise(record.spans) if _TABLE_RULE.match(b.text.strip())}
-        stating = [s for s in record.spans if _states(s.text) and s.id not in header]
+        stating = [s for s in record.spans if not states_nothing(s.text) and s.id not in header]
         if record.date and stating:
             found.append(AnswerOption(stating[0].id, record.date, "date"))
         for span in stating:
             text = _plain(span.text)
-            found += [AnswerOption(span.id, _list_answer(m.group(0)), "list") for m in _ENUMERATION.finditer(text)]
+            found += [
+                AnswerOption(span.id, _list_answer(m.group(0)), "list")
+                for m in _ENUMERATION.finditer(text)
+            ]
             names = _option_names(text, user, mid_sentence)
             found += [AnswerOption(span.id, name, "entity") for name in names]
             masked = _YEAR.sub(" ", _DATE.sub(" ", text))
-            found += [AnswerOption(span.id, _with_unit(masked, m), "number") for m in _NUMBER.finditer(masked)]
+            found += [
+                AnswerOption(span.id, _with_unit(masked, m), "number")
+                for m in _NUMBER.finditer(masked)
+            ]
         per_record.append(found)
     if answer_type and any(o.answer_type == answer_type for found in per_record for o in found):
         per_record = [[o for o in found if o.answer_type == answer_type] for found in per_record]
     options: list[AnswerOption] = []
     seen: set[str] = set()
     queues = [iter(found) for found in per_record]
-    while queues and len(options) < limit:
+    while queues:
         for queue in list(queues):  # each record's next answer not offered yet, in turn
             option = next((o for o in queue if o.answer.lower() not in seen), None)
             if option is None:
                 queues.remove(queue)
-            elif len(options) < limit:
-                seen.add(option.answer.lower())
-                options.append(option)
+                continue
+            seen.add(option.answer.lower())
+            options.append(option)
+            if len(options) == limit:
+                return options
     return options
 
 
@@ -953,5 +957,6 @@ class BundleSampler:
     def _bundle_kinds(self, bundle: Bundle) -> set[str]:
         """The answer types ``bundle`` can answer (see :attr:`BundleConfig.steer_to_options`)."""
         if self.config.steer_to_options:
-            return {o.answer_type for o in answer_options(bundle.records, self.history.user_id, limit=64)}
+            options = answer_options(bundle.records, self.history.user_id, limit=None)
+            return {o.answer_type for o in options}
         return answer_kinds(bundle.records, self.history.user_id)

@@ -79,6 +79,16 @@ def is_heading(text: str) -> bool:
     return len(t) > 4 and t[:2] in ("**", "__") and t[-2:] == t[:2] and t[:2] not in t[2:-2]
 
 
+# a letter or a digit: a line without one ("---", "***", "[…]") states nothing
+_STATES = re.compile(r"[^\W_]")
+
+
+def states_nothing(text: str) -> bool:
+    """Whether a span states no fact: a heading or label (:func:`is_heading`), or a line without
+    a letter or digit ("---", "***")."""
+    return is_heading(text) or not _STATES.search(text)
+
+
 class Span(BaseModel):
     """One sentence or line of a record. ``start``/``end`` are character offsets into the text."""
 

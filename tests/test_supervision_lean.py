@@ -532,7 +532,7 @@ def _report_plan(span: int, answer: str, answer_type: str) -> AnswerPlan:
 
 
 def test_is_heading_tells_headings_and_labels_from_statements():
-    from memsteer_dspy.supervision.checks import is_heading
+    from memsteer_dspy.records import is_heading
 
     assert is_heading("### Module 4: Observation, Assessment, and Reflective Practice")
     assert is_heading("- **Key Topics:**")

@@ -59,7 +59,7 @@ from memsteer_dspy.normalize import (
     numbers_in,
     parse_answer,
 )
-from memsteer_dspy.records import AnswerType, is_heading
+from memsteer_dspy.records import AnswerType, states_nothing
 from memsteer_dspy.signatures.plan import AnswerPlan, EvidenceUse, Fact
 
 __all__ = [
@@ -336,8 +336,8 @@ def _answer_support_issue(
 
 
 _URL = re.compile(r"\bhttps?://|\bwww\.", re.I)
-# A span with no letter or digit ("---", "***") states nothing.
-_WORD = re.compile(r"[^\W_]")
+
+
 def _unstated_issue(plan: AnswerPlan, kind: AnswerType, span_texts: dict[str, str]) -> PlanIssue | None:
     """``answer_not_stated`` for a plan whose cited spans hold its answer without stating a fact
     about it (see the module docstring), or None."""
@@ -351,8 +351,7 @@ def _unstated_issue(plan: AnswerPlan, kind: AnswerType, span_texts: dict[str, st
                              detail=f"{plan.answer!r} is only in a source or link line")  # fmt: skip
     if kind is AnswerType.DATE:
         span = span_texts.get(plan.answer_span_id or "")
-        states_nothing = span is not None and (is_heading(span) or not _WORD.search(span))
-        if states_nothing and not _DATE_IN_TEXT.search(span):
+        if span is not None and states_nothing(span) and not _DATE_IN_TEXT.search(span):
             return PlanIssue(code=PlanCheckCode.ANSWER_NOT_STATED,
                              detail=f"the date is cited from a heading that writes none: {span[:60]!r}")  # fmt: skip
     if kind is AnswerType.NUMBER:

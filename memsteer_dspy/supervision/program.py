@@ -315,7 +315,8 @@ class _Generator(dspy.Module):
         if self.cold_start:
             bundle, task, outcome = cold_start_example()
             view = bundle.view()
-            for name, example in self._demo_examples(view, outcome.plan, outcome, task, bundle).items():
+            examples = self._demo_examples(view, outcome.plan, outcome, task, bundle)
+            for name, example in examples.items():
                 getattr(self, name).demos = [example]
 
     # -- LMs ---------------------------------------------------------------------------------
@@ -821,7 +822,8 @@ def _plan_from(out: dspy.Prediction) -> AnswerPlan:
 def options_text(view: BundleView, options: Sequence[AnswerOption]) -> str:
     """The anchored planner's numbered options, each with its sentence's label in ``view``."""
     return "\n".join(
-        f"{n}. {o.answer_type}: {o.answer} ({view.span_label(o.span_id)})" for n, o in enumerate(options, 1)
+        f"{n}. {o.answer_type}: {o.answer} ({view.span_label(o.span_id)})"
+        for n, o in enumerate(options, 1)
     )
 
 
@@ -848,7 +850,7 @@ def _anchored_plan(
         others = [e for e in given if view.resolve_record(e.record_id) not in (record_id, None)]
         contribution = own[0].contribution if own else "states the answer"
         first = EvidenceUse(record_id=record_id, contribution=contribution)
-        evidence = [first, *others][: max(task.evidence_count, 1)]
+        evidence = [first, *others][: task.evidence_count]
         answer, answer_type, answer_span = option.answer, option.answer_type, option.span_id
         if option.span_id not in {view.resolve_span(label) for label in labels}:
             labels.append(option.span_id)
@@ -869,9 +871,12 @@ def _anchored_demo_fields(
     """A planner demonstration's fields for the anchored planner: the demo bundle's options (the
     plan's own answer among them) and the chosen number in place of the written answer."""
     options = answer_options(bundle.records, user_name, str(plan.answer_type))
-    chosen = next((n for n, o in enumerate(options, 1) if o.answer.lower() == plan.answer.lower()), None)
+    chosen = next(
+        (n for n, o in enumerate(options, 1) if o.answer.lower() == plan.answer.lower()), None
+    )
     if chosen is None:
-        own = AnswerOption(plan.answer_span_id or plan.facts[0].span_id, plan.answer, str(plan.answer_type))
+        span_id = plan.answer_span_id or plan.facts[0].span_id
+        own = AnswerOption(span_id, plan.answer, str(plan.answer_type))
         keep = options[: MAX_ANSWER_OPTIONS - 1]
         options, chosen = [*keep, own], len(keep) + 1
     fields = {k: v for k, v in fields.items() if k not in ("answer", "answer_type", "answer_span_id")}

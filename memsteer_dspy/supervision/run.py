@@ -130,7 +130,9 @@ class GenerationConfig(BaseModel):
     @model_validator(mode="after")
     def _anchored_plans_only(self) -> GenerationConfig:
         if self.anchored and self.method != "memsteer":
-            raise ValueError(f"anchored plans are the memsteer method's planner; method is {self.method!r}")
+            raise ValueError(
+                f"anchored plans are the memsteer method's planner; method is {self.method!r}"
+            )
         return self
 
     @property
