@@ -57,6 +57,7 @@ __all__ = [
     "answer_kinds",
     "answer_options",
     "AnswerOption",
+    "plain_text",
     "small_lm_bundle_config",
 ]
 
@@ -344,7 +345,7 @@ _URL = re.compile(r"https?://\S+|\[[^\]]*\]\([^)]*\)")
 _MARKUP = re.compile(r"^[#>*\-\s]*(?:\d+[.)]\s*)?")
 
 
-def _plain(text: str) -> str:
+def plain_text(text: str) -> str:
     """A span's words without links, markup, list numbers and speaker prefixes."""
     return _MARKUP.sub("", _SPEAKER.sub("", _URL.sub(" ", text)))
 
@@ -352,7 +353,7 @@ def _plain(text: str) -> str:
 def span_features(text: str) -> dict[str, int]:
     """Counts of names, numbers, dates and places in one span (links, markup, list numbers and
     spans under five words carry none)."""
-    text = _plain(text)
+    text = plain_text(text)
     if len(text.split()) < 5:
         return {"names": 0, "numbers": 0, "dates": 0, "places": 0}
     return {
@@ -615,7 +616,7 @@ def answer_kinds(records: Iterable[BundleRecord], user_name: str | None = None) 
     for record in records:
         names: set[str] = set()
         for span in record.spans:
-            text = _plain(span.text)
+            text = plain_text(span.text)
             if _NUMBER.search(_YEAR.sub(" ", _DATE.sub(" ", text))):
                 kinds.add("number")
             names.update(_span_names(text, user))
@@ -718,7 +719,7 @@ def answer_options(
     demonstration's, in a third of its plans; one that picks an option cannot."""
     user = _user_words(user_name)
     mid_sentence = {
-        w for r in records for s in r.spans for w in _MID_SENTENCE.findall(_plain(s.text))
+        w for r in records for s in r.spans for w in _MID_SENTENCE.findall(plain_text(s.text))
     }
     per_record: list[list[AnswerOption]] = []
     for record in records:
@@ -729,7 +730,7 @@ def answer_options(
         if record.date and stating:
             found.append(AnswerOption(stating[0].id, record.date, "date"))
         for span in stating:
-            text = _plain(span.text)
+            text = plain_text(span.text)
             found += [
                 AnswerOption(span.id, _list_answer(m.group(0)), "list")
                 for m in _ENUMERATION.finditer(text)

@@ -197,3 +197,54 @@ def test_anchored_is_part_of_a_run_s_key_reaches_it_from_the_cli_and_is_memsteer
     )  # older runs' keys
     with pytest.raises(ValueError, match="memsteer"):
         GenerationConfig(anchored=True, method="joint")
+
+
+def test_a_sentence_ask_blanks_the_answer_or_quotes_the_event_a_date_answers():
+    from memsteer_dspy.supervision.program import SENTENCE_ASK_WORDS, sentence_ask
+
+    ask = sentence_ask("User: Lila is coming over on Saturday to help me.", "lila", "entity")
+    assert ask == 'who or what is the ___ in: "___ is coming over on Saturday to help me."'
+    # a record's date is not in its sentence: the sentence is the event asked about
+    ask = sentence_ask("User: I cleared that small pile of books.", "2024-05-18", "date")
+    assert ask == 'when: "I cleared that small pile of books."'
+    # whole words only ("Ana" is not blanked inside "Banana"), and a long sentence keeps the
+    # words around the blank
+    assert "___" not in sentence_ask("Banana bread again.", "Ana", "entity")
+    long = " ".join(["word"] * 60 + ["Amelia", "Torres", "leads"] + ["more"] * 60)
+    ask = sentence_ask(long, "Amelia Torres", "entity")
+    quoted = ask.split(": ", 1)[1].strip('"').split()
+    assert len(quoted) == SENTENCE_ASK_WORDS and "___" in quoted
+
+
+def _cold_start_ask() -> str:
+    gen = MemSteerGenerator(anchored=True, lean=True, user_name="Elena")
+    return str(gen.plan.demos[0].ask)
+
+
+def test_a_plan_ask_copied_from_the_demo_is_replaced_by_its_answer_sentence_s_ask():
+    bundle = small_bundle()
+    options = answer_options(bundle.records, "Elena", "entity")
+    n = next(i for i, o in enumerate(options, 1) if o.answer == "MacBook Air")
+    copied = _cold_start_ask()  # "who is coming with me to the pottery class": no pottery here
+    lms = role_lms([_plan(n, ask=copied)], [question_reply()], [audit_reply()], [blind_reply()])
+    out, _ = _anchored(lms, bundle)
+    assert out.status == "accepted", out.detail
+    assert out.plan.ask.startswith("who or what is the ___ in: ")
+    assert "sent a quick note to Lila from my ___" in out.plan.ask
+    (repair,) = [r for r in out.repairs if r.field == "ask"]
+    assert (repair.before, repair.after) == (copied, out.plan.ask)
+    assert "copies_demo" in repair.reason
+    # the question writer was given the sentence's ask, not the copied one
+    prompt = lms["question_writer"].history[-1]["messages"][-1]["content"]
+    assert "from my ___" in prompt and "pottery" not in prompt.split("ask")[-1]
+
+
+def test_a_plan_ask_that_would_pass_as_a_question_is_kept():
+    bundle = small_bundle()
+    options = answer_options(bundle.records, "Elena", "entity")
+    n = next(i for i, o in enumerate(options, 1) if o.answer == "MacBook Air")
+    ask = "what I sent a quick note to Lila from this morning"
+    lms = role_lms([_plan(n, ask=ask)], [question_reply()], [audit_reply()], [blind_reply()])
+    out, _ = _anchored(lms, bundle)
+    assert out.status == "accepted", out.detail
+    assert out.plan.ask == ask and not [r for r in out.repairs if r.field == "ask"]

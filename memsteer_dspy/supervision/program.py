@@ -42,7 +42,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
@@ -57,6 +57,7 @@ from memsteer_dspy.bundles import (
     BundleView,
     Task,
     answer_options,
+    plain_text,
 )
 from memsteer_dspy.normalize import answers_match
 from memsteer_dspy.signatures.audit import AuditQA, AuditQuotedFacts
@@ -121,8 +122,9 @@ LEAN_VERSION = 7
 PROMPT_VERSION = 2
 # The anchored planner's options (bundles.answer_options) change its plans: an anchored run folder
 # resumes only under the version of the options it was made with. 1: the tenth cost run; 2: a
-# number's unit is never the start of a compound word ("2 child" of "2 child-sized pitchers").
-ANCHORED_VERSION = 2
+# number's unit is never the start of a compound word ("2 child" of "2 child-sized pitchers"); 3: a
+# plan's ask that would fail as a question is replaced by its answer sentence's ask (sentence_ask).
+ANCHORED_VERSION = 3
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 
@@ -511,12 +513,19 @@ class _Generator(dspy.Module):
         return out, plan, issues, repairs
 
     def _question_problem(
-        self, question: str, plan: AnswerPlan, view: BundleView, bundle: Bundle
+        self,
+        question: str,
+        plan: AnswerPlan,
+        view: BundleView,
+        bundle: Bundle,
+        also_demos: Iterable[str] = (),
     ) -> str | None:
-        """:func:`~memsteer_dspy.supervision.checks.check_question` against the current demos, with
-        the bundle's records (``view``, the one the planner read) and the user's name as what the
-        question may name; lean also holds its topic words to the plan's evidence records."""
+        """:func:`~memsteer_dspy.supervision.checks.check_question` against the current demos (and
+        ``also_demos``), with the bundle's records (``view``, the one the planner read) and the
+        user's name as what the question may name; lean also holds its topic words to the plan's
+        evidence records."""
         demos = {str(d.question) for p in self.predictors() for d in p.demos if d.get("question")}
+        demos.update(also_demos)
         user = user_display_name(self.user_name)
         known = f"{view.text}\n{user}"
         evidence = None
@@ -531,6 +540,27 @@ class _Generator(dspy.Module):
             kind_check=self.lean,
             evidence_text=evidence,
         )
+
+    def _anchored_ask(
+        self, plan: AnswerPlan, view: BundleView, bundle: Bundle
+    ) -> tuple[AnswerPlan, Repair | None]:
+        """The anchored plan with an ask the question writer can follow: the planner's own, unless
+        it would fail as a question (vague, a demonstration's ask, off its evidence records, the
+        answer in it, …: :meth:`_question_problem`); then its answer sentence's ask
+        (:func:`sentence_ask`) replaces it, recorded as a repair."""
+        ask = first_person(plan.ask).strip().rstrip(".")
+        demo_asks = {str(d.ask) for p in self.predictors() for d in p.demos if d.get("ask")}
+        as_question = ask if ask.endswith("?") else f"{ask}?"
+        problem = (
+            self._question_problem(as_question, plan, view, bundle, demo_asks) if ask else "empty"
+        )
+        span = bundle.span(plan.answer_span_id) if plan.answer_span_id else None
+        if problem is None or span is None:
+            return plan, None
+        new = sentence_ask(span.text, plan.answer, str(plan.answer_type))
+        why = f"the planner's ask would fail as a question ({problem}): its sentence's instead"
+        repair = Repair(stage="plan", field="ask", before=plan.ask, after=new, reason=why)
+        return plan.model_copy(update={"ask": new}), repair
 
     def _verify(
         self,
@@ -638,6 +668,39 @@ def rewrite_hint(question: str, problem: str | None, details: Sequence[str] = ()
 
 
 _USER_AFTER_PREP = re.compile(r"\b(with|to|for|from|at|by|of|about|on|told|asked|helped)\s+the\s+user\b", re.I)
+
+
+# What a sentence ask (sentence_ask) asks for, by answer type.
+_ASK_FOR = {"entity": "who or what", "number": "how many or how much", "list": "which ones",
+            "date": "when", "text": "what", "boolean": "whether"}  # fmt: skip
+SENTENCE_ASK_WORDS = 40
+"""A sentence ask quotes at most this many words of its sentence, around the blank."""
+
+
+def sentence_ask(sentence: str, answer: str, answer_type: str) -> str:
+    """What the question should ask, read off the answer's own sentence: the sentence with the
+    answer blanked (``who or what is the ___ in: "___ is coming over on Saturday"``), or, where the
+    sentence does not write the answer (a date answered by its record's date), the sentence itself
+    as the event asked about (``when: "I cleared that small pile of books"``).
+
+    The anchored planner knows its answer but writes a poor ask: on the embedded model it copied
+    the cold-start demonstration's "who is coming with me to the pottery class" into bundles with
+    no pottery class, and wrote "who is involved in the garden activities" (vague); the question
+    writer then wrote "Who is Lila?"."""
+    text = plain_text(sentence).strip()
+    needle = answer.strip()
+    hit = 0
+    if needle:
+        pattern = re.compile(rf"(?<!\w){re.escape(needle)}(?!\w)", re.I)
+        text, hit = pattern.subn("___", text, count=1)
+    words = text.split()
+    if len(words) > SENTENCE_ASK_WORDS:  # the words around the blank
+        at = next((i for i, w in enumerate(words) if "___" in w), 0)
+        start = max(0, min(at - SENTENCE_ASK_WORDS // 2, len(words) - SENTENCE_ASK_WORDS))
+        words = words[start : start + SENTENCE_ASK_WORDS]
+    wh = _ASK_FOR.get(answer_type, "what")
+    quoted = " ".join(words)
+    return f'{wh} is the ___ in: "{quoted}"' if hit else f'{wh}: "{quoted}"'
 
 
 def first_person(ask: str) -> str:
@@ -928,6 +991,9 @@ class MemSteerGenerator(_Generator):
             return _rejected(exc.stage, "lm_error", exc.detail, usage)
         if issues and self.checks:
             return _plan_rejection(plan, issues, repairs, usage)
+        if self.anchored and self.checks:
+            plan, ask_repair = self._anchored_ask(plan, view, bundle)
+            repairs.extend([ask_repair] if ask_repair else [])
         evidence_view = bundle.subset(plan.evidence_ids).view() if plan.evidence_ids else view
         inputs = {"records": evidence_view.text, "ask": first_person(plan.ask),
                   "facts": _fact_lines(None, bundle, plan), "answer": plan.answer,
