@@ -123,8 +123,10 @@ PROMPT_VERSION = 2
 # The anchored planner's options (bundles.answer_options) change its plans: an anchored run folder
 # resumes only under the version of the options it was made with. 1: the tenth cost run; 2: a
 # number's unit is never the start of a compound word ("2 child" of "2 child-sized pitchers"); 3: a
-# plan's ask that would fail as a question is replaced by its answer sentence's ask (sentence_ask).
-ANCHORED_VERSION = 3
+# plan's ask that would fail as a question is replaced by its answer sentence's ask (sentence_ask),
+# 'who or what is the ___ in: "…"'; 4: that ask is the sentence with its question word in the
+# answer's place (the writer copied 3's frame: "Who or what is the recipient in the given text?").
+ANCHORED_VERSION = 4
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 
@@ -670,37 +672,41 @@ def rewrite_hint(question: str, problem: str | None, details: Sequence[str] = ()
 _USER_AFTER_PREP = re.compile(r"\b(with|to|for|from|at|by|of|about|on|told|asked|helped)\s+the\s+user\b", re.I)
 
 
-# What a sentence ask (sentence_ask) asks for, by answer type.
-_ASK_FOR = {"entity": "who or what", "number": "how many or how much", "list": "which ones",
-            "date": "when", "text": "what", "boolean": "whether"}  # fmt: skip
+# The question word a sentence ask (sentence_ask) puts in the answer's place, by answer type.
+_ASK_FOR = {"entity": "who or what", "number": "how many", "list": "which ones", "date": "when",
+            "text": "what", "boolean": "whether"}  # fmt: skip
 SENTENCE_ASK_WORDS = 40
-"""A sentence ask quotes at most this many words of its sentence, around the blank."""
+"""A sentence ask quotes at most this many words of its sentence, around the answer's place."""
 
 
 def sentence_ask(sentence: str, answer: str, answer_type: str) -> str:
-    """What the question should ask, read off the answer's own sentence: the sentence with the
-    answer blanked (``who or what is the ___ in: "___ is coming over on Saturday"``), or, where the
-    sentence does not write the answer (a date answered by its record's date), the sentence itself
-    as the event asked about (``when: "I cleared that small pile of books"``).
+    """What the question should ask, read off the answer's own sentence: the sentence with its
+    question word in the answer's place (``I tried to message who or what for feedback``; a number
+    keeps its unit: ``how many hours``), or, where the sentence does not write the answer (a date
+    answered by its record's date), the sentence as the event asked about (``when: "I cleared that
+    small pile of books"``).
 
     The anchored planner knows its answer but writes a poor ask: on the embedded model it copied
     the cold-start demonstration's "who is coming with me to the pottery class" into bundles with
     no pottery class, and wrote "who is involved in the garden activities" (vague); the question
-    writer then wrote "Who is Lila?"."""
+    writer then wrote "Who is Lila?". A first form, ``who or what is the ___ in: "…"``, was
+    copied: "Who or what is the recipient in the given text?", three times."""
     text = plain_text(sentence).strip()
+    wh = _ASK_FOR.get(answer_type, "what")
     needle = answer.strip()
+    if answer_type == "number" and (unit := re.fullmatch(r"[\d.,]+\s+([A-Za-z-]+)", needle)):
+        wh = f"how many {unit.group(1)}"
     hit = 0
     if needle:
         pattern = re.compile(rf"(?<!\w){re.escape(needle)}(?!\w)", re.I)
-        text, hit = pattern.subn("___", text, count=1)
+        text, hit = pattern.subn("\x00", text, count=1)
     words = text.split()
-    if len(words) > SENTENCE_ASK_WORDS:  # the words around the blank
-        at = next((i for i, w in enumerate(words) if "___" in w), 0)
+    if len(words) > SENTENCE_ASK_WORDS:  # the words around the answer's place
+        at = next((i for i, w in enumerate(words) if "\x00" in w), 0)
         start = max(0, min(at - SENTENCE_ASK_WORDS // 2, len(words) - SENTENCE_ASK_WORDS))
         words = words[start : start + SENTENCE_ASK_WORDS]
-    wh = _ASK_FOR.get(answer_type, "what")
-    quoted = " ".join(words)
-    return f'{wh} is the ___ in: "{quoted}"' if hit else f'{wh}: "{quoted}"'
+    quoted = " ".join(words).replace("\x00", wh)
+    return quoted if hit else f'{wh}: "{quoted}"'
 
 
 def first_person(ask: str) -> str:
