@@ -202,21 +202,35 @@ def test_anchored_is_part_of_a_run_s_key_reaches_it_from_the_cli_and_is_memsteer
 def test_a_sentence_ask_puts_the_question_word_in_the_answer_s_place():
     from memsteer_dspy.supervision.program import SENTENCE_ASK_WORDS, sentence_ask
 
-    ask = sentence_ask("User: I tried to message Lila for feedback.", "lila", "entity")
-    assert ask == "I tried to message who or what for feedback."
+    # the clause that holds the answer (the whole sentence came back as a compound question)
+    ask = sentence_ask(
+        "User: I tried to message Lila for feedback, but my hands were shaking so much.",
+        "lila",
+        "entity",
+    )
+    assert ask == "I tried to message who for feedback"
+    # one question word, by what comes before the name ("who or what" is two questions)
+    assert sentence_ask("I wrote from my MacBook Air.", "MacBook Air", "entity").endswith("my what")
+    assert sentence_ask("We met at Clayworks Studio today.", "Clayworks Studio", "entity") == (
+        "We met at where today"
+    )
     assert sentence_ask("We lost 2 hours of class.", "2 hours", "number") == (
-        "We lost how many hours of class."
+        "We lost how many hours of class"
+    )
+    # a clause too short to name anything keeps the sentence
+    assert sentence_ask("Sofia: thanks for the seeds!", "Sofia", "entity") == (
+        "who: thanks for the seeds!"
     )
     # a record's date is not in its sentence: the sentence is the event asked about
     ask = sentence_ask("User: I cleared that small pile of books.", "2024-05-18", "date")
     assert ask == 'when: "I cleared that small pile of books."'
-    # whole words only ("Ana" is not replaced inside "Banana"), and a long sentence keeps the
-    # words around the answer's place
+    # whole words only ("Ana" is not replaced inside "Banana"), and a long clause keeps the words
+    # around the answer's place
     banana = sentence_ask("Banana bread again.", "Ana", "entity")
-    assert banana == 'who or what: "Banana bread again."'
+    assert banana == 'what: "Banana bread again."'
     long = " ".join(["word"] * 60 + ["Amelia", "Torres", "leads"] + ["more"] * 60)
     quoted = sentence_ask(long, "Amelia Torres", "entity").split()
-    assert len(quoted) == SENTENCE_ASK_WORDS + 2 and "who or what leads" in " ".join(quoted)
+    assert len(quoted) == SENTENCE_ASK_WORDS and "who leads" in " ".join(quoted)
 
 
 def _cold_start_ask() -> str:
@@ -232,13 +246,13 @@ def test_a_plan_ask_copied_from_the_demo_is_replaced_by_its_answer_sentence_s_as
     lms = role_lms([_plan(n, ask=copied)], [question_reply()], [audit_reply()], [blind_reply()])
     out, _ = _anchored(lms, bundle)
     assert out.status == "accepted", out.detail
-    assert out.plan.ask.startswith("This morning I sent a quick note to Lila from my who or what.")
+    assert out.plan.ask == "This morning I sent a quick note to Lila from my what"
     (repair,) = [r for r in out.repairs if r.field == "ask"]
     assert (repair.before, repair.after) == (copied, out.plan.ask)
     assert "copies_demo" in repair.reason
     # the question writer was given the sentence's ask, not the copied one
     prompt = lms["question_writer"].history[-1]["messages"][-1]["content"]
-    assert "from my who or what" in prompt and "pottery" not in prompt.split("ask")[-1]
+    assert "from my what" in prompt and "pottery" not in prompt.split("ask")[-1]
 
 
 def test_a_plan_ask_that_would_pass_as_a_question_is_kept():

@@ -125,8 +125,9 @@ PROMPT_VERSION = 2
 # number's unit is never the start of a compound word ("2 child" of "2 child-sized pitchers"); 3: a
 # plan's ask that would fail as a question is replaced by its answer sentence's ask (sentence_ask),
 # 'who or what is the ___ in: "…"'; 4: that ask is the sentence with its question word in the
-# answer's place (the writer copied 3's frame: "Who or what is the recipient in the given text?").
-ANCHORED_VERSION = 4
+# answer's place (the writer copied 3's frame: "Who or what is the recipient in the given text?");
+# 5: only the clause that holds the answer, and one question word ("who or what" is compound).
+ANCHORED_VERSION = 5
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 
@@ -672,41 +673,70 @@ def rewrite_hint(question: str, problem: str | None, details: Sequence[str] = ()
 _USER_AFTER_PREP = re.compile(r"\b(with|to|for|from|at|by|of|about|on|told|asked|helped)\s+the\s+user\b", re.I)
 
 
-# The question word a sentence ask (sentence_ask) puts in the answer's place, by answer type.
-_ASK_FOR = {"entity": "who or what", "number": "how many", "list": "which ones", "date": "when",
-            "text": "what", "boolean": "whether"}  # fmt: skip
+# The question word a sentence ask (sentence_ask) puts in the answer's place, by answer type (an
+# entity's is chosen by _entity_word). One word: "who or what" reads as two questions (compound).
+_ASK_FOR = {"number": "how many", "list": "which ones", "date": "when", "text": "what",
+            "boolean": "whether"}  # fmt: skip
 SENTENCE_ASK_WORDS = 40
 """A sentence ask quotes at most this many words of its sentence, around the answer's place."""
+# Where a sentence splits into clauses: a sentence ask keeps the clause that holds the answer.
+_CLAUSE_BREAK = re.compile(
+    r",\s+(?:but|and|so|because|while|although|though|which)\s+|;\s+|\s*[—–]\s*|:\s+"
+)
+_PERSON = re.compile(r"(?:(?:Dr|Ms|Mr|Mrs)\.\s+)?[A-Z][a-z]+(?:\s+[A-Z][a-z]+){0,2}")
+
+
+def _entity_word(answer: str, before: str) -> str:
+    """An entity's question word from the words before it: "where" after "at" / "in" / "near",
+    "what" after an article or possessive ("my MacBook Air") or for anything but a name of one to
+    three capitalised words, else "who"."""
+    last = before.split()[-1].lower() if before.split() else ""
+    if last in ("at", "in", "near"):
+        return "where"
+    determiner = last in ("a", "an", "the", "my", "our", "your", "his", "her", "their")
+    return "what" if determiner or not _PERSON.fullmatch(answer) else "who"
 
 
 def sentence_ask(sentence: str, answer: str, answer_type: str) -> str:
-    """What the question should ask, read off the answer's own sentence: the sentence with its
-    question word in the answer's place (``I tried to message who or what for feedback``; a number
-    keeps its unit: ``how many hours``), or, where the sentence does not write the answer (a date
-    answered by its record's date), the sentence as the event asked about (``when: "I cleared that
-    small pile of books"``).
+    """What the question should ask, read off the answer's own sentence: the clause that holds the
+    answer, with its question word in the answer's place (``I tried to message who for
+    feedback``; a number keeps its unit: ``we lost how many hours of class``), or, where the
+    sentence does not write the answer (a date answered by its record's date), the sentence as the
+    event asked about (``when: "I cleared that small pile of books"``).
 
     The anchored planner knows its answer but writes a poor ask: on the embedded model it copied
     the cold-start demonstration's "who is coming with me to the pottery class" into bundles with
     no pottery class, and wrote "who is involved in the garden activities" (vague); the question
-    writer then wrote "Who is Lila?". A first form, ``who or what is the ___ in: "…"``, was
-    copied: "Who or what is the recipient in the given text?", three times."""
+    writer then wrote "Who is Lila?". Its first forms were copied too: ``who or what is the ___
+    in: "…"`` gave "Who or what is the recipient in the given text?", and the whole sentence with
+    "who or what" in place gave "Who or what did I try to message for feedback, but my hands were
+    shaking so much …?" (compound, twice over)."""
     text = plain_text(sentence).strip()
-    wh = _ASK_FOR.get(answer_type, "what")
     needle = answer.strip()
-    if answer_type == "number" and (unit := re.fullmatch(r"[\d.,]+\s+([A-Za-z-]+)", needle)):
+    match = (
+        re.search(rf"(?<!\w){re.escape(needle)}(?!\w)", text, re.I) if needle else None
+    )
+    if match is None:
+        words = text.split()[:SENTENCE_ASK_WORDS]
+        return f'{_ASK_FOR.get(answer_type, "what")}: "{" ".join(words)}"'
+    if answer_type == "entity":
+        wh = _entity_word(match.group(0), text[: match.start()])
+    elif answer_type == "number" and (unit := re.fullmatch(r"[\d.,]+\s+([A-Za-z-]+)", needle)):
         wh = f"how many {unit.group(1)}"
-    hit = 0
-    if needle:
-        pattern = re.compile(rf"(?<!\w){re.escape(needle)}(?!\w)", re.I)
-        text, hit = pattern.subn("\x00", text, count=1)
-    words = text.split()
+    else:
+        wh = _ASK_FOR.get(answer_type, "what")
+    marked = f"{text[: match.start()]}\x00{text[match.end() :]}"
+    clauses = _CLAUSE_BREAK.split(marked)
+    at = next(i for i, c in enumerate(clauses) if "\x00" in c)
+    clause = clauses[at]
+    if len(clause.split()) < 4:  # too short to name anything: with the clause before, or whole
+        clause = f"{clauses[at - 1]}, {clause}" if at else marked
+    words = clause.split()
     if len(words) > SENTENCE_ASK_WORDS:  # the words around the answer's place
-        at = next((i for i, w in enumerate(words) if "\x00" in w), 0)
-        start = max(0, min(at - SENTENCE_ASK_WORDS // 2, len(words) - SENTENCE_ASK_WORDS))
+        i = next((n for n, w in enumerate(words) if "\x00" in w), 0)
+        start = max(0, min(i - SENTENCE_ASK_WORDS // 2, len(words) - SENTENCE_ASK_WORDS))
         words = words[start : start + SENTENCE_ASK_WORDS]
-    quoted = " ".join(words).replace("\x00", wh)
-    return quoted if hit else f'{wh}: "{quoted}"'
+    return " ".join(words).replace("\x00", wh).rstrip(" ,.")
 
 
 def first_person(ask: str) -> str:
