@@ -191,7 +191,9 @@ class Task(BaseModel):
     def description(self) -> str:
         text = QUESTION_TYPES.get(self.question_type, self.question_type)
         if self.answer_type:
-            text += f"; the answer should be {ANSWER_TYPE_TEXT.get(self.answer_type, self.answer_type)}"
+            text += (
+                f"; the answer should be {ANSWER_TYPE_TEXT.get(self.answer_type, self.answer_type)}"
+            )
         return text
 
 
@@ -485,7 +487,9 @@ def sample_task(rng: random.Random, config: BundleConfig | None = None) -> Task:
     return Task(question_type=rng.choice(types), evidence_count=count)
 
 
-def steered(target: dict, accepted: dict | None, yields: dict | None = None, power: float = 1.0) -> dict:
+def steered(
+    target: dict, accepted: dict | None, yields: dict | None = None, power: float = 1.0
+) -> dict:
     """``target`` weights (normalised) raised for kinds the ``accepted`` counts lack: each weight
     is multiplied by ``exp(4 · (target share − accepted share))``, so a kind that falls behind is
     drawn more often until it catches up, and one ahead less.
@@ -585,7 +589,9 @@ _CALENDAR_WORDS = re.compile(
     r"|(?:mon|tues|wednes|thurs|fri|satur|sun)day)$",
     re.I,
 )
-_ENUMERATION = re.compile(r"\b[\w'-]+(?: [\w'-]+)?, [\w'-]+(?: [\w'-]+)?,? (?:and|or) [\w'-]+", re.I)
+_ENUMERATION = re.compile(
+    r"\b[\w'-]+(?: [\w'-]+)?, [\w'-]+(?: [\w'-]+)?,? (?:and|or) [\w'-]+", re.I
+)
 
 
 def _span_names(text: str, user: set[str]) -> list[str]:
@@ -945,8 +951,11 @@ class BundleSampler:
                 # only where the bundle stays the same: a resumed run rebuilds it from this task
                 if bundle_size(fewer, self.config) == size:
                     task = fewer
-        if steer and self.config.steer_to_bundle and bundle is not None and task.answer_type not in (
-            kinds := self._bundle_kinds(bundle)
+        if (
+            steer
+            and self.config.steer_to_bundle
+            and bundle is not None
+            and task.answer_type not in (kinds := self._bundle_kinds(bundle))
         ):
             # ask for an answer the bundle's sentences hold: the bundle depends on the evidence
             # count only, so a resumed run rebuilds the same bundle from the logged task

@@ -17,7 +17,11 @@ PROFILES = ("auto", "small", "full")
 
 
 def _bundle_config(
-    profile: str, lm_config, budget: int, record_token_cap: int | None, steer_by_yield: bool = False,
+    profile: str,
+    lm_config,
+    budget: int,
+    record_token_cap: int | None,
+    steer_by_yield: bool = False,
     yield_power: float = 1.0,
     anchored: bool = False,
 ):
@@ -279,7 +283,13 @@ def assess(
         lms = {r: lm_config.lm(r) for r in ("auditor", "blind_reader")}
         bounded = lm_config.in_process(*lms)
         fid = assess_fidelity(
-            loaded.history, loaded.qa_items, lms, limit=limit, seed=seed, bounded=bounded, progress=True
+            loaded.history,
+            loaded.qa_items,
+            lms,
+            limit=limit,
+            seed=seed,
+            bounded=bounded,
+            progress=True,
         )
         report["fidelity"] = fid
         lines.append(format_fidelity(fid))

@@ -221,7 +221,10 @@ def repair_answer_citation(
     if len(in_record) == 1:
         target, why = in_record[0], "the answer occurs in exactly one span of the cited record"
     elif len(in_evidence) == 1:
-        target, why = in_evidence[0], "the answer occurs in exactly one span of the evidence records"
+        target, why = (
+            in_evidence[0],
+            "the answer occurs in exactly one span of the evidence records",
+        )
     elif len(hits) == 1:
         target, why = hits[0], "the answer occurs in exactly one span of the bundle"
     else:
@@ -338,7 +341,9 @@ def _answer_support_issue(
 _URL = re.compile(r"\bhttps?://|\bwww\.", re.I)
 
 
-def _unstated_issue(plan: AnswerPlan, kind: AnswerType, span_texts: dict[str, str]) -> PlanIssue | None:
+def _unstated_issue(
+    plan: AnswerPlan, kind: AnswerType, span_texts: dict[str, str]
+) -> PlanIssue | None:
     """``answer_not_stated`` for a plan whose cited spans hold its answer without stating a fact
     about it (see the module docstring), or None."""
     cited = [sid for sid in dict.fromkeys([plan.answer_span_id, *(f.span_id for f in plan.facts)])
@@ -383,7 +388,9 @@ def _kind_issue(plan: AnswerPlan, kind: AnswerType, task: Task) -> PlanIssue | N
             detail=f"the task asks for a {task.answer_type} answer; the plan gives a {kind.value}",
         )
     if kind is AnswerType.LIST and len(list_items(plan.answer)) < 2:
-        return PlanIssue(code=PlanCheckCode.WRONG_KIND, detail=f"a list answer of one item: {plan.answer!r}")
+        return PlanIssue(
+            code=PlanCheckCode.WRONG_KIND, detail=f"a list answer of one item: {plan.answer!r}"
+        )
     return None
 
 
@@ -424,7 +431,9 @@ def check_plan(
     except AnswerParseError as exc:
         issues.append(PlanIssue(code=PlanCheckCode.ANSWER_UNPARSEABLE, detail=str(exc)))
     if kind is AnswerType.ENTITY and is_user_name(resolved.answer, user_name):
-        issues.append(PlanIssue(code=PlanCheckCode.ANSWER_IS_USER, detail=f"{resolved.answer!r} is the user"))
+        issues.append(
+            PlanIssue(code=PlanCheckCode.ANSWER_IS_USER, detail=f"{resolved.answer!r} is the user")
+        )
     if task_kind and (wrong := _kind_issue(resolved, kind, task)) is not None:
         issues.append(wrong)
     if kind in EXTRACTIVE_TYPES and len(resolved.answer.split()) > max_answer_words:
@@ -496,7 +505,8 @@ _META = re.compile(
 
 # Words that name no topic. A standalone question names at least MIN_TOPIC_WORDS other words
 # ("When was the report written?" names two: it fits any report of the user's history).
-_FILLER = frozenset("""
+_FILLER = frozenset(
+    """
 a an the and or but of to in on at for with from by about into over after before during
 i me my mine myself you your yours yourself we us our he him his she her it its they them their
 this that these those there here some any all each one ones thing things someone something
@@ -505,7 +515,8 @@ is are was were be been being am do does did done have has had having will would
 should shall may might must happen happened happens take took taken place occur occurred
 start started get got go went come came make made time day date
 feel feels felt feeling sense moment really
-""".split())
+""".split()
+)
 MIN_TOPIC_WORDS = 3
 _RELATIVE_TIME = re.compile(
     r"\b(?:today|tonight|yesterday|tomorrow|this (?:morning|afternoon|evening|week|month)|"
@@ -521,11 +532,13 @@ _DANGLING = re.compile(r"\b(?:this|that|it|them|these|those)\s*\?\s*$", re.I)
 # lean: words that place or perceive, naming no topic either. "Who stretched out beside me?"
 # (the dog, in a chat about a lazy Sunday) named "stretched", "out" and "beside" and passed as
 # specific; without them it names one word.
-_STRICT_FILLER = frozenset("""
+_STRICT_FILLER = frozenset(
+    """
 out up down off over under beside besides near next around across along through between behind
 above below inside outside onto upon toward towards away back
 notice noticed see saw seen hear heard realize realized mention mentioned say said tell told
-""".split())
+""".split()
+)
 
 
 def topic_words(question: str, *, strict: bool = False) -> list[str]:
@@ -536,13 +549,15 @@ def topic_words(question: str, *, strict: bool = False) -> list[str]:
 
 
 # Words that say how the user felt or talked, not what happened: no use as a question's topic.
-_TALK = frozenset("""
+_TALK = frozenset(
+    """
 user assistant feel feels felt feeling really just like so very also much more most little bit well
 still even though yet again back today tonight yesterday tomorrow morning afternoon evening week
 maybe perhaps quite pretty kind sort lot lots way ways think thought know knew want wanted need
 needed try tried trying help helped thank thanks lovely nice good great glad happy sure okay
 everyone everything everybody something someone anything nothing always never sometimes
-""".split())
+""".split()
+)
 _NAME = re.compile(r"(?<![.!?:]\s)(?<!^)\b([A-Z][\w'’.-]*(?:\s+[A-Z][\w'’-]*)*)")
 _NUMBER = re.compile(r"\b\d[\d.,:/-]*(?:\s+[a-z]+)?")
 
@@ -596,15 +611,19 @@ def _names_date(question: str, answer: str) -> bool:
             found = parse_answer(m.group(0), AnswerType.DATE)
         except AnswerParseError:
             continue
-        if found == target or (str(found).startswith("--") and str(target).endswith(str(found)[1:])):
+        if found == target or (
+            str(found).startswith("--") and str(target).endswith(str(found)[1:])
+        ):
             return True
     return False
 
 
-_CALENDAR = frozenset("""
+_CALENDAR = frozenset(
+    """
 january february march april may june july august september october november december
 monday tuesday wednesday thursday friday saturday sunday
-""".split())
+""".split()
+)
 
 
 def unknown_names(question: str, known_text: str) -> list[str]:
@@ -616,7 +635,9 @@ def unknown_names(question: str, known_text: str) -> list[str]:
     out = []
     for m in _NAME.finditer(question.strip()):
         name = re.sub(r"['’]s$", "", m.group(1).rstrip(".’'"))
-        tokens = [t for t in normalize_text(name).split() if t not in _FILLER and t not in _CALENDAR]
+        tokens = [
+            t for t in normalize_text(name).split() if t not in _FILLER and t not in _CALENDAR
+        ]
         if tokens and any(f" {t} " not in known for t in tokens):
             out.append(name)
     return out
@@ -731,7 +752,10 @@ _ASKED_KINDS: tuple[tuple[re.Pattern[str], frozenset[str]], ...] = (
         frozenset({"list"}),
     ),
     (re.compile(r"^(?:at )?what time\b", re.I), frozenset({"number", "text"})),
-    (re.compile(r"^(?:who|whom|whose|where|with whom)\b", re.I), frozenset({"entity", "list", "text"})),
+    (
+        re.compile(r"^(?:who|whom|whose|where|with whom)\b", re.I),
+        frozenset({"entity", "list", "text"}),
+    ),
 )
 
 
@@ -739,11 +763,13 @@ _ASKED_KINDS: tuple[tuple[re.Pattern[str], frozenset[str]], ...] = (
 # answered by a role or a title names nobody (measured on the embedded model; the role was the
 # apposition in "Elena Morales (Montessori Program Lead Teacher)").
 _WHO = re.compile(r"^\W*(?:who|whom|with whom|to whom)\b", re.I)
-_ROLE_NOUNS = frozenset("""
+_ROLE_NOUNS = frozenset(
+    """
 teacher teachers lead leads director manager coordinator administrator principal officer
 specialist assistant aide head chair secretary counselor therapist supervisor instructor
 volunteer volunteers staff team committee department office leader president organizer
-""".split())
+""".split()
+)
 
 
 def is_role(answer: str) -> bool:
@@ -809,7 +835,10 @@ def asked_kinds(question: str) -> frozenset[str] | None:
 # the pre-filter: before any LM call
 # --------------------------------------------------------------------------------------------
 
-def prefilter_bundle(bundle: Bundle, task: Task, min_detail: float = MIN_CONCRETE_DETAIL) -> str | None:
+
+def prefilter_bundle(
+    bundle: Bundle, task: Task, min_detail: float = MIN_CONCRETE_DETAIL
+) -> str | None:
     """Why a bundle cannot give the task a concrete question (``nothing_concrete``), or None.
 
     A task needs ``evidence_count`` records; when fewer of the bundle's records carry concrete

@@ -449,7 +449,12 @@ class _Generator(dspy.Module):
         return True
 
     def _demo_examples(
-        self, view: BundleView, plan: AnswerPlan, outcome: Outcome, task: Task, bundle: Bundle | None = None
+        self,
+        view: BundleView,
+        plan: AnswerPlan,
+        outcome: Outcome,
+        task: Task,
+        bundle: Bundle | None = None,
     ) -> dict[str, dspy.Example]:
         cited = [view.span_label(f.span_id) for f in plan.facts]
         blind = dspy.Example(
@@ -491,7 +496,9 @@ class _Generator(dspy.Module):
         usage: dict[str, RoleCost],
         *,
         require_facts: bool = True,
-    ) -> Generator[_Request, dspy.Prediction, tuple[dspy.Prediction, AnswerPlan, list[PlanIssue], list[Repair]]]:
+    ) -> Generator[
+        _Request, dspy.Prediction, tuple[dspy.Prediction, AnswerPlan, list[PlanIssue], list[Repair]]
+    ]:
         """The planning call and its checks; a plan that fails them is re-sampled (another rollout
         at temperature 0.7) up to ``plan_retries`` times, each re-sample recorded as a repair.
 
@@ -500,7 +507,9 @@ class _Generator(dspy.Module):
         first call's LM failure raises :class:`_LMFailure`; a re-sample's failure keeps the last
         plan and its issues."""
         out = yield _Request(predictor, stage, inputs, usage)
-        plan, issues, repairs = self._checked_plan(to_plan(out), task, bundle, view, require_facts=require_facts)
+        plan, issues, repairs = self._checked_plan(
+            to_plan(out), task, bundle, view, require_facts=require_facts
+        )
         for attempt in range(1, self.plan_retries + 1 if self.checks else 1):
             if not issues:
                 break
@@ -510,7 +519,9 @@ class _Generator(dspy.Module):
                 break
             failed = f"plan_check:{issues[0].code.value}"
             out = again
-            plan, issues, repairs = self._checked_plan(to_plan(out), task, bundle, view, require_facts=require_facts)
+            plan, issues, repairs = self._checked_plan(
+                to_plan(out), task, bundle, view, require_facts=require_facts
+            )
             repairs.insert(0, Repair(stage="plan", field="plan", before=failed, after=f"re-sample {attempt}",
                                      reason=f"the plan failed {failed}; planned again"))  # fmt: skip
         return out, plan, issues, repairs
@@ -624,7 +635,9 @@ class _Generator(dspy.Module):
         return Outcome(status="accepted", audit=audit, blind=blind, usage=usage, **base)
 
 
-def _audit_inputs(view: BundleView, bundle: Bundle, plan: AnswerPlan, question: str) -> dict[str, Any]:
+def _audit_inputs(
+    view: BundleView, bundle: Bundle, plan: AnswerPlan, question: str
+) -> dict[str, Any]:
     evidence = [f"{view.label_of(e.record_id) or e.record_id}: {e.contribution or 'part of the answer'}"
                 for e in plan.evidence]  # fmt: skip
     return {"records": view.text, "question": question, "answer": plan.answer,
@@ -670,7 +683,9 @@ def rewrite_hint(question: str, problem: str | None, details: Sequence[str] = ()
     return f"{question!r} was rejected ({problem}): {hint}."
 
 
-_USER_AFTER_PREP = re.compile(r"\b(with|to|for|from|at|by|of|about|on|told|asked|helped)\s+the\s+user\b", re.I)
+_USER_AFTER_PREP = re.compile(
+    r"\b(with|to|for|from|at|by|of|about|on|told|asked|helped)\s+the\s+user\b", re.I
+)
 
 
 # The question word a sentence ask (sentence_ask) puts in the answer's place, by answer type (an
@@ -713,9 +728,7 @@ def sentence_ask(sentence: str, answer: str, answer_type: str) -> str:
     shaking so much …?" (compound, twice over)."""
     text = plain_text(sentence).strip()
     needle = answer.strip()
-    match = (
-        re.search(rf"(?<!\w){re.escape(needle)}(?!\w)", text, re.I) if needle else None
-    )
+    match = re.search(rf"(?<!\w){re.escape(needle)}(?!\w)", text, re.I) if needle else None
     if match is None:
         words = text.split()[:SENTENCE_ASK_WORDS]
         return f'{_ASK_FOR.get(answer_type, "what")}: "{" ".join(words)}"'
@@ -965,7 +978,11 @@ def _anchored_plan(
 
 
 def _anchored_demo_fields(
-    bundle: Bundle, view: BundleView, fields: dict[str, Any], plan: AnswerPlan, user_name: str | None
+    bundle: Bundle,
+    view: BundleView,
+    fields: dict[str, Any],
+    plan: AnswerPlan,
+    user_name: str | None,
 ) -> dict[str, Any]:
     """A planner demonstration's fields for the anchored planner: the demo bundle's options (the
     plan's own answer among them) and the chosen number in place of the written answer."""
@@ -978,7 +995,9 @@ def _anchored_demo_fields(
         own = AnswerOption(span_id, plan.answer, str(plan.answer_type))
         keep = options[: MAX_ANSWER_OPTIONS - 1]
         options, chosen = [*keep, own], len(keep) + 1
-    fields = {k: v for k, v in fields.items() if k not in ("answer", "answer_type", "answer_span_id")}
+    fields = {
+        k: v for k, v in fields.items() if k not in ("answer", "answer_type", "answer_span_id")
+    }
     return {**fields, "options": options_text(view, options), "answer_option": chosen}
 
 
@@ -1037,12 +1056,16 @@ class MemSteerGenerator(_Generator):
         question, problem = "", None
         for attempt in range(self.question_rewrites + 1):
             if attempt:  # say what was wrong: at temperature 0.7 alone the same question came back
-                details = detail_terms([f.statement for f in plan.facts], f"{question} {plan.answer}")
+                details = detail_terms(
+                    [f.statement for f in plan.facts], f"{question} {plan.answer}"
+                )
                 inputs = {**inputs, "avoid": rewrite_hint(question, problem, details)}
             try:
                 q = yield _Request("write_question", "question", inputs, usage, resample=attempt)
             except _LMFailure as exc:
-                return _rejected(exc.stage, "lm_error", exc.detail, usage, plan=plan, repairs=repairs)
+                return _rejected(
+                    exc.stage, "lm_error", exc.detail, usage, plan=plan, repairs=repairs
+                )
             previous, question = question, str(q.question or "").strip()
             if attempt:
                 repairs.append(Repair(stage="question", field="question", before=previous, after=question,
@@ -1050,7 +1073,13 @@ class MemSteerGenerator(_Generator):
             if self.lean and self.checks and (voiced := user_voice(question)) != question:
                 why = "the question was put in the user's voice"
                 repairs.append(
-                    Repair(stage="question", field="question", before=question, after=voiced, reason=why)
+                    Repair(
+                        stage="question",
+                        field="question",
+                        before=question,
+                        after=voiced,
+                        reason=why,
+                    )
                 )
                 question = voiced
             if self.checks and str(plan.answer_type) == "date" and _RELATIVE_TIME.search(question):
@@ -1066,7 +1095,12 @@ class MemSteerGenerator(_Generator):
                                         question_check=False, problem=problem))  # fmt: skip
 
     def _demo_examples(
-        self, view: BundleView, plan: AnswerPlan, outcome: Outcome, task: Task, bundle: Bundle | None = None
+        self,
+        view: BundleView,
+        plan: AnswerPlan,
+        outcome: Outcome,
+        task: Task,
+        bundle: Bundle | None = None,
     ) -> dict[str, dspy.Example]:
         examples = super()._demo_examples(view, plan, outcome, task)
         fields = _plan_demo_fields(view, plan, task)
@@ -1098,7 +1132,14 @@ class JointGenerator(_Generator):
         view = bundle.view()
         try:
             out, plan, issues, repairs = yield from self._planned(
-                "plan_and_write", "joint", _task_inputs(view, task), _plan_from, task, bundle, view, usage
+                "plan_and_write",
+                "joint",
+                _task_inputs(view, task),
+                _plan_from,
+                task,
+                bundle,
+                view,
+                usage,
             )
         except _LMFailure as exc:
             return _rejected(exc.stage, "lm_error", exc.detail, usage)
@@ -1108,7 +1149,12 @@ class JointGenerator(_Generator):
         return (yield from self._verify(bundle, view, plan, question, usage, shuffle_seed, repairs))
 
     def _demo_examples(
-        self, view: BundleView, plan: AnswerPlan, outcome: Outcome, task: Task, bundle: Bundle | None = None
+        self,
+        view: BundleView,
+        plan: AnswerPlan,
+        outcome: Outcome,
+        task: Task,
+        bundle: Bundle | None = None,
     ) -> dict[str, dspy.Example]:
         examples = super()._demo_examples(view, plan, outcome, task)
         fields = _plan_demo_fields(view, plan, task)
@@ -1145,7 +1191,12 @@ class DirectGenerator(_Generator):
         return (yield from self._verify(bundle, view, plan, question, usage, shuffle_seed, repairs))
 
     def _demo_examples(
-        self, view: BundleView, plan: AnswerPlan, outcome: Outcome, task: Task, bundle: Bundle | None = None
+        self,
+        view: BundleView,
+        plan: AnswerPlan,
+        outcome: Outcome,
+        task: Task,
+        bundle: Bundle | None = None,
     ) -> dict[str, dspy.Example]:
         examples = super()._demo_examples(view, plan, outcome, task)
         examples["write_qa"] = dspy.Example(
@@ -1158,8 +1209,12 @@ class DirectGenerator(_Generator):
 
 def _direct_plan(out: dspy.Prediction) -> AnswerPlan:
     """The direct baseline's answer and evidence records as a plan without facts."""
-    evidence = [EvidenceUse(record_id=str(r), contribution="") for r in (out.evidence_record_ids or [])]
-    return AnswerPlan(ask="", answer=str(out.answer or "").strip(), answer_type=out.answer_type, evidence=evidence)
+    evidence = [
+        EvidenceUse(record_id=str(r), contribution="") for r in (out.evidence_record_ids or [])
+    ]
+    return AnswerPlan(
+        ask="", answer=str(out.answer or "").strip(), answer_type=out.answer_type, evidence=evidence
+    )
 
 
 def _plan_demo_fields(view: BundleView, plan: AnswerPlan, task: Task) -> dict[str, Any]:

@@ -552,7 +552,9 @@ class _Outputs:
 # --------------------------------------------------------------------------------------------
 
 
-def generation_key(history: History, config: GenerationConfig, lms: Mapping[str, Any]) -> dict[str, Any]:
+def generation_key(
+    history: History, config: GenerationConfig, lms: Mapping[str, Any]
+) -> dict[str, Any]:
     """The same-run key of a ``generate`` run: the history, the settings that decide candidates
     and verdicts (:meth:`GenerationConfig.identity`) and the LM of each generation role (model
     and sampling settings, :func:`~memsteer_dspy.runfolder.lm_identity`)."""
@@ -637,7 +639,14 @@ def _mix(log: list[CandidateRecord]) -> AcceptedMix:
     )
 
 
-_SHORT = {"entity": "ent", "number": "num", "date": "date", "list": "list", "text": "text", "boolean": "bool"}
+_SHORT = {
+    "entity": "ent",
+    "number": "num",
+    "date": "date",
+    "list": "list",
+    "text": "text",
+    "boolean": "bool",
+}
 
 
 def _progress_text(counts: Mapping[str, int], log: list[CandidateRecord]) -> str:
@@ -645,7 +654,9 @@ def _progress_text(counts: Mapping[str, int], log: list[CandidateRecord]) -> str
     text = ", ".join(f"{k} {v}" for k, v in counts.items())
     mix = _mix(log)
     if mix.answer_types:
-        text += " | " + " ".join(f"{_SHORT.get(k, k)} {v}" for k, v in sorted(mix.answer_types.items()))
+        text += " | " + " ".join(
+            f"{_SHORT.get(k, k)} {v}" for k, v in sorted(mix.answer_types.items())
+        )
         text += " | " + " ".join(f"{k}rec {v}" for k, v in sorted(mix.evidence_counts.items()))
     return text
 
@@ -690,7 +701,9 @@ def generate_supervision(
     session_usage: dict[str, Counter[str]] = {}
 
     def save_state() -> None:
-        folder.add_usage(usage() if usage is not None else {r: dict(c) for r, c in session_usage.items()})
+        folder.add_usage(
+            usage() if usage is not None else {r: dict(c) for r, c in session_usage.items()}
+        )
         folder.save()
 
     save_state()
@@ -856,7 +869,9 @@ def generate_supervision(
         try:
             save_state()
             final = sorted(log, key=lambda r: r.index)
-            summary = outputs.write(final, prior_wall + time.perf_counter() - started, dataset=not failed)
+            summary = outputs.write(
+                final, prior_wall + time.perf_counter() - started, dataset=not failed
+            )
             summary["interrupted"] = interrupted
         except OSError:
             if not failed:
@@ -889,7 +904,9 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     for key, label in (("accepted_by_answer_type", "answer type"), ("accepted_by_question_word", "question form"),
                        ("accepted_by_evidence_count", "evidence records")):  # fmt: skip
         if summary.get(key):
-            lines.append(f"accepted by {label}: " + ", ".join(f"{k} {v}" for k, v in summary[key].items()))
+            lines.append(
+                f"accepted by {label}: " + ", ".join(f"{k} {v}" for k, v in summary[key].items())
+            )
     if summary.get("kept_by_task"):
         lines.append("kept by task (accepted/tried): " + format_kept(summary["kept_by_task"]))
     per_calls = summary.get("lm_calls_per_accepted", {})
