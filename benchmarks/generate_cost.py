@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import dspy  # noqa: E402
 
-from memsteer_dspy.bundles import small_lm_bundle_config  # noqa: E402
+from memsteer_dspy.bundles import ANCHORED_SAMPLING, small_lm_bundle_config  # noqa: E402
 from memsteer_dspy.lm import DEFAULT_LM  # noqa: E402
 from memsteer_dspy.lm.config import LMSpec, build_lm  # noqa: E402
 from memsteer_dspy.loaders import load_history  # noqa: E402
@@ -92,7 +92,7 @@ def generation_config(name: str, candidates: int, seed: int) -> GenerationConfig
     if power:
         bundle = bundle.model_copy(update={"steer_by_yield": True, "yield_power": power})
     if anchored:
-        bundle = bundle.model_copy(update={"steer_to_options": True})
+        bundle = bundle.model_copy(update=ANCHORED_SAMPLING)
     return GenerationConfig(
         n=candidates,
         max_candidates=candidates,

@@ -56,9 +56,13 @@ __all__ = [
     "task_for_count",
     "answer_kinds",
     "answer_options",
+    "pair_options",
+    "stating_spans",
+    "task_options",
     "AnswerOption",
     "plain_text",
     "small_lm_bundle_config",
+    "ANCHORED_SAMPLING",
 ]
 
 QUESTION_TYPES: dict[str, str] = {
@@ -146,6 +150,28 @@ class BundleConfig(BaseModel):
         "options (answer_options), what an anchored planner can choose from, instead of those its "
         "sentences suggest (answer_kinds, which also counts a stray number or a capitalised word).",
     )
+    skip_unconcrete: bool = Field(
+        default=False,
+        description="A candidate whose bundle has fewer records with concrete detail (names, "
+        "numbers, dates, places: concrete_records) than its task's evidence records is skipped "
+        "as no candidate (bundle:nothing_concrete), before any LM call, instead of being tried and "
+        "rejected by the lean pre-filter.",
+    )
+    user_turns_only: bool = Field(
+        default=False,
+        description="A conversation turn shows only the user's message, not the assistant's reply "
+        "(other records are whole). Questions are about the user's own life: on the embedded "
+        "model the assistant's sentences gave answers such as the number of suggestions it made, "
+        "and half of a turn's tokens, read by every role.",
+    )
+    steer_to_pairs: bool = Field(
+        default=False,
+        description="With steer_to_options: a task of two or more evidence records targets the "
+        "answer types of the bundle's two-record options (pair_options: an answer one record "
+        "writes that another record writes too), and asks for one record where the bundle has "
+        "none. Measured on the embedded model, two-record tasks planned from one-record options "
+        "kept none of 60.",
+    )
     yield_power: float = Field(
         default=1.0,
         ge=1.0,
@@ -171,6 +197,16 @@ def small_lm_bundle_config(**overrides) -> BundleConfig:
     values.update(overrides)
     return BundleConfig(**values)
 
+
+# How an anchored planner's candidates are sampled (GenerationConfig.anchored): tasks steered to
+# the answer types the bundle's options hold, two-record tasks to answers two records write,
+# conversation turns shown by the user's message, and bundles with nothing concrete skipped.
+ANCHORED_SAMPLING: dict[str, bool] = {
+    "steer_to_options": True,
+    "steer_to_pairs": True,
+    "user_turns_only": True,
+    "skip_unconcrete": True,
+}
 
 # The small profile's target mix when steered: every answer kind, and a third multi-record items.
 STEERED_MIX: dict = {"evidence_weights": {1: 0.65, 2: 0.35},
@@ -385,11 +421,28 @@ def concrete_records(bundle: Bundle, min_detail: float = MIN_CONCRETE_DETAIL) ->
     return [r.id for r in bundle.records if informativeness(r.spans) >= min_detail]
 
 
-def _visible_spans(record: Record, cap: int | None) -> tuple[list[Span], bool]:
-    """The leading spans of ``record`` that fit ``cap`` tokens (all of them without a cap)."""
-    spans = record.spans
+_ASSISTANT_TURN = re.compile(r"^\s*Assistant\s*:", re.I)
+
+
+def user_side(record: Record) -> list[Span]:
+    """A conversation turn's spans up to the assistant's reply (the user's message); every span of
+    any other record, or of a turn without a user part."""
+    spans = list(record.spans)
+    if record.kind != "conversation_turn":
+        return spans
+    cut = next((i for i, s in enumerate(spans) if i and _ASSISTANT_TURN.match(s.text)), None)
+    return spans if cut is None else spans[:cut]
+
+
+def _visible_spans(
+    record: Record, cap: int | None, user_only: bool = False
+) -> tuple[list[Span], bool]:
+    """The leading spans of ``record`` that fit ``cap`` tokens (all of them without a cap); with
+    ``user_only``, of a conversation turn only the user's message (:func:`user_side`)."""
+    spans = user_side(record) if user_only else record.spans
+    cut = len(spans) < len(record.spans)
     if cap is None:
-        return list(spans), False
+        return list(spans), cut
     kept, used = [], 0
     for s in spans:
         n = count_tokens(s.text) + 8
@@ -397,6 +450,8 @@ def _visible_spans(record: Record, cap: int | None) -> tuple[list[Span], bool]:
             return kept, True
         kept.append(s)
         used += n
+    if cut:
+        return kept, True
     return kept, False
 
 
@@ -420,7 +475,7 @@ def sample_seeds(
         lambda: defaultdict(lambda: defaultdict(list))
     )
     for r in history.records:
-        spans, _ = _visible_spans(r, config.record_token_cap)
+        spans, _ = _visible_spans(r, config.record_token_cap, config.user_turns_only)
         if not spans:
             continue
         info[r.id] = informativeness(spans)
@@ -641,11 +696,19 @@ MAX_ANSWER_OPTIONS = 8
 @dataclass(frozen=True)
 class AnswerOption:
     """A reference answer the program reads off one sentence of a bundle: what an anchored planner
-    chooses from instead of writing its own answer (see :func:`answer_options`)."""
+    chooses from instead of writing its own answer (see :func:`answer_options`). A two-record
+    option (:func:`pair_options`) also names the sentences of other records that write the same
+    answer (``also``)."""
 
     span_id: str
     answer: str
     answer_type: str
+    also: tuple[str, ...] = ()
+
+    @property
+    def span_ids(self) -> tuple[str, ...]:
+        """The option's sentences: its own, then those of its other records."""
+        return (self.span_id, *self.also)
 
 
 # a whole run of capitalised words ("Amelia Torres", "Dr. Desai"), where _NAME (made for telling
@@ -707,6 +770,46 @@ def _option_names(text: str, user: set[str], mid_sentence: set[str]) -> list[str
     return names
 
 
+# a date a sentence writes ("September 23", "Sept. 23rd, 2024"): whole month names or their
+# abbreviations only (_DATE's open suffix would take "Mark 12" for a date)
+_MENTIONED_DATE = re.compile(
+    r"\b(?:January|February|March|April|May|June|July|August|September|October|November|December"
+    r"|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)\.?\s+\d{1,2}(?:st|nd|rd|th)?\b"
+    r"(?:,?\s+\d{4}\b)?"
+)
+_SUBJECT_LINE = re.compile(r"^\s*Subject\s*:", re.I)
+EVENT_SPAN_WINDOW = 6
+"""How many of a record's first stating sentences :func:`event_span` chooses among."""
+
+
+def event_span(stating: Sequence[Span]) -> Span:
+    """The sentence a record's own date is cited from, as the event a "When …?" question asks
+    about: an email's subject line, else among the first :data:`EVENT_SPAN_WINDOW` sentences the
+    one naming the most kinds of detail (names, numbers, places) that writes no date of its own
+    (whose question would have that date for its answer), the earliest on a tie.
+
+    The first sentence was measured to be a poor event on the embedded model: "When did I like
+    the idea of focusing on a small corner or shelf?" (an opinion of the assistant's idea)."""
+    window = list(stating[:EVENT_SPAN_WINDOW])
+    subject = next((s for s in window if _SUBJECT_LINE.match(s.text)), None)
+    if subject is not None:
+        return subject
+
+    def score(span: Span) -> int:
+        f = span_features(span.text)
+        return -1 if f["dates"] else sum(1 for k in ("names", "numbers", "places") if f[k])
+
+    return max(window, key=score)  # max keeps the first of equal scores
+
+
+def stating_spans(record: BundleRecord) -> list[Span]:
+    """The record's sentences that state something: not a heading, a separator or a link line
+    (:func:`~memsteer_dspy.records.states_nothing`), nor a table's header row, which names columns,
+    not things (the row above a rule ``|---|---|``)."""
+    header = {a.id for a, b in pairwise(record.spans) if _TABLE_RULE.match(b.text.strip())}
+    return [s for s in record.spans if not states_nothing(s.text) and s.id not in header]
+
+
 def answer_options(
     records: Sequence[BundleRecord],
     user_name: str | None = None,
@@ -730,13 +833,14 @@ def answer_options(
     per_record: list[list[AnswerOption]] = []
     for record in records:
         found: list[AnswerOption] = []
-        # a table's header row names columns, not things: the row above a rule "|---|---|"
-        header = {a.id for a, b in pairwise(record.spans) if _TABLE_RULE.match(b.text.strip())}
-        stating = [s for s in record.spans if not states_nothing(s.text) and s.id not in header]
+        stating = stating_spans(record)
         if record.date and stating:
-            found.append(AnswerOption(stating[0].id, record.date, "date"))
+            found.append(AnswerOption(event_span(stating).id, record.date, "date"))
         for span in stating:
             text = plain_text(span.text)
+            found += [
+                AnswerOption(span.id, m.group(0), "date") for m in _MENTIONED_DATE.finditer(text)
+            ]
             found += [
                 AnswerOption(span.id, _list_answer(m.group(0)), "list")
                 for m in _ENUMERATION.finditer(text)
@@ -767,13 +871,82 @@ def answer_options(
     return options
 
 
+# The kinds of answer a second record can write again word for word: a name ("Sofia") or a
+# number with its unit ("12 children"). Dates and enumerations are not: a record's date is in its
+# header, not in a sentence, and two records rarely enumerate the same items in the same words.
+PAIR_ANSWER_TYPES = ("entity", "number")
+
+
+def pair_options(
+    records: Sequence[BundleRecord],
+    user_name: str | None = None,
+    answer_type: str | None = None,
+    limit: int | None = MAX_ANSWER_OPTIONS,
+) -> list[AnswerOption]:
+    """The two-record answers of a bundle: each answer option of one record (:func:`answer_options`:
+    a name that is not the user's, a number with its unit) that a sentence of another record also
+    writes, as a whole word, with that sentence in ``also`` — the answer a question needs both
+    records for when it asks by what each of them says about it ("Who brought in ginger tea and
+    helped me settle in with the new supplement?" → Sofia).
+
+    Measured on the embedded 1.5B model, two-record tasks planned from one-record options kept
+    none of 60 over four runs: the planner named one record, or its question asked what one record
+    says and the blind reader cited that one only. ``answer_type`` and ``limit`` as in
+    :func:`answer_options`; the records of each pair in bundle order, the same answer once."""
+    stating = {r.id: [(s, plain_text(s.text)) for s in stating_spans(r)] for r in records}
+    order = {r.id: n for n, r in enumerate(records)}
+    options: list[AnswerOption] = []
+    seen: set[str] = set()
+    for option in answer_options(records, user_name, limit=None):
+        if option.answer_type not in PAIR_ANSWER_TYPES or option.answer.lower() in seen:
+            continue
+        if answer_type and answer_type in PAIR_ANSWER_TYPES and option.answer_type != answer_type:
+            continue
+        own = option.span_id.rpartition("#")[0]
+        word = re.compile(rf"(?<![\w-]){re.escape(option.answer)}(?![\w-])", re.I)
+        other = next(
+            (
+                span.id
+                for rid in sorted(stating, key=order.__getitem__)
+                if rid != own
+                for span, text in stating[rid]
+                if word.search(text)
+            ),
+            None,
+        )
+        if other is None:
+            continue
+        seen.add(option.answer.lower())
+        first, second = sorted((option.span_id, other), key=lambda s: order[s.rpartition("#")[0]])
+        options.append(AnswerOption(first, option.answer, option.answer_type, also=(second,)))
+        if len(options) == limit:
+            break
+    return options
+
+
+def task_options(
+    records: Sequence[BundleRecord],
+    task: Task,
+    user_name: str | None = None,
+    limit: int | None = MAX_ANSWER_OPTIONS,
+) -> list[AnswerOption]:
+    """What an anchored planner chooses from for ``task``: the two-record answers
+    (:func:`pair_options`) for a task of two or more evidence records, where the bundle has any,
+    else the one-record answers (:func:`answer_options`)."""
+    if task.evidence_count >= 2:
+        pairs = pair_options(records, user_name, task.answer_type, limit)
+        if pairs:
+            return pairs
+    return answer_options(records, user_name, task.answer_type, limit)
+
+
 # --------------------------------------------------------------------------------------------
 # expansion
 # --------------------------------------------------------------------------------------------
 
 
-def _bundle_record(record: Record, cap: int | None) -> BundleRecord:
-    spans, truncated = _visible_spans(record, cap)
+def _bundle_record(record: Record, config: BundleConfig) -> BundleRecord:
+    spans, truncated = _visible_spans(record, config.record_token_cap, config.user_turns_only)
     return BundleRecord(
         id=record.id, kind=record.kind, date=record.timestamp.date().isoformat() if record.timestamp else None,
         author=record.author, thread_id=record.thread_id, title=record.title, spans=spans, truncated=truncated,
@@ -813,7 +986,7 @@ def expand_bundle(
     seed = history.get(seed_id)
     if seed is None:
         raise KeyError(f"seed {seed_id!r} is not a record of the history")
-    first = _bundle_record(seed, config.record_token_cap)
+    first = _bundle_record(seed, config)
     if not first.spans:
         return None, "empty"
     records = [first]
@@ -836,7 +1009,7 @@ def expand_bundle(
             break
         options = sorted(frontier)
         pick = rng.choices(options, weights=[max(frontier[o][0], 1e-3) for o in options])[0]
-        rec = _bundle_record(history[pick], config.record_token_cap)
+        rec = _bundle_record(history[pick], config)
         cost = count_tokens(rec.render(f"R{len(records) + 1}")) + 2
         if not rec.spans or used + cost > config.token_budget:
             rejected.add(pick)
@@ -865,7 +1038,7 @@ def random_bundle(
     seed = history.get(seed_id)
     if seed is None:
         raise KeyError(f"seed {seed_id!r} is not a record of the history")
-    first = _bundle_record(seed, config.record_token_cap)
+    first = _bundle_record(seed, config)
     if not first.spans:
         return None, "empty"
     records = [first]
@@ -876,7 +1049,7 @@ def random_bundle(
     for rid in rng.sample(ids, min(len(ids), size * 4)):
         if len(records) >= size:
             break
-        rec = _bundle_record(history[rid], config.record_token_cap)
+        rec = _bundle_record(history[rid], config)
         cost = count_tokens(rec.render(f"R{len(records) + 1}")) + 2
         if rec.spans and used + cost <= config.token_budget:
             records.append(rec)
@@ -890,7 +1063,7 @@ def bundle_from_records(
 ) -> Bundle:
     """A bundle of exactly the given records (fidelity checks build bundles from QA evidence)."""
     config = config or BundleConfig()
-    records = [_bundle_record(history[rid], config.record_token_cap) for rid in record_ids]
+    records = [_bundle_record(history[rid], config) for rid in record_ids]
     return Bundle(id=_bundle_id(record_ids[0], record_ids), seed_id=record_ids[0], method="given",
                   records=records, tokens=_render_tokens(records))  # fmt: skip
 
@@ -951,21 +1124,37 @@ class BundleSampler:
                 # only where the bundle stays the same: a resumed run rebuilds it from this task
                 if bundle_size(fewer, self.config) == size:
                     task = fewer
+        if steer and self.config.steer_to_pairs and bundle is not None and task.evidence_count > 1:
+            # a two-record task only where one answer is written by two records (pair_options)
+            if not self._bundle_kinds(bundle, task.evidence_count):
+                fewer = steered_task(task_rng, self.config, mix, max_evidence=1)
+                if bundle_size(fewer, self.config) == size:  # the same bundle, as above
+                    task = fewer
         if (
             steer
             and self.config.steer_to_bundle
             and bundle is not None
-            and task.answer_type not in (kinds := self._bundle_kinds(bundle))
+            and task.answer_type not in (kinds := self._bundle_kinds(bundle, task.evidence_count))
         ):
             # ask for an answer the bundle's sentences hold: the bundle depends on the evidence
             # count only, so a resumed run rebuilds the same bundle from the logged task
             task = task_for_count(task_rng, self.config, task.evidence_count, mix, kinds)
         if bundle is not None and len(bundle.records) < task.evidence_count:
             bundle, reason = None, "too_few_records"
+        if (
+            self.config.skip_unconcrete
+            and bundle is not None
+            and len(concrete_records(bundle)) < task.evidence_count
+        ):
+            bundle, reason = None, "nothing_concrete"
         return Candidate(index=index, seed_id=seed_id, task=task, bundle=bundle, skip_reason=reason)
 
-    def _bundle_kinds(self, bundle: Bundle) -> set[str]:
-        """The answer types ``bundle`` can answer (see :attr:`BundleConfig.steer_to_options`)."""
+    def _bundle_kinds(self, bundle: Bundle, evidence_count: int = 1) -> set[str]:
+        """The answer types ``bundle`` can answer with ``evidence_count`` records (see
+        :attr:`BundleConfig.steer_to_options` and :attr:`BundleConfig.steer_to_pairs`)."""
+        if self.config.steer_to_pairs and evidence_count > 1:
+            pairs = pair_options(bundle.records, self.history.user_id, limit=None)
+            return {o.answer_type for o in pairs}
         if self.config.steer_to_options:
             options = answer_options(bundle.records, self.history.user_id, limit=None)
             return {o.answer_type for o in options}

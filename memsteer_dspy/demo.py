@@ -166,7 +166,7 @@ SIZES: dict[str, DemoSettings] = {
     "small": DemoSettings(
         size="small",
         n_supervision=8,
-        max_candidates=20,
+        max_candidates=24,
         bundle_profile="auto",
         iterations=3,
         objective="recall",
@@ -648,6 +648,7 @@ def _supervision(history, lm_config, folder: Path, settings: DemoSettings, say, 
         SupervisionSet,
         generate_supervision,
         read_log,
+        small_lm_generation_config,
     )
 
     t0 = time.perf_counter()
@@ -656,17 +657,29 @@ def _supervision(history, lm_config, folder: Path, settings: DemoSettings, say, 
         profile = "small" if lm_config.in_process("planner") else "full"
     # length limits in the output schemas, for LMs that decode under them (in-process llama.cpp)
     bounded = lm_config.in_process(*GENERATION_ROLES)
-    config = GenerationConfig(
-        bounded=bounded, n=settings.n_supervision, max_candidates=settings.max_candidates, seed=settings.seed,
-        threads=settings.threads, batch_size=min(4, settings.max_candidates),
-        bundle=small_lm_bundle_config() if profile == "small" else BundleConfig(),
-    )  # fmt: skip
+    fields = {
+        "bounded": bounded,
+        "n": settings.n_supervision,
+        "max_candidates": settings.max_candidates,
+        "seed": settings.seed,
+        "threads": settings.threads,
+        "batch_size": min(4, settings.max_candidates),
+    }
+    # in-process LMs on small bundles get the pipeline measured cheapest on the embedded model
+    # (lean prompts, anchored planner); any other LM the paper's prompts
+    if profile == "small" and bounded:
+        config = small_lm_generation_config(**fields)
+    else:
+        bundle = small_lm_bundle_config() if profile == "small" else BundleConfig()
+        config = GenerationConfig(**fields, bundle=bundle)
     done = read_log(folder)
     accepted_before = sum(r.status == "accepted" for r in done)
     finished = accepted_before >= config.n or len(done) >= config.candidate_limit
     say(
         f"[1/4] supervision: MemSteer generates up to {config.n} verified QA items from at most "
-        f"{config.candidate_limit} candidates ({profile} bundles) -> {folder}"
+        f"{config.candidate_limit} candidates ({profile} bundles"
+        + ("; lean prompts, anchored planner" if config.anchored else "")
+        + f") -> {folder}"
         + (f"  [{len(done)} candidates already done]" if done else "")
     )
     lms = {role: lm_config.lm(role) for role in GENERATION_ROLES}
@@ -688,6 +701,7 @@ def _supervision(history, lm_config, folder: Path, settings: DemoSettings, say, 
         "skipped_bundles": summary.get("skipped_bundles", 0), "train": len(sup.train), "val": len(sup.val),
         "kept_fraction": summary.get("kept_fraction"), "rejected_by_stage": summary.get("rejected_by_stage", {}),
         "lm_calls": sum(summary.get("lm_calls", {}).values()), "wall_seconds": summary.get("wall_seconds"),
+        "pipeline": "lean-anchor" if config.anchored else "v1",
     }  # fmt: skip
     status = "reused" if finished else ("resumed" if done else "ran")
     result.stages.append(StageReport(

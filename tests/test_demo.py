@@ -238,6 +238,7 @@ def test_every_stage_runs_and_is_reported(demo_run):
     assert all(s.status == "ran" for s in result.stages)
     sup = result.supervision
     assert sup["accepted"] >= 2 and sup["train"] >= 1 and sup["val"] >= 1
+    assert sup["pipeline"] == "v1"  # an LM that is not in-process gets the paper's prompts
     assert (out / "supervision" / "train.jsonl").exists() and (
         out / "supervision" / "val.jsonl"
     ).exists()
@@ -414,6 +415,8 @@ def test_demo_at_the_smallest_size_with_the_embedded_model(tmp_path):
     result = run_demo(tmp_path / "run", cfg, settings=smallest, progress=False)
 
     assert [r.label for r in result.rows] == ["Base-BM25", "MemSteer-Opt"]
+    # the embedded model gets the supervision pipeline measured cheapest on it
+    assert result.supervision["pipeline"] == "lean-anchor"
     base = result.rows[0]
     assert base.n_answered == 2 and base.n_recall == 34
     assert base.lm_calls >= 2 and base.tokens > 100  # real calls, real token counts

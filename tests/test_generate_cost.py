@@ -84,3 +84,15 @@ def test_main_refuses_an_unknown_configuration_before_loading_anything(tmp_path,
         gc.main(["--configs", "v1,fast", "--out", str(tmp_path / "x")])
     assert "unknown configuration(s) ['fast']" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_lean_anchor_is_the_configuration_a_small_in_process_lm_gets():
+    """The benchmark's lean-anchor is what `memsteer demo` runs on the embedded model
+    (supervision.run.small_lm_generation_config): a measured number is the demo's pipeline."""
+    from memsteer_dspy.supervision.run import small_lm_generation_config
+
+    bench = gc.generation_config("lean-anchor", 12, 3)
+    shared = small_lm_generation_config(n=12, max_candidates=12, seed=3, bounded=True)
+    assert bench.identity() == shared.identity()
+    assert (shared.lean, shared.anchored, shared.bundle.steer_to_options) == (True, True, True)
+    assert (shared.bundle.steer_by_yield, shared.bundle.yield_power) == (True, 2.0)

@@ -14,6 +14,7 @@ from supervision_helpers import (
     question_reply,
     role_lms,
     small_bundle,
+    small_history,
 )
 
 from memsteer_dspy.bundles import (
@@ -22,6 +23,7 @@ from memsteer_dspy.bundles import (
     Task,
     answer_options,
     bundle_from_records,
+    pair_options,
 )
 from memsteer_dspy.records import History
 from memsteer_dspy.supervision.program import ANCHORED_VERSION, MemSteerGenerator, options_text
@@ -246,7 +248,8 @@ def test_a_plan_ask_copied_from_the_demo_is_replaced_by_its_answer_sentence_s_as
     lms = role_lms([_plan(n, ask=copied)], [question_reply()], [audit_reply()], [blind_reply()])
     out, _ = _anchored(lms, bundle)
     assert out.status == "accepted", out.detail
-    assert out.plan.ask == "This morning I sent a quick note to Lila from my what"
+    # with the record's day, so that the question is about one event of the whole history
+    assert out.plan.ask == "This morning I sent a quick note to Lila from my what, on March 2, 2024"
     (repair,) = [r for r in out.repairs if r.field == "ask"]
     assert (repair.before, repair.after) == (copied, out.plan.ask)
     assert "copies_demo" in repair.reason
@@ -255,7 +258,7 @@ def test_a_plan_ask_copied_from_the_demo_is_replaced_by_its_answer_sentence_s_as
     assert "from my what" in prompt and "pottery" not in prompt.split("ask")[-1]
 
 
-def test_a_plan_ask_that_would_pass_as_a_question_is_kept():
+def test_a_plan_ask_that_would_pass_as_a_question_is_kept_with_its_record_s_day():
     bundle = small_bundle()
     options = answer_options(bundle.records, "Elena", "entity")
     n = next(i for i, o in enumerate(options, 1) if o.answer == "MacBook Air")
@@ -263,4 +266,272 @@ def test_a_plan_ask_that_would_pass_as_a_question_is_kept():
     lms = role_lms([_plan(n, ask=ask)], [question_reply()], [audit_reply()], [blind_reply()])
     out, _ = _anchored(lms, bundle)
     assert out.status == "accepted", out.detail
-    assert out.plan.ask == ask and not [r for r in out.repairs if r.field == "ask"]
+    assert out.plan.ask == f"{ask}, on March 2, 2024"
+    (repair,) = [r for r in out.repairs if r.field == "ask"]
+    assert repair.before == ask and "date anchors" in repair.reason
+    # an ask that already names its day, and a date answer, get none
+    dated = "what I sent a quick note to Lila from on March 2"
+    lms = role_lms([_plan(n, ask=dated)], [question_reply()], [audit_reply()], [blind_reply()])
+    out, _ = _anchored(lms, bundle)
+    assert out.plan.ask == dated and not [r for r in out.repairs if r.field == "ask"]
+
+
+# ---- two-record tasks: an answer two records write ----------------------------------------------
+
+MULTI = Task(question_type="multi-hop", evidence_count=2, answer_type="entity")
+
+
+def test_pair_options_are_the_answers_two_records_write():
+    from memsteer_dspy.bundles import task_options
+
+    bundle = small_bundle()  # Lila: in c1:1 ("a quick note to Lila") and c1:2 ("Lila replied …")
+    pairs = pair_options(bundle.records, "Elena")
+    assert [(o.answer, o.span_ids) for o in pairs] == [("Lila", ("c1:1#1", "c1:2#1"))]
+    # a name one record writes (GreenLeaf, MacBook Air) is no pair; a one-record task gets the
+    # one-record options, a two-record task the pairs
+    assert {o.answer for o in task_options(bundle.records, FACT, "Elena")} >= {
+        "MacBook Air",
+        "Lila",
+    }
+    assert [o.answer for o in task_options(bundle.records, MULTI, "Elena")] == ["Lila"]
+    # no pair (only the email and one chat turn): a two-record task falls back to one-record options
+    apart = small_bundle(ids=["c1:1", "mail:1"])
+    assert pair_options(apart.records, "Elena") == []
+    assert task_options(apart.records, MULTI, "Elena")
+    # whole words only: "Lila" is not in "Lilac"
+    lilac = RECORDS[1].model_copy(
+        update={"id": "c2:1", "thread_id": "c2", "text": "User: The lilac bloomed."}
+    )
+    bundle = small_bundle(small_history([lilac]), ["c1:1", "c2:1"])
+    assert pair_options(bundle.records, "Elena") == []
+
+
+def test_the_sampler_asks_for_two_records_only_where_two_records_write_one_answer():
+    from memsteer_dspy.bundles import BundleSampler, small_lm_bundle_config
+    from memsteer_dspy.graph import RecordGraph
+    from memsteer_dspy.supervision.run import GenerationConfig
+
+    others = [
+        RECORDS[2].model_copy(
+            update={"id": f"m{i}:1", "thread_id": f"m{i}", "text": f"Subject: {name}\n{text}"}
+        )
+        for i, (name, text) in enumerate(
+            [
+                ("Pottery", "Dana Pruitt booked the kiln for 3 hours."),
+                ("Dentist", "Dr. Voss moved my cleaning to June 4."),
+                ("Books", "Raj Mehta lent me 2 novels."),
+            ]
+        )
+    ]
+    history = small_history(others)
+    graph = RecordGraph.build(history)
+    # nearly every task asks for two records where it can
+    config = small_lm_bundle_config(
+        steer_to_options=True, steer_to_pairs=True, evidence_weights={1: 0.01, 2: 0.99}
+    )
+    sampler = BundleSampler(graph, config, seed=0, max_candidates=6)
+    counts = {True: set(), False: set()}
+    for i in range(len(sampler)):
+        cand = sampler.candidate(i)
+        if cand.bundle is None:
+            continue
+        pairs = pair_options(cand.bundle.records, history.user_id, limit=None)
+        counts[bool(pairs)].add(cand.task.evidence_count)
+        if cand.task.evidence_count == 2:  # of a pair's kind
+            assert cand.task.answer_type in {o.answer_type for o in pairs}
+    assert counts[False] == {1}, counts  # no answer two records write: one record
+    assert 2 in counts[True], counts
+    # without the flag the same bundles get two-record tasks without pairs
+    off = BundleSampler(
+        graph, config.model_copy(update={"steer_to_pairs": False}), seed=0, max_candidates=6
+    )
+    assert any(
+        c.bundle is not None
+        and c.task.evidence_count == 2
+        and not pair_options(c.bundle.records, history.user_id)
+        for c in map(off.candidate, range(len(off)))
+    )
+    # the flag is part of a run's key only when on (older runs keep their keys)
+    assert "steer_to_pairs" not in GenerationConfig().identity()["bundle"]
+    assert GenerationConfig(bundle=config).identity()["bundle"]["steer_to_pairs"] is True
+
+
+def _two_record_audit():
+    audit = audit_reply(facts=("R1.1", "R2.1"))
+    audit["record_checks"].append(
+        {"record_id": "R2", "rationale": "contributes", "verdict": "supported"}
+    )
+    return audit
+
+
+def _two_record_plan(**overrides):
+    fields = {
+        "evidence": [
+            {"record_id": "R1", "contribution": "I sent her a note"},
+            {"record_id": "R2", "contribution": "she moved the workshop"},
+        ],
+        "fact_span_ids": ["R1.1", "R2.1"],
+        "ask": "who I sent a note to from my MacBook Air and who moved the garden workshop",
+    }
+    return _plan(1, **{**fields, **overrides})
+
+
+def test_a_two_record_plan_cites_both_records_of_its_option():
+    question = (
+        "Who did I send a quick note to from my MacBook Air, who later said the garden workshop "
+        "moved to Friday?"
+    )
+    lms = role_lms(
+        [_two_record_plan(evidence=[{"record_id": "R1", "contribution": "the note"}])],
+        [question_reply(question)],
+        [_two_record_audit()],
+        [blind_reply("Lila", cited=("c1:1#1", "c1:2#1"))],
+    )
+    out, options = _anchored(lms, task=MULTI)
+    assert out.status == "accepted", out.detail
+    assert (out.plan.answer, out.plan.evidence_ids) == ("Lila", ["c1:1", "c1:2"])
+    assert {f.span_id for f in out.plan.facts} >= {"c1:1#1", "c1:2#1"}
+    # the planner was shown the option with both sentences' labels
+    prompt = lms["planner"].history[-1]["messages"][-1]["content"]
+    assert "1. entity: Lila (R1.1, R2.1)" in prompt
+    # the blind reader that cites one record only fails the citation check, as before
+    lms = role_lms(
+        [_two_record_plan()],
+        [question_reply(question)],
+        [_two_record_audit()],
+        [blind_reply("Lila", cited=("c1:2#1",))],
+    )
+    out, _ = _anchored(lms, task=MULTI)
+    assert out.reason == "blind:citation", out.reason
+
+
+def test_a_two_record_question_that_names_one_record_only_is_rewritten():
+    from memsteer_dspy.supervision.checks import records_missed
+
+    one, two = RECORDS[0].text, RECORDS[1].text
+    assert records_missed(
+        "Who did I send a quick note to from my MacBook Air?", "Lila", [one, two]
+    ) == [1]
+    assert records_missed("Who moved the garden workshop to Friday?", "Lila", [one, two]) == [0]
+    both = "Who did I send a note to from my MacBook Air, who moved the workshop to Friday?"
+    assert records_missed(both, "Lila", [one, two]) == []
+    lms = role_lms(
+        [_two_record_plan()],
+        [
+            question_reply("Who did I send a quick note to from my MacBook Air?"),
+            question_reply(both),
+        ],
+        [_two_record_audit()],
+        [blind_reply("Lila", cited=("c1:1#1", "c1:2#1"))],
+    )
+    out, _ = _anchored(lms, task=MULTI)
+    assert out.status == "accepted", out.detail
+    (rewrite,) = [r for r in out.repairs if r.field == "question"]
+    assert "misses_record" in rewrite.reason
+    hint = lms["question_writer"].history[-1]["messages"][-1]["content"]
+    assert "one detail of each" in hint
+
+
+def test_a_two_record_ask_that_fails_asks_by_both_sentences():
+    copied = _cold_start_ask()  # the demo's ask: no pottery class here
+    lms = role_lms(
+        [_two_record_plan(ask=copied)],
+        [
+            question_reply(
+                "Who did I send a note to from my MacBook Air, who moved the workshop to Friday?"
+            )
+        ],
+        [_two_record_audit()],
+        [blind_reply("Lila", cited=("c1:1#1", "c1:2#1"))],
+    )
+    out, _ = _anchored(lms, task=MULTI)
+    assert out.status == "accepted", out.detail
+    assert out.plan.ask == (
+        "This morning I sent a quick note to who from my MacBook Air, and also who replied that "
+        "the garden workshop moved to Friday"
+    )
+
+
+def test_spoken_dates_and_the_ask_of_an_email_s_sender_or_recipient():
+    from memsteer_dspy.supervision.program import header_ask, spoken_date
+
+    assert spoken_date("2024-05-18") == "May 18, 2024"
+    assert spoken_date(None) is None and spoken_date("2024-13-01") is None
+    mail = RECORDS[2].model_copy(
+        update={
+            "id": "e:1",
+            "thread_id": "e",
+            "text": "Sender: Sofia Morales <sofia.morales@email.com>\n"
+            "Recipient: Elena Morales <elena.morales@email.com>\n"
+            "Subject: Quick Health Update\nSummary: Sofia shares news.",
+        }
+    )
+    bundle = small_bundle(small_history([mail]), ["e:1", "c1:1"])
+    sender, recipient, subject = (bundle.span(f"e:1#{i}") for i in (1, 2, 3))
+    assert header_ask(bundle, sender, "Sofia Morales") == 'who sent the email "Quick Health Update"'
+    assert header_ask(bundle, recipient, "x") == 'who the email "Quick Health Update" was sent to'
+    assert header_ask(bundle, subject, "x") is None
+    assert header_ask(bundle, bundle.span("c1:1#1"), "Lila") is None
+
+
+def test_a_record_s_date_is_cited_from_its_event_and_written_dates_are_options():
+    from memsteer_dspy.bundles import event_span, stating_spans
+
+    text = (
+        "User: I like your idea of a small corner.\n"
+        "This morning Mark Jensen started his composting demonstration in the garden.\n"
+        "My evaluation is on September 23 at home."
+    )
+    (record,) = _records(text)
+    # the most concrete sentence that writes no date of its own, not the opinion before it
+    assert event_span(stating_spans(record)).text.startswith("This morning Mark Jensen")
+    dates = [(o.answer, o.span_id[-1]) for o in answer_options([record], "Elena", "date")]
+    assert dates == [("2024-04-15", "2"), ("September 23", "3")]
+    # an email's date is cited from its subject line
+    mail = RECORDS[2].model_copy(update={"id": "e:2", "thread_id": "e2"})
+    (record,) = bundle_from_records(History("Elena", [mail]), ["e:2"], BundleConfig()).records
+    assert event_span(stating_spans(record)).text.startswith("Subject:")
+    # "Mark 12" is no date
+    assert [o.answer for o in answer_options(_records("User: Mark 12 rows."), "x", "date")] == [
+        "2024-04-15"
+    ]
+
+
+def test_user_turns_only_shows_a_turn_s_user_message_and_keeps_other_records_whole():
+    turn = RECORDS[0].model_copy(
+        update={
+            "id": "t:1",
+            "thread_id": "t",
+            "text": "User: I planted 3 rows of kale with Amelia.\nAssistant: Lovely! Try 2 more.",
+        }
+    )
+    history = small_history([turn])
+    on = BundleConfig(user_turns_only=True)
+    (shown, mail) = bundle_from_records(history, ["t:1", "mail:1"], on).records
+    assert [s.text for s in shown.spans] == ["User: I planted 3 rows of kale with Amelia."]
+    assert shown.truncated  # rendered with its "[…]" marker
+    assert len(mail.spans) == len(history["mail:1"].spans) and not mail.truncated
+    # the assistant's numbers are no options any more
+    numbers = [o.answer for o in answer_options([shown], "Elena", "number")]
+    assert numbers == ["3 rows"]
+    (whole,) = bundle_from_records(history, ["t:1"], BundleConfig()).records
+    assert len(whole.spans) == 3
+
+
+def test_a_bundle_with_nothing_concrete_is_skipped_as_no_candidate():
+    from memsteer_dspy.bundles import BundleSampler, small_lm_bundle_config
+    from memsteer_dspy.graph import RecordGraph
+
+    chat = [
+        RECORDS[0].model_copy(
+            update={"id": f"v:{i}", "thread_id": "v", "position": i, "text": f"User: {text}"}
+        )
+        for i, text in enumerate(["I feel calm today.", "It was a quiet, slow morning.", "Okay."])
+    ]
+    history = History("tester", chat)
+    graph = RecordGraph.build(history)
+    on = small_lm_bundle_config(skip_unconcrete=True)
+    cands = [BundleSampler(graph, on, seed=0, max_candidates=3).candidate(i) for i in range(3)]
+    assert cands and all(c.bundle is None and c.skip_reason == "nothing_concrete" for c in cands)
+    off = BundleSampler(graph, small_lm_bundle_config(), seed=0, max_candidates=3)
+    assert all(off.candidate(i).bundle is not None for i in range(len(off)))

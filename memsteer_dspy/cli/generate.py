@@ -25,7 +25,7 @@ def _bundle_config(
     yield_power: float = 1.0,
     anchored: bool = False,
 ):
-    from memsteer_dspy.bundles import BundleConfig, small_lm_bundle_config
+    from memsteer_dspy.bundles import ANCHORED_SAMPLING, BundleConfig, small_lm_bundle_config
 
     if profile not in PROFILES:
         raise typer.BadParameter(f"choose one of {', '.join(PROFILES)}", param_hint="--profile")
@@ -40,8 +40,8 @@ def _bundle_config(
         if not steer_by_yield:
             raise typer.BadParameter("needs --steer-by-yield", param_hint="--yield-power")
         overrides["yield_power"] = yield_power
-    if anchored:  # steer toward the answer types the anchored planner has options for
-        overrides["steer_to_options"] = True
+    if anchored:  # sampled for the anchored planner (bundles.ANCHORED_SAMPLING)
+        overrides.update(ANCHORED_SAMPLING)
     return (
         small_lm_bundle_config(**overrides) if profile == "small" else BundleConfig(**overrides)
     ), profile

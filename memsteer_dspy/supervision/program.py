@@ -58,8 +58,10 @@ from memsteer_dspy.bundles import (
     Task,
     answer_options,
     plain_text,
+    task_options,
 )
 from memsteer_dspy.normalize import answers_match
+from memsteer_dspy.records import Span
 from memsteer_dspy.signatures.audit import AuditQA, AuditQuotedFacts
 from memsteer_dspy.signatures.baselines import PlanAndWriteQuestion, WriteQAPair
 from memsteer_dspy.signatures.blind_read import BlindRead
@@ -76,6 +78,7 @@ from memsteer_dspy.supervision.checks import (
     detail_terms,
     prefilter_bundle,
     quoted_fact_support,
+    records_missed,
     spans_by_id,
     user_display_name,
 )
@@ -126,8 +129,14 @@ PROMPT_VERSION = 2
 # plan's ask that would fail as a question is replaced by its answer sentence's ask (sentence_ask),
 # 'who or what is the ___ in: "…"'; 4: that ask is the sentence with its question word in the
 # answer's place (the writer copied 3's frame: "Who or what is the recipient in the given text?");
-# 5: only the clause that holds the answer, and one question word ("who or what" is compound).
-ANCHORED_VERSION = 5
+# 5: only the clause that holds the answer, and one question word ("who or what" is compound);
+# 6: a task of two evidence records chooses among two-record options (bundles.pair_options: an
+# answer two records write), both records its evidence, and its question names something of each
+# (misses_record); a name cited from an email's sender or recipient line is asked by the email's
+# subject (header_ask); the record's date is added to the ask of every one-record answer that is
+# not a date (spoken_date); a record's date is cited from its subject line or its most concrete
+# early sentence (bundles.event_span), and dates the sentences write are options too.
+ANCHORED_VERSION = 6
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 
@@ -545,7 +554,7 @@ class _Generator(dspy.Module):
         evidence = None
         if self.lean and plan.evidence_ids:
             evidence = f"{bundle.subset(plan.evidence_ids).view().text}\n{user}"
-        return check_question(
+        problem = check_question(
             question,
             plan.answer,
             str(plan.answer_type),
@@ -554,6 +563,11 @@ class _Generator(dspy.Module):
             kind_check=self.lean,
             evidence_text=evidence,
         )
+        if problem is None and self.anchored and len(plan.evidence_ids) > 1:
+            texts = [bundle.subset([rid]).view().text for rid in plan.evidence_ids]
+            if records_missed(question, plan.answer, texts):
+                return "misses_record"
+        return problem
 
     def _anchored_ask(
         self, plan: AnswerPlan, view: BundleView, bundle: Bundle
@@ -569,10 +583,31 @@ class _Generator(dspy.Module):
             self._question_problem(as_question, plan, view, bundle, demo_asks) if ask else "empty"
         )
         span = bundle.span(plan.answer_span_id) if plan.answer_span_id else None
-        if problem is None or span is None:
+        if span is None:
             return plan, None
-        new = sentence_ask(span.text, plan.answer, str(plan.answer_type))
-        why = f"the planner's ask would fail as a question ({problem}): its sentence's instead"
+        second = _second_answer_span(plan, bundle)
+        if problem is None:
+            new, why = plan.ask, ""
+        else:
+            kind = str(plan.answer_type)
+            new = header_ask(bundle, span, plan.answer) or sentence_ask(
+                span.text, plan.answer, kind
+            )
+            if second is not None:  # a two-record option: ask by both sentences
+                new = f"{new}, and also {sentence_ask(second.text, plan.answer, kind)}"
+            why = f"the planner's ask would fail as a question ({problem}): its sentence's instead"
+        record = bundle.record(span.id.rpartition("#")[0])
+        if (
+            second is None
+            and str(plan.answer_type) != "date"
+            and record is not None
+            and (when := spoken_date(record.date))
+            and not _DATE_WORDS.search(new)
+        ):  # the record's day makes the question about one event of the whole history
+            new = f"{new.rstrip(' ?.')}, on {when}"
+            why = (f"{why}; " if why else "") + "the record's date anchors it to one event"
+        if not why:
+            return plan, None
         repair = Repair(stage="plan", field="ask", before=plan.ask, after=new, reason=why)
         return plan.model_copy(update={"ask": new}), repair
 
@@ -666,6 +701,7 @@ _REWRITE_HINTS = {
     "'Who …?' or 'What …?' for a name or thing, and one of them ('Who is …?'), not several ('Who are …?')",
     "compound": "ask one thing only, in one question",
     "off_evidence": "ask about what the facts say, in their words",
+    "misses_record": "ask by what every fact says about the answer, one detail of each",
     "empty": "write one complete question ending with '?'",
     "not_a_question": "write one complete question ending with '?'",
 }
@@ -699,6 +735,65 @@ _CLAUSE_BREAK = re.compile(
     r",\s+(?:but|and|so|because|while|although|though|which)\s+|;\s+|\s*[—–]\s*|:\s+"
 )
 _PERSON = re.compile(r"(?:(?:Dr|Ms|Mr|Mrs)\.\s+)?[A-Z][a-z]+(?:\s+[A-Z][a-z]+){0,2}")
+
+
+_MONTH_NAMES = (
+    "January February March April May June July August September October November December".split()
+)
+_DATE_WORDS = re.compile(
+    rf"\b(?:{'|'.join(_MONTH_NAMES)})\b|\b\d{{4}}-\d{{2}}-\d{{2}}\b|\b(?:19|20)\d\d\b", re.I
+)
+
+
+def spoken_date(iso: str | None) -> str | None:
+    """``2024-05-18`` as "May 18, 2024" (None for a missing or unreadable date)."""
+    m = re.fullmatch(r"(\d{4})-(\d{2})-(\d{2})", iso or "")
+    if m is None or not 1 <= int(m.group(2)) <= 12:
+        return None
+    return f"{_MONTH_NAMES[int(m.group(2)) - 1]} {int(m.group(3))}, {m.group(1)}"
+
+
+_HEADER_LINE = re.compile(r"^\s*(Sender|From|Recipient|To)\s*:", re.I)
+_SUBJECT = re.compile(r"^\s*Subject\s*:\s*(.+)$", re.I)
+
+
+def header_ask(bundle: Bundle, span: Span, answer: str) -> str | None:
+    """The ask for a name cited from an email's sender or recipient line: who sent, or received,
+    the email with that record's subject (``who sent the email "Quick Health Update"``); None for
+    any other sentence. The sentence ask of such a line is its address: the embedded writer turned
+    ``who <sofia.morales@email.com>`` into "Who is Sofia Morales?"."""
+    line = _HEADER_LINE.match(span.text)
+    record = bundle.record(span.id.rpartition("#")[0])
+    if line is None or record is None:
+        return None
+    subject = next(
+        (m.group(1).strip() for s in record.spans if (m := _SUBJECT.match(s.text))), None
+    )
+    if not subject:
+        return None
+    if line.group(1).lower() in ("sender", "from"):
+        return f'who sent the email "{subject}"'
+    return f'who the email "{subject}" was sent to'
+
+
+def _second_answer_span(plan: AnswerPlan, bundle: Bundle) -> Span | None:
+    """The fact sentence of another evidence record that writes the plan's answer too (the second
+    sentence of a two-record option), or None."""
+    if not plan.answer_span_id or len(plan.evidence_ids) < 2:
+        return None
+    own = plan.answer_span_id.rpartition("#")[0]
+    word = re.compile(rf"(?<![\w-]){re.escape(plan.answer)}(?![\w-])", re.I)
+    for fact in plan.facts:
+        span = bundle.span(fact.span_id)
+        rid = fact.span_id.rpartition("#")[0]
+        if (
+            span is not None
+            and rid != own
+            and rid in plan.evidence_ids
+            and word.search(plain_text(span.text))
+        ):
+            return span
+    return None
 
 
 def _entity_word(answer: str, before: str) -> str:
@@ -932,9 +1027,10 @@ def _plan_from(out: dspy.Prediction) -> AnswerPlan:
 
 
 def options_text(view: BundleView, options: Sequence[AnswerOption]) -> str:
-    """The anchored planner's numbered options, each with its sentence's label in ``view``."""
+    """The anchored planner's numbered options, each with its sentences' labels in ``view`` (two
+    for a two-record option)."""
     return "\n".join(
-        f"{n}. {o.answer_type}: {o.answer} ({view.span_label(o.span_id)})"
+        f"{n}. {o.answer_type}: {o.answer} ({', '.join(view.span_label(s) for s in o.span_ids)})"
         for n, o in enumerate(options, 1)
     )
 
@@ -957,15 +1053,22 @@ def _anchored_plan(
     evidence, answer, answer_span = given, "", f"option {choice}"
     answer_type = task.answer_type or "entity"
     if option is not None:
-        record_id = option.span_id.rpartition("#")[0]
-        own = [e for e in given if view.resolve_record(e.record_id) == record_id]
-        others = [e for e in given if view.resolve_record(e.record_id) not in (record_id, None)]
-        contribution = own[0].contribution if own else "states the answer"
-        first = EvidenceUse(record_id=record_id, contribution=contribution)
-        evidence = [first, *others][: task.evidence_count]
+        # the option's records first (both of a two-record option), each with the planner's own
+        # contribution where it gave one; then the planner's others
+        own_ids = list(dict.fromkeys(s.rpartition("#")[0] for s in option.span_ids))
+        given_by = {view.resolve_record(e.record_id): e for e in given}
+        own = [
+            EvidenceUse(
+                record_id=rid,
+                contribution=given_by[rid].contribution if rid in given_by else "states the answer",
+            )
+            for rid in own_ids
+        ]
+        others = [e for e in given if view.resolve_record(e.record_id) not in (*own_ids, None)]
+        evidence = [*own, *others][: max(task.evidence_count, len(own))]
         answer, answer_type, answer_span = option.answer, option.answer_type, option.span_id
-        if option.span_id not in {view.resolve_span(label) for label in labels}:
-            labels.append(option.span_id)
+        cited = {view.resolve_span(label) for label in labels}
+        labels.extend(s for s in option.span_ids if s not in cited)
     return AnswerPlan(
         ask=str(getattr(out, "ask", "") or ""),
         answer=answer,
@@ -1032,7 +1135,7 @@ class MemSteerGenerator(_Generator):
         view = bundle.view()
         inputs, to_plan = _task_inputs(view, task), _plan_from
         if self.anchored:
-            options = answer_options(bundle.records, self.user_name, task.answer_type)
+            options = task_options(bundle.records, task, self.user_name)
             if not options:
                 why = "no sentence of the bundle holds a name, number, list or dated statement"
                 return _rejected("prefilter", "prefilter:no_options", why, usage)

@@ -40,7 +40,16 @@ from typing import Any, Literal
 import dspy
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from memsteer_dspy.bundles import AcceptedMix, Bundle, BundleConfig, BundleSampler, Candidate, Task
+from memsteer_dspy.bundles import (
+    ANCHORED_SAMPLING,
+    AcceptedMix,
+    Bundle,
+    BundleConfig,
+    BundleSampler,
+    Candidate,
+    Task,
+    small_lm_bundle_config,
+)
 from memsteer_dspy.errors import InputError
 from memsteer_dspy.graph import GraphParams, RecordGraph
 from memsteer_dspy.normalize import normalize_text
@@ -64,6 +73,7 @@ __all__ = [
     "generate_supervision",
     "load_qa_jsonl",
     "read_log",
+    "small_lm_generation_config",
 ]
 
 METHODS = ("memsteer", "joint", "direct", "naive")
@@ -76,7 +86,14 @@ _STOP = frozenset(
 
 # BundleConfig options added after runs were made, with their defaults: a run at the default keeps
 # the key it had before the option existed, so it still resumes.
-_LATER_BUNDLE_OPTIONS = {"steer_by_yield": False, "yield_power": 1.0, "steer_to_options": False}
+_LATER_BUNDLE_OPTIONS = {
+    "steer_by_yield": False,
+    "yield_power": 1.0,
+    "steer_to_options": False,
+    "steer_to_pairs": False,
+    "user_turns_only": False,
+    "skip_unconcrete": False,
+}
 
 
 class GenerationConfig(BaseModel):
@@ -167,6 +184,16 @@ class GenerationConfig(BaseModel):
         if self.anchored:  # absent when off: the key runs made before the option had
             key["anchored_version"] = ANCHORED_VERSION
         return key
+
+
+def small_lm_generation_config(**fields: Any) -> GenerationConfig:
+    """The configuration for a small in-process LM (the small bundle profile), as measured on the
+    embedded 1.5B model by ``benchmarks/generate_cost.py`` (its ``lean-anchor``): the lean pipeline,
+    the anchored planner, and tasks steered toward the profile's mix, each kind weighed by its
+    squared kept share and by the answer types a bundle has options for. ``fields`` are any other
+    :class:`GenerationConfig` fields (n, seed, …)."""
+    bundle = small_lm_bundle_config(steer_by_yield=True, yield_power=2.0, **ANCHORED_SAMPLING)
+    return GenerationConfig(**{"lean": True, "anchored": True, "bundle": bundle, **fields})
 
 
 class CandidateRecord(BaseModel):
