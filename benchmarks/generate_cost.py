@@ -23,7 +23,10 @@ slows both alike:
   draw asks for two-record, number and list items, which a small LM keeps less often);
 - ``lean-yield``, ``lean-yield2`` — lean with each kind also weighed by its yield on this run (to
   the power 1 or 2), and ``lean-anchor`` — lean-yield2 with the anchored planner, which picks its
-  answer by number from the options the program reads off the bundle's sentences.
+  answer by number from the options the program reads off the bundle's sentences, sampled as
+  :data:`~memsteer_dspy.bundles.ANCHORED_SAMPLING` says (two-record tasks only where two records
+  write one answer, the user's side of a conversation turn, concrete seeds): the configuration
+  ``memsteer demo`` runs on the embedded model (``supervision.run.small_lm_generation_config``).
 
 Prints per role and in total: LM calls, prompt tokens, prompt tokens actually evaluated (llama.cpp
 reuses the longest common prefix with the previous call; reported as ``cached_tokens``),

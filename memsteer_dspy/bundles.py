@@ -198,14 +198,20 @@ def small_lm_bundle_config(**overrides) -> BundleConfig:
     return BundleConfig(**values)
 
 
+MIN_CONCRETE_DETAIL = 2.0
+"""The :func:`informativeness` a record needs to count as concrete (:func:`concrete_records`)."""
+
 # How an anchored planner's candidates are sampled (GenerationConfig.anchored): tasks steered to
 # the answer types the bundle's options hold, two-record tasks to answers two records write,
-# conversation turns shown by the user's message, and bundles with nothing concrete skipped.
-ANCHORED_SAMPLING: dict[str, bool] = {
+# conversation turns shown by the user's message, seeds with concrete detail (a seed below it only
+# when none is left), and bundles with nothing concrete skipped. (Measured: with the user's side
+# of a turn and seeds of detail 1, 2 of a run's first 4 bundles had no concrete record.)
+ANCHORED_SAMPLING: dict[str, bool | float] = {
     "steer_to_options": True,
     "steer_to_pairs": True,
     "user_turns_only": True,
     "skip_unconcrete": True,
+    "min_seed_informativeness": MIN_CONCRETE_DETAIL,
 }
 
 # The small profile's target mix when steered: every answer kind, and a third multi-record items.
@@ -409,9 +415,6 @@ def informativeness(spans: Iterable[Span]) -> float:
         (sum(1 for v in span_features(s.text).values() if v) for s in spans), reverse=True
     )
     return float(sum(scores[:3]))
-
-
-MIN_CONCRETE_DETAIL = 2.0
 
 
 def concrete_records(bundle: Bundle, min_detail: float = MIN_CONCRETE_DETAIL) -> list[str]:
@@ -713,7 +716,9 @@ class AnswerOption:
 
 # a whole run of capitalised words ("Amelia Torres", "Dr. Desai"), where _NAME (made for telling
 # kinds apart) takes "Torres" alone from a table cell "| Amelia Torres |"
-_NAME_WORD = r"[A-Z][A-Za-z]*[a-z][A-Za-z]*\b"  # "Amelia", "MacBook", "GreenLeaf"
+# "Amelia", "MacBook", "GreenLeaf", "Co-op" (a whole hyphenated word: "Alberta Co" of "Alberta
+# Co-op" was an option, and the blind reader's "Alberta Co-op" did not match it)
+_NAME_WORD = r"[A-Z][A-Za-z]*[a-z][A-Za-z]*(?:-[A-Za-z]+)*\b"
 _NAME_RUN = re.compile(rf"\b(?:(?:Dr|Ms|Mr|Mrs)\.\s+)?{_NAME_WORD}(?:\s+{_NAME_WORD})*")
 _LEADING_WORDS = frozenset(
     "a an the and but so if as at by for from in into on to with after before when while this that "
@@ -805,9 +810,16 @@ def event_span(stating: Sequence[Span]) -> Span:
 def stating_spans(record: BundleRecord) -> list[Span]:
     """The record's sentences that state something: not a heading, a separator or a link line
     (:func:`~memsteer_dspy.records.states_nothing`), nor a table's header row, which names columns,
-    not things (the row above a rule ``|---|---|``)."""
+    not things (the row above a rule ``|---|---|``), nor a question ("Could you help me tell Lila
+    …?": the user asking the assistant states nothing that happened, and its clause made the
+    question "Could I help me think through how to gently let Lila …").
+    """
     header = {a.id for a, b in pairwise(record.spans) if _TABLE_RULE.match(b.text.strip())}
-    return [s for s in record.spans if not states_nothing(s.text) and s.id not in header]
+    return [
+        s
+        for s in record.spans
+        if not states_nothing(s.text) and s.id not in header and not s.text.rstrip().endswith("?")
+    ]
 
 
 def answer_options(
@@ -846,11 +858,16 @@ def answer_options(
                 for m in _ENUMERATION.finditer(text)
             ]
             names = _option_names(text, user, mid_sentence)
-            found += [AnswerOption(span.id, name, "entity") for name in names]
+            found += [
+                AnswerOption(span.id, name, "entity")
+                for name in names
+                if _says_more_than(text, name)
+            ]
             masked = _YEAR.sub(" ", _DATE.sub(" ", text))
             found += [
-                AnswerOption(span.id, _with_unit(masked, m), "number")
+                AnswerOption(span.id, number, "number")
                 for m in _NUMBER.finditer(masked)
+                if _says_more_than(text, number := _with_unit(masked, m))
             ]
         per_record.append(found)
     if answer_type and any(o.answer_type == answer_type for found in per_record for o in found):
@@ -894,6 +911,7 @@ def pair_options(
     says and the blind reader cited that one only. ``answer_type`` and ``limit`` as in
     :func:`answer_options`; the records of each pair in bundle order, the same answer once."""
     stating = {r.id: [(s, plain_text(s.text)) for s in stating_spans(r)] for r in records}
+    span_text = {s.id: text for spans in stating.values() for s, text in spans}
     order = {r.id: n for n, r in enumerate(records)}
     options: list[AnswerOption] = []
     seen: set[str] = set()
@@ -904,13 +922,15 @@ def pair_options(
             continue
         own = option.span_id.rpartition("#")[0]
         word = re.compile(rf"(?<![\w-]){re.escape(option.answer)}(?![\w-])", re.I)
+        if not _says_more(span_text[option.span_id], word):
+            continue
         other = next(
             (
                 span.id
                 for rid in sorted(stating, key=order.__getitem__)
                 if rid != own
                 for span, text in stating[rid]
-                if word.search(text)
+                if word.search(text) and _says_more(text, word)
             ),
             None,
         )
@@ -922,6 +942,25 @@ def pair_options(
         if len(options) == limit:
             break
     return options
+
+
+PAIR_MIN_WORDS = 3
+"""The words besides its answer each sentence of a two-record option must write."""
+OPTION_MIN_WORDS = 2
+"""The words besides its answer a name's or number's sentence must write to be an option ("We
+planted 3 rows" is; a table row "| Samuel Lin | Planter |" is not: its sentence ask was "who")."""
+
+
+def _says_more(text: str, answer: re.Pattern[str], words: int = PAIR_MIN_WORDS) -> bool:
+    """Whether a sentence writes at least :data:`PAIR_MIN_WORDS` words besides the answer: what a
+    question can ask by. A list item or a heading that is only the name ("- Sketch Summaries")
+    gave the two-record ask "who, and also who"."""
+    return len(re.findall(r"[A-Za-z]{2,}", answer.sub(" ", text))) >= words
+
+
+def _says_more_than(text: str, answer: str) -> bool:
+    word = re.compile(rf"(?<![\w-]){re.escape(answer)}(?![\w-])", re.I)
+    return _says_more(text, word, OPTION_MIN_WORDS)
 
 
 def task_options(

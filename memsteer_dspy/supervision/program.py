@@ -135,8 +135,13 @@ PROMPT_VERSION = 2
 # (misses_record); a name cited from an email's sender or recipient line is asked by the email's
 # subject (header_ask); the record's date is added to the ask of every one-record answer that is
 # not a date (spoken_date); a record's date is cited from its subject line or its most concrete
-# early sentence (bundles.event_span), and dates the sentences write are options too.
-ANCHORED_VERSION = 6
+# early sentence (bundles.event_span), and dates the sentences write are options too;
+# 7: a name may be a hyphenated word ("Alberta Co-op"), a question sentence is no option, each
+# sentence of a two-record option says more than its answer, and "??" ends a question as "?"; a
+# question starts with its question word (not_fronted), writes no word of a name answer
+# (leaks_answer), says "I" for "the user"; a date's sentence ask is "when <sentence>", unquoted;
+# a name or number option's sentence says more than the answer.
+ANCHORED_VERSION = 7
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 
@@ -563,10 +568,15 @@ class _Generator(dspy.Module):
             kind_check=self.lean,
             evidence_text=evidence,
         )
-        if problem is None and self.anchored and len(plan.evidence_ids) > 1:
-            texts = [bundle.subset([rid]).view().text for rid in plan.evidence_ids]
-            if records_missed(question, plan.answer, texts):
-                return "misses_record"
+        if problem is None and self.anchored:
+            if not _FRONTED.match(question):  # "… altered my day as the what?"
+                return "not_fronted"
+            if str(plan.answer_type) == "entity" and _names_part_of(question, plan.answer):
+                return "leaks_answer"  # "Who is Sofia's mother?" -> Sofia Morales
+            if len(plan.evidence_ids) > 1:
+                texts = [bundle.subset([rid]).view().text for rid in plan.evidence_ids]
+                if records_missed(question, plan.answer, texts):
+                    return "misses_record"
         return problem
 
     def _anchored_ask(
@@ -702,6 +712,7 @@ _REWRITE_HINTS = {
     "compound": "ask one thing only, in one question",
     "off_evidence": "ask about what the facts say, in their words",
     "misses_record": "ask by what every fact says about the answer, one detail of each",
+    "not_fronted": "start with the question word (Who, What, When, Where, How many) and end with '?'",
     "empty": "write one complete question ending with '?'",
     "not_a_question": "write one complete question ending with '?'",
 }
@@ -776,6 +787,24 @@ def header_ask(bundle: Bundle, span: Span, answer: str) -> str | None:
     return f'who the email "{subject}" was sent to'
 
 
+# A question that starts with its question word (after a preposition: "On what day …", "With whom
+# …") or an auxiliary ("Did …"). The embedded writer returned sentence asks as they were: "October
+# 14, 2024 brought unexpected health challenges that … altered my day as the what?"
+_FRONTED = re.compile(
+    r"^\W*(?:(?:on|in|at|with|to|for|from|by|since|during|of|about|after|before)\s+)?"
+    r"(?:who|whom|whose|what|when|where|which|why|how|is|are|was|were|did|do|does|has|have|had"
+    r"|can|could|will|would|should)\b",
+    re.I,
+)
+
+
+def _names_part_of(question: str, answer: str) -> bool:
+    """Whether the question writes a capitalised word of a name answer ("Who is Sofia's mother?"
+    for "Sofia Morales"): it gives the answer away, or asks about the answer's own relation."""
+    words = [w for w in re.findall(r"[A-Z][A-Za-z-]{2,}", answer)]
+    return any(re.search(rf"(?<![\w-]){re.escape(w)}(?![\w-])", question) for w in words)
+
+
 def _second_answer_span(plan: AnswerPlan, bundle: Bundle) -> Span | None:
     """The fact sentence of another evidence record that writes the plan's answer too (the second
     sentence of a two-record option), or None."""
@@ -824,9 +853,10 @@ def sentence_ask(sentence: str, answer: str, answer_type: str) -> str:
     text = plain_text(sentence).strip()
     needle = answer.strip()
     match = re.search(rf"(?<!\w){re.escape(needle)}(?!\w)", text, re.I) if needle else None
-    if match is None:
+    if match is None:  # "when I cleared that small pile of books" (v6 quoted it after "when:",
+        # and the writer copied the frame: "When: 'Active communication among staff …'?")
         words = text.split()[:SENTENCE_ASK_WORDS]
-        return f'{_ASK_FOR.get(answer_type, "what")}: "{" ".join(words)}"'
+        return f"{_ASK_FOR.get(answer_type, 'what')} {' '.join(words)}".rstrip(" ,.;:!")
     if answer_type == "entity":
         wh = _entity_word(match.group(0), text[: match.start()])
     elif answer_type == "number" and (unit := re.fullmatch(r"[\d.,]+\s+([A-Za-z-]+)", needle)):
@@ -1173,6 +1203,26 @@ class MemSteerGenerator(_Generator):
             if attempt:
                 repairs.append(Repair(stage="question", field="question", before=previous, after=question,
                                       reason=f"re-sampled after question:{problem}"))  # fmt: skip
+            if (
+                self.anchored
+                and self.checks
+                and (one := re.sub(r"\?{2,}", "?", question)) != question
+            ):
+                why = "a doubled question mark was made one"  # "…cover??" failed as compound
+                repairs.append(
+                    Repair(
+                        stage="question", field="question", before=question, after=one, reason=why
+                    )
+                )
+                question = one
+            if self.anchored and self.checks and (mine := first_person(question)) != question:
+                why = "'the user' was put in the user's voice"  # "Who did the user sketch …?"
+                repairs.append(
+                    Repair(
+                        stage="question", field="question", before=question, after=mine, reason=why
+                    )
+                )
+                question = mine
             if self.lean and self.checks and (voiced := user_voice(question)) != question:
                 why = "the question was put in the user's voice"
                 repairs.append(
