@@ -21,10 +21,14 @@ def wide(k: int) -> dict:
     return changed(NARROW, retrieve__top_k=k, retrieve__pool=max(k, 1))
 
 
-def run(tmp_path, replies, *, iterations, objective="recall", lms=None, max_build_calls=None, **kw):
+def run(tmp_path, replies, *, iterations, objective="recall", lms=None, max_build_calls=None,
+        stop_at_max=False, **kw):  # fmt: skip
     lm = ProposerLM(replies)
     config = OptimizeConfig(
-        iterations=iterations, objective=objective, max_build_calls=max_build_calls
+        iterations=iterations,
+        objective=objective,
+        max_build_calls=max_build_calls,
+        stop_at_max=stop_at_max,
     )
     opt = MemSteerOpt(
         small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=NARROW,
@@ -452,3 +456,51 @@ def test_a_dense_index_over_more_units_than_allowed_is_sent_back_unbuilt(tmp_pat
     # at the limit the design is fine
     opt.config.max_embed_units = n
     opt.proposer.check(MemoryDesign.from_dict(dense))
+
+
+def test_the_loop_stops_once_validation_is_at_its_maximum(tmp_path):
+    # iteration 1 reaches delivered recall and R@10 1.0 on validation: nothing can be strictly
+    # better there, so iterations 2 and 3 are not proposed (no LM time spent on them)
+    opt, lm = run(tmp_path, [proposal(wide(8), "all units"), proposal(wide(2))], iterations=3,
+                  stop_at_max=True)  # fmt: skip
+    res = opt.run()
+    assert [e.status for e in res.entries] == ["baseline", "accepted"]
+    assert res.best_score.delivered_recall == 1.0 and res.best_score.recall_at_10 == 1.0
+    assert len(lm.calls) == 1
+    assert "iteration 1 already scores the maximum on validation" in res.stopped
+    assert "iterations 2..: not run" in res.stopped
+    out = tmp_path / "run"
+    assert json.loads((out / "summary.json").read_text())["stopped"] == res.stopped
+    assert "- stopped early: the design of iteration 1" in (out / "summary.md").read_text()
+    # a resume stops at the same point instead of proposing again
+    opt2, lm2 = run(tmp_path, [proposal(wide(2))], iterations=3, stop_at_max=True)
+    res2 = opt2.run()
+    assert len(res2.entries) == 2 and lm2.calls == [] and res2.stopped == res.stopped
+
+
+def test_a_loop_below_the_maximum_runs_every_iteration(tmp_path):
+    opt, lm = run(tmp_path, [proposal(wide(2)), proposal(wide(3))], iterations=2, stop_at_max=True)
+    res = opt.run()
+    assert len(res.entries) == 3 and res.stopped is None and len(lm.calls) == 2
+    # off (the default), the loop proposes after reaching the maximum, as the paper's T iterations do
+    opt, lm = run(tmp_path / "off", [proposal(wide(8)), proposal(wide(2))], iterations=2)
+    res = opt.run()
+    assert (
+        res.entries[1].score.delivered_recall == 1.0 and len(lm.calls) == 2 and res.stopped is None
+    )
+
+
+def test_at_ceiling_per_objective():
+    from memsteer_dspy.optimize.objectives import Score, at_ceiling
+
+    full = Score(accuracy=1.0, delivered_recall=1.0, recall_at_10=1.0)
+    assert at_ceiling("recall", full) and at_ceiling("accuracy", full)
+    assert not at_ceiling(
+        "recall", Score(delivered_recall=1.0, recall_at_10=0.9)
+    )  # R@10 breaks ties
+    assert at_ceiling("recall", Score(delivered_recall=1.0))
+    assert not at_ceiling("accuracy", Score(accuracy=0.97, delivered_recall=1.0, recall_at_10=1.0))
+    assert at_ceiling("recall-then-accuracy", Score(accuracy=1.0, delivered_recall=0.5))
+    assert not at_ceiling("recall", None) and not at_ceiling(
+        "accuracy", Score(delivered_recall=1.0)
+    )

@@ -333,6 +333,15 @@ def optimize(
             "(a repeat is re-sampled; a --proposer-output changes grammar does not offer it).",
         ),
     ] = True,
+    stop_at_max: Annotated[
+        bool,
+        typer.Option(
+            "--stop-at-max/--no-stop-at-max",
+            help="Stop before an iteration once the best design scores the objective's maximum on "
+            "validation (delivered recall and R@10 1.0, or accuracy 1.0): no candidate can be accepted "
+            "then. Off by default (the paper's T iterations).",
+        ),
+    ] = False,
     lm_retrieval_margin: Annotated[
         float,
         typer.Option(
@@ -388,6 +397,7 @@ def optimize(
         search=search, parents=parents, accept=accept_rule, accept_alpha=accept_alpha, accept_margin=accept_margin,
         accept_test=accept_test, lm_retrieval_margin=lm_retrieval_margin, proposals=proposals,
         guard=list(guard or []), guard_margin=guard_margin, val_from=val_from, tabu=tabu,
+        stop_at_max=stop_at_max,
     )  # fmt: skip
     tracker = _tracker(out, loaded, tracking_uri, no_tracking)
     if dspy_autolog:
@@ -419,6 +429,8 @@ def optimize(
     typer.echo(
         f"best design:    {best.short()}  (accepted path: iterations {result.accepted_path})"
     )
+    if result.stopped:
+        typer.echo(f"stopped early: {result.stopped}")
     if result.test is not None:
         t, m = result.test, result.test.primary
         ci = t.ci95.get(m)

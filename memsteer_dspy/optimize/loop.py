@@ -11,6 +11,8 @@
         accept d' iff the accept rule says it beats the current best ('strict': A(d') > A(d_t),
                     ties rejected; 'paired': a significant paired gain on the validation items),
                     and an LM-using retrieval beats the best LM-free design by the LM margin
+        (--stop-at-max: stop early when the current best already scores the objective's maximum
+        on validation: no rule can accept anything then, and every proposal is LM time for nothing)
     score d0 and the best design on the held-out test items; paired bootstrap verdict
 
 The loop is written over the protocols of :mod:`memsteer_dspy.optimize.search` (evaluator,
@@ -57,6 +59,7 @@ from memsteer_dspy.optimize.objectives import (
     Objective,
     Score,
     accept,
+    at_ceiling,
     metrics_for,
     passes_screen,
     selected_by,
@@ -109,7 +112,7 @@ from memsteer_dspy.tracking import Tracker, flatten
 Status = Literal["baseline", "accepted", "rejected", "invalid", "duplicate", "failed"]
 # OptimizeConfig fields left out of the same-run key: how far the run goes and how parallel it
 # is change no finished iteration's result (a resume with more --iterations continues).
-KEY_EXCLUDED = ("iterations", "threads")
+KEY_EXCLUDED = ("iterations", "threads", "stop_at_max")
 USAGE_KEYS = ("calls", "prompt_tokens", "completion_tokens", "total_tokens")
 
 
@@ -202,6 +205,12 @@ class OptimizeConfig(BaseModel):
         description="K proposals per iteration from the LM proposer (search hill or population), each "
         "screened by retrieval-only recall on validation; the best goes on to be scored and judged.",
     )  # fmt: skip
+    stop_at_max: bool = Field(
+        False,
+        description="Stop before an iteration when the best design already scores the objective's "
+        "maximum on validation (no accept rule can take anything then). Off: the paper's T "
+        "iterations always run. Not part of the same-run key: it only truncates the trajectory.",
+    )
     tabu: bool = Field(
         True,
         description="LM proposer: a change rejected on its own anywhere in the run (a one-field "
@@ -365,6 +374,9 @@ class OptimizeResult(BaseModel):
         description="Initial vs best design on the held-out test items (None without a test split).",
     )
     best_iteration: int = 0
+    stopped: str | None = Field(
+        None, description="Why the loop ended before its last iteration (None: it ran them all)."
+    )
 
     @property
     def accepted_path(self) -> list[int]:
@@ -379,6 +391,7 @@ class OptimizeResult(BaseModel):
             "initial": self.baseline_score.model_dump(), "best": self.best_score.model_dump(),
             "cost": total.model_dump(), "tracking_uri": self.tracking_uri, "mlflow_parent_run_id": self.parent_run_id,
             "test": self.test.model_dump(mode="json") if self.test is not None else None,
+            "stopped": self.stopped,
             "candidates": [
                 {"iteration": e.iteration, "status": e.status, "design_key": e.design_key,
                  "parent_iteration": e.parent_iteration, "score": (e.score or e.screen_score).model_dump()
@@ -398,6 +411,16 @@ class _TrainState:
     results: list[Any]
     diagnoses: dict[str, Diagnosis]
     errors: dict[str, str] = field(default_factory=dict)
+
+
+def ceiling_reason(best: TrajectoryEntry, t: int) -> str:
+    """Why the loop stops before iteration ``t`` when the best design is at the objective's maximum."""
+    who = (
+        "the initial design" if best.iteration == 0 else f"the design of iteration {best.iteration}"
+    )
+    return (f"{who} already scores the maximum on validation ({best.score.short() if best.score else '-'}), "
+            f"so no candidate can be strictly better there; iterations {t}..: not run "
+            "(a larger or harder validation set is needed to separate designs)")  # fmt: skip
 
 
 def best_of(entries: list[TrajectoryEntry]) -> TrajectoryEntry:
@@ -1014,8 +1037,13 @@ class MemSteerOpt:
             entries.append(self._baseline())
         for e in entries:  # a resumed Optuna search rebuilds its study from the trajectory
             self.search_proposer.observe(e)
+        stopped = None
         for t in range(len(entries), self.config.iterations + 1):
             best_entry = best_of(entries)
+            if self.config.stop_at_max and at_ceiling(self.config.objective, best_entry.score):
+                stopped = ceiling_reason(best_entry, t)
+                self.tracker.log_params(self.parent_run_id, {"stopped": stopped})
+                break
             parent_entry = best_entry
             if self.selector.name != "hill":
                 rng = random.Random(f"parent:{self.config.seed}:{t}")
@@ -1032,6 +1060,7 @@ class MemSteerOpt:
             best_design=MemoryDesign.from_dict(best.design), best_score=best.score, baseline_score=entries[0].score,
             entries=entries, out_dir=str(self.out), parent_run_id=self.parent_run_id,
             tracking_uri=self.tracker.uri if self.tracker.active else None, best_iteration=best.iteration,
+            stopped=stopped,
         )  # fmt: skip
         result.test = self._held_out(entries)
         self._write_outputs(entries, result)
@@ -1322,9 +1351,12 @@ class MemSteerOpt:
         design = MemoryDesign.from_dict(best.design)
         design.save(self.out / "best_design.json")
         test = result.test if result is not None else None
+        stopped = result.stopped if result is not None else None
         write_atomic(
             self.out / "summary.md",
-            render_summary(entries, self.config, self.history, self._settings(), test=test),
+            render_summary(
+                entries, self.config, self.history, self._settings(), test=test, stopped=stopped
+            ),  # fmt: skip
         )
         if result is not None:
             data = {"user": self.history.user_id, "objective": self.config.objective, "search": self.config.search,
@@ -1386,6 +1418,7 @@ def render_summary(
     history: History,
     settings: dict[str, Any],
     test: PairedComparison | None = None,
+    stopped: str | None = None,
 ) -> str:
     """``summary.md``: settings, baseline vs best, the held-out comparison, a table of iterations
     and the accepted path."""
@@ -1410,6 +1443,7 @@ def render_summary(
         f"- initial design `{base.design_key}`; best design `{best.design_key}` (iteration {best.iteration})",
         f"- validation: initial {base.score.short() if base.score else '-'}; best {best.score.short() if best.score else '-'}",
         f"- cost: {total.short()}",
+        *([f"- stopped early: {stopped}"] if stopped else []),
         "",
         *(render_test(test) if test is not None else []),
         "## Iterations",

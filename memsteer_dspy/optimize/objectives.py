@@ -95,6 +95,21 @@ def recall_not_worse(candidate: Score, current: Score) -> bool:
     return not recall_better(current, candidate)
 
 
+def at_ceiling(objective: Objective, score: Score | None) -> bool:
+    """Whether ``score`` is the most the objective can give, so that no candidate can be accepted.
+
+    Every accept rule asks for a strict gain on validation (``paired``: a positive mean gain), so
+    a design that scores the maximum there (delivered recall and R@10 both 1.0 under ``recall``;
+    accuracy 1.0 otherwise) cannot be beaten on those items, whatever is proposed.
+    """
+    if score is None:
+        return False
+    if objective == "recall":
+        dr, r10 = score.delivered_recall, score.recall_at_10
+        return dr is not None and dr >= 1.0 - _EPS and (r10 is None or r10 >= 1.0 - _EPS)
+    return score.accuracy is not None and score.accuracy >= 1.0 - _EPS
+
+
 def passes_screen(objective: Objective, candidate: Score, current: Score) -> bool:
     """``recall-then-accuracy``: whether the candidate goes on to be answered and judged."""
     return objective != "recall-then-accuracy" or recall_not_worse(candidate, current)
