@@ -492,6 +492,17 @@ def test_a_record_s_date_is_cited_from_its_event_and_written_dates_are_options()
     mail = RECORDS[2].model_copy(update={"id": "e:2", "thread_id": "e2"})
     (record,) = bundle_from_records(History("Elena", [mail]), ["e:2"], BundleConfig()).records
     assert event_span(stating_spans(record)).text.startswith("Subject:")
+    # a sentence whose event is on another day never carries the record's date
+    text = (
+        "User: We went to Stoneworks NW yesterday to see the two quartz samples.\n"
+        "Alex Kim liked the Harbor Grey sample."
+    )
+    (record,) = _records(text)
+    assert event_span(stating_spans(record)).text.startswith("Alex Kim liked")
+    (record,) = _records("User: Two days ago Dana Cole moved the meeting to Room 4.")
+    assert event_span(stating_spans(record)) is None
+    options = answer_options([record], "Elena", "date")  # no date option: every kind's instead
+    assert options and not [o for o in options if o.answer_type == "date"]
     # "Mark 12" is no date
     assert [o.answer for o in answer_options(_records("User: Mark 12 rows."), "x", "date")] == [
         "2024-04-15"

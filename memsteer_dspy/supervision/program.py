@@ -141,7 +141,9 @@ PROMPT_VERSION = 2
 # question starts with its question word (not_fronted), writes no word of a name answer
 # (leaks_answer), says "I" for "the user"; a date's sentence ask is "when <sentence>", unquoted;
 # a name or number option's sentence says more than the answer.
-ANCHORED_VERSION = 7
+# 8: a record's date is never cited from a sentence that puts its event on another day
+# ("yesterday", "last week", "two days ago": bundles.event_span).
+ANCHORED_VERSION = 8
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 
