@@ -26,10 +26,12 @@ writes to its own subfolder of ``out_dir`` and resumes there, so a rerun reuses 
 =========================  ==========================================================================
 
 Two sizes: ``small`` (the default) is sized for a 2-core CPU with the embedded 1.5B model
-(measured on an AVX2-only 2-core AMD EPYC: 36 min, 26 of them generating supervision; the README
-has every timing) by generating a handful of items, optimizing for delivered recall for a few iterations (no answering
-during optimization) and answering a stratified subset of the hand-written items with a smaller
-(fixed) context; ``full`` runs the paper-sized version. :meth:`DemoSettings.sized_down` says what
+(measured on an AVX2-only 2-core AMD EPYC: 20 min, 16 of them generating supervision; the README
+has every timing) by generating a handful of items, optimizing for delivered recall for a few
+iterations (no answering during optimization; stopped early once the best design is at the
+maximum on validation) and comparing the designs on R@10 and delivered recall over every
+hand-written item with a smaller (fixed) context, answering none unless ``--accuracy-items N``
+asks; ``full`` runs the paper-sized version. :meth:`DemoSettings.sized_down` says what
 a size changes relative to ``full``, and the demo prints it.
 """
 
@@ -90,7 +92,10 @@ class DemoSettings(BaseModel):
     )
     per_stage: int = Field(10, ge=1, description="Feedback cases per failure stage (stratified).")
     accuracy_items: int | None = Field(
-        None, ge=1, description="Hand-written items answered and judged (None: all)."
+        None,
+        ge=0,
+        description="Hand-written items answered and judged (None: all; 0: none, the designs are "
+        "compared on R@10 and delivered recall only).",
     )
     context_budget: int = Field(
         DEFAULT_CONTEXT_BUDGET, ge=64, description="The fixed answer-context budget (tokens)."
@@ -136,15 +141,22 @@ class DemoSettings(BaseModel):
                 f"proposer feedback: {self.per_stage} cases per failure stage within "
                 f"{self.feedback_tokens} tokens (full: {ref.per_stage} within {ref.feedback_tokens})"
             )
-        if self.accuracy_items is not None and (
+        if self.accuracy_items == 0 and ref.accuracy_items != 0:
+            out.append(
+                "accuracy and QS: not measured, no hand-written item is answered (full: all; "
+                "--accuracy-items N answers N); R@10 and delivered recall on all of them"
+            )
+        elif self.accuracy_items is not None and (
             ref.accuracy_items is None or self.accuracy_items < ref.accuracy_items
         ):
             out.append(
                 f"accuracy and QS: {self.accuracy_items} hand-written items, stratified by question "
                 "type (full: all); R@10 on all of them"
             )
-        if self.answer_max_tokens is not None and (
-            ref.answer_max_tokens is None or self.answer_max_tokens < ref.answer_max_tokens
+        if (
+            self.accuracy_items != 0
+            and self.answer_max_tokens is not None
+            and (ref.answer_max_tokens is None or self.answer_max_tokens < ref.answer_max_tokens)
         ):
             out.append(
                 f"answers: at most {self.answer_max_tokens} tokens each, for both designs "
@@ -159,20 +171,23 @@ class DemoSettings(BaseModel):
 
 
 SIZES: dict[str, DemoSettings] = {
-    # Sized for a 2-core CPU with the embedded 1.5B model. Supervision: 8 accepted items wanted
-    # (about 5 train / 3 validation, enough for the validation set to separate designs) from at
-    # most 20 candidates. Measured on an AVX2-only 2-core AMD EPYC (README): 36 min in all, 5 of 20
-    # kept in 26 min, and Base-BM25 already at delivered recall 1.0 on the 2 validation items.
+    # Sized for 15 minutes on a 2-core CPU with the embedded 1.5B model. Supervision: 8 accepted
+    # items wanted (about 5 train / 3 validation, enough for the validation set to separate
+    # designs) from at most 30 candidates, with the lean-anchor pipeline (skipped bundles count as
+    # candidates and cost no LM call). The designs are compared on R@10 and delivered recall
+    # (the recall objective's metric) on all 34 hand-written items; answering them with the 1.5B
+    # model cost 3 min per design for 6 items in the first measured run (README), so the small
+    # size answers none unless asked (--accuracy-items).
     "small": DemoSettings(
         size="small",
         n_supervision=8,
-        max_candidates=24,
+        max_candidates=30,
         bundle_profile="auto",
         iterations=3,
         objective="recall",
         feedback_tokens=1500,
         per_stage=3,
-        accuracy_items=6,
+        accuracy_items=0,
         context_budget=1000,
         answer_max_tokens=128,
         max_resamples=1,
@@ -212,6 +227,8 @@ def accuracy_subset(items: list[QAItem], n: int | None) -> list[QAItem]:
     file order; all items when ``n`` is None or not smaller than the set."""
     if n is None or n >= len(items):
         return list(items)
+    if n <= 0:
+        return []
     by_type: dict[str, list[QAItem]] = {}
     for q in items:
         by_type.setdefault(q.question_type or "unknown", []).append(q)
@@ -345,6 +362,8 @@ class DemoResult(BaseModel):
                 f"Optimization: {opt['iterations']} iterations, objective {opt['objective']}; "
                 f"validation {opt['baseline']} -> {opt['best']} (accepted path: {path})."
             )
+            if opt.get("stopped"):
+                lines.append(f"  stopped early: {opt['stopped']}")
             for change in opt.get("changes", []):
                 lines.append(f"  best design: {change}")
         h = self.heldout
@@ -509,7 +528,7 @@ def run_demo(
     Args:
         out_dir: the demo's folder; a rerun with the same settings and LMs resumes it.
         lm_config: an :class:`~memsteer_dspy.lm.LMConfig` (role → LM; the embedded model by default).
-        size: ``"small"`` (sized for a 2-core CPU with the embedded model; 36 min measured on
+        size: ``"small"`` (sized for a 2-core CPU with the embedded model; 20 min measured on
             an AVX2-only one) or ``"full"``.
         settings: explicit :class:`DemoSettings` instead of a named size (tests, custom runs).
         cache_dir: where stores and indexes are kept (default ``out_dir/indexes``).
@@ -737,7 +756,7 @@ def _optimize(
     config = OptimizeConfig(
         iterations=settings.iterations, objective=settings.objective, feedback="stratified", seed=settings.seed,
         per_stage=settings.per_stage, feedback_tokens=settings.feedback_tokens, protocol="full",
-        threads=settings.threads, max_resamples=settings.max_resamples,
+        threads=settings.threads, max_resamples=settings.max_resamples, stop_at_max=True,
     )  # fmt: skip
 
     def on_event(event: dict[str, Any]) -> None:
@@ -775,13 +794,14 @@ def _optimize(
         "accepted_path": res.accepted_path, "baseline": res.baseline_score.short(), "best": res.best_score.short(),
         "best_design_key": best.key(), "best_iteration": best_entry.iteration, "changes": changes,
         "statuses": [e.status for e in res.entries], "cost": res.entries[-1].cost_total.model_dump(),
-        "parent_run_id": res.parent_run_id,
+        "parent_run_id": res.parent_run_id, "stopped": res.stopped,
     }  # fmt: skip
     status = "reused" if done and done > config.iterations else ("resumed" if done else "ran")
     result.stages.append(StageReport(
         name="optimization", status=status, seconds=round(time.perf_counter() - t0, 1),
         detail=f"{len(res.entries) - 1} iterations, accepted path {res.accepted_path}; "
-               f"validation {res.baseline_score.short()} -> {res.best_score.short()}",
+               f"validation {res.baseline_score.short()} -> {res.best_score.short()}"
+               + ("; stopped early: validation at its maximum" if res.stopped else ""),
     ))  # fmt: skip
     return best.model_copy(update={"name": best.name or "best"})
 
@@ -827,24 +847,30 @@ def _evaluate(
                                  out_dir=folder / "recall", on_item=on_item)  # fmt: skip
         if bar is not None:
             bar.update(len(items) - bar.n)  # items resumed from disk
-        answer = evaluate_design(
-            system, answered, metrics="all", judge_lm=lm_config.lm("judge"), protocol="full",
-            threads=settings.threads, out_dir=folder / "answer", on_item=on_item,
-        )  # fmt: skip
+        answer = None
+        if answered:
+            answer = evaluate_design(
+                system, answered, metrics="all", judge_lm=lm_config.lm("judge"), protocol="full",
+                threads=settings.threads, out_dir=folder / "answer", on_item=on_item,
+            )  # fmt: skip
         if bar is not None:
             bar.update(bar.total - bar.n)
     finally:
         if bar is not None:
             bar.close()
     book.book(item=False)
-    rs, a = recall.summary, answer.summary
+    rs = recall.summary
+    a = answer.summary if answer is not None else None
     cost = book.totals
     row = DesignRow(
-        label=label, design_name=design.name, design_key=design.key(), accuracy=a.accuracy, qs=a.qs,
-        n_answered=a.n, recall_at_10=rs.recall_at_10, delivered_recall=rs.delivered_recall, n_recall=rs.n,
+        label=label, design_name=design.name, design_key=design.key(),
+        accuracy=a.accuracy if a else None, qs=a.qs if a else None, n_answered=a.n if a else 0,
+        recall_at_10=rs.recall_at_10, delivered_recall=rs.delivered_recall, n_recall=rs.n,
         lm_calls=int(cost["calls"]), cache_hits=int(cost["cache_hits"]), tokens=int(cost["total_tokens"]),
-        seconds=round(float(cost["seconds"]), 1), errors=rs.errors + a.errors, cost_usd=cost.get("cost_usd"),
-        item_correct={i.qa_id: None if i.correct is None else float(i.correct) for i in answer.items},
+        seconds=round(float(cost["seconds"]), 1), errors=rs.errors + (a.errors if a else 0),
+        cost_usd=cost.get("cost_usd"),
+        item_correct={i.qa_id: None if i.correct is None else float(i.correct)
+                      for i in (answer.items if answer is not None else [])},
         item_recall={i.qa_id: i.recall_at_10 for i in recall.items},
         item_delivered={i.qa_id: i.delivered_recall for i in recall.items},
     )  # fmt: skip
@@ -857,8 +883,9 @@ def _evaluate(
     status = "reused" if n_new <= 0 else ("resumed" if before else "ran")
     result.stages.append(StageReport(
         name=f"eval {label}", status=status, seconds=round(time.perf_counter() - t0, 1),
-        detail=f"accuracy {_pct(row.accuracy)}, QS {_pct(row.qs)} on {row.n_answered}; R@10 {_pct(row.recall_at_10)} "
-               f"on {row.n_recall}",
+        detail=(f"accuracy {_pct(row.accuracy)}, QS {_pct(row.qs)} on {row.n_answered}; " if answered else "")
+               + f"R@10 {_pct(row.recall_at_10)}, delivered recall {_pct(row.delivered_recall)} on {row.n_recall}"
+               + ("" if answered else " (no item answered)"),
     ))  # fmt: skip
     say(f"  {label}: {result.stages[-1].detail}")
     _track_evaluation(tracker, folder, label, design, row, settings)

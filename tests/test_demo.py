@@ -214,6 +214,8 @@ def test_sizes_and_the_stratified_subset():
     small, full = SIZES["small"], SIZES["full"]
     assert full.accuracy_items is None and full.iterations == 20 and full.context_budget == 4000
     said = "\n".join(small.sized_down())
+    assert small.accuracy_items == 0 and "accuracy and QS: not measured" in said
+    assert accuracy_subset(load_demo().qa_items, 0) == []
     assert "answer context" in said and "iterations" in said and "objective: recall" in said
     assert full.sized_down() == []
     items = load_demo().qa_items
@@ -244,6 +246,7 @@ def test_every_stage_runs_and_is_reported(demo_run):
     ).exists()
     opt = result.optimization
     assert opt["ran"] and opt["iterations"] == 2 and opt["objective"] == "recall"
+    assert opt["stopped"] is None  # validation never at its maximum before the last iteration
     # the scripted proposer's first revision does not help, the second (neighbours) does
     assert opt["statuses"] == ["baseline", "rejected", "accepted"] and opt["accepted_path"] == [
         0,
@@ -392,6 +395,24 @@ def test_too_little_supervision_skips_optimization(tmp_path):
     assert result.tracking_uri is None and "mlflow ui" not in result.render()
 
 
+def test_no_answered_items_compares_on_recall_alone(tmp_path):
+    """accuracy_items=0 (the small size): no answerer or judge call, accuracy '–' in the table,
+    and the held-out verdict on delivered recall over all 34 hand-written items."""
+    engine = engine_for_demo()
+    settings = TINY.model_copy(update={"accuracy_items": 0})
+    assert "accuracy and QS: not measured" in "\n".join(settings.sized_down())
+    result = run_demo(tmp_path / "run", scripted_config(engine), settings=settings, tracking=False,
+                      progress=False)  # fmt: skip
+    assert not [role for role, _, _ in engine.log if role in ("answerer", "judge")]
+    for row in result.rows:
+        assert row.n_answered == 0 and row.accuracy is None and row.item_correct == {}
+        assert row.n_recall == 34 and row.delivered_recall is not None and row.lm_calls == 0
+    assert "| – | – |" in result.table()
+    h = result.heldout
+    assert h["n"] == 34 and h["primary"] == "delivered_recall" and "accuracy" not in h["diff"]
+    assert "(no item answered)" in result.stages[2].detail
+
+
 # ---------------------------------------------------------------------------------------------
 # the embedded model
 # ---------------------------------------------------------------------------------------------
@@ -454,3 +475,26 @@ def test_heldout_comparison_of_two_rows_gives_the_optimizers_test_object():
     assert h["n_pairs"]["accuracy"] == 10
     same = heldout_comparison(base, base, "accuracy")
     assert same["primary"] == "accuracy" and same["verdict"] == "inconclusive"
+
+
+def test_an_optimization_stopped_at_the_maximum_says_why(demo_run, monkeypatch):
+    result, *_ = demo_run
+    stopped = result.model_copy(deep=True)
+    stopped.optimization["stopped"] = "the initial design already scores the maximum on validation"
+    assert "  stopped early: the initial design already scores the maximum" in stopped.render()
+    assert "stopped early" not in result.render()
+    # the demo asks the loop to stop there (the loop's own tests cover the stop)
+    import memsteer_dspy.optimize.loop as loop_mod
+
+    seen = []
+
+    class Capture(loop_mod.MemSteerOpt):
+        def __init__(self, *a, config, **k):
+            seen.append(config)
+            raise RuntimeError("captured")
+
+    monkeypatch.setattr(loop_mod, "MemSteerOpt", Capture)
+    with pytest.raises(RuntimeError, match="captured"):
+        run_demo(result.out_dir + "-capture", scripted_config(engine_for_demo()), settings=TINY,
+                 tracking=False, progress=False)  # fmt: skip
+    assert seen and seen[0].stop_at_max is True
