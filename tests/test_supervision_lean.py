@@ -450,6 +450,14 @@ def test_user_voice_turns_the_assistant_s_you_into_the_user_s_i():
     assert user_voice("What did Lila tell you about your trip?") == "What did Lila tell me about my trip?"
     assert user_voice("Where were you going with Oliver?") == "Where was I going with Oliver?"
     assert user_voice("How many trays did Lila bring?") == "How many trays did Lila bring?"
+    # the subject of a present-tense verb (LEAN_VERSION 8; the writer's "the section you want")
+    assert user_voice("What is the name of the section you want to focus on?") == (
+        "What is the name of the section I want to focus on?"
+    )
+    assert user_voice("Who do you need to call?") == "Who do I need to call?"
+    assert user_voice("Who gave you the card?") == "Who gave me the card?"
+    assert user_voice("Who helped you plan the trip?") == "Who helped me plan the trip?"
+    assert user_voice("What made you feel calmer?") == "What made me feel calmer?"
 
 
 def test_lean_puts_a_second_person_question_in_the_user_s_voice_and_records_it():

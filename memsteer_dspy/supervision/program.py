@@ -118,7 +118,9 @@ LEAN_MAX_TOKENS = {**MAX_TOKENS, "plan": 300, "question": 80, "audit": 400, "bli
 #    use is off_evidence. (Measured: 6 of the 13 items lean-yield accepted in the seventh cost run
 #    were bad; 5 of them fail one of these checks.)
 # 7: a date cited from a separator line ("---") states nothing either (answer_not_stated).
-LEAN_VERSION = 7
+# 8: user_voice reads "you" before a present-tense verb as the subject ("the section you want" →
+#    "I want", not "me want", which the thirteenth cost run's writer produced).
+LEAN_VERSION = 8
 # The prompts every method shows (instructions, the cold-start demonstration): a run folder resumes
 # only under the prompts it was made with. 1: unversioned; 2: the planner's demonstration lists the
 # answer sentence among its fact sentences (it showed an empty list, which the bounded schema forbids).
@@ -891,9 +893,23 @@ def first_person(ask: str) -> str:
 _YOU_SUBJECT = re.compile(
     r"\byou\b(?=\s+(?:am|was|have|had|will|would|can|could|should|might|must|"
     r"do|did|got|went|met|made|said|told|saw|took|gave|sent|bought|ate|wrote|felt|left|came|"
-    r"kept|found|heard|thought|knew|began|spent|paid|read|\w+ed)\b)",
+    r"kept|found|heard|thought|knew|began|spent|paid|read|\w+ed|"
+    r"want|need|like|love|hope|plan|think|feel|know|see|say|use|get|wish|prefer|mean|keep|try|"
+    r"remember|mention|have|go|work|live|enjoy|call|ask|tell|bring|take|make|buy|visit|meet)\b)",
     re.I,
 )
+# "help you plan", "made you feel", "let you know": "you" is the object of these before a bare verb
+_CAUSATIVE = frozenset(
+    "help helps helped let lets make makes made have has had watch watched saw hear heard "
+    "bid get got".split()
+)
+
+
+def _object_you(text: str, at: int) -> bool:
+    before = re.findall(r"[A-Za-z']+", text[:at])
+    return bool(before) and before[-1].lower() in _CAUSATIVE
+
+
 _AUX_YOU = re.compile(
     r"\b(did|do|does|have|had|will|would|can|could|should|shall|might|must|are|were)\s+you\b", re.I
 )
@@ -916,7 +932,7 @@ def user_voice(question: str) -> str:
     q = re.sub(r"\byour\b", "my", q, flags=re.I)
     q = re.sub(r"\byou\s+are\b", "I am", q, flags=re.I)
     q = re.sub(r"\byou\s+were\b", "I was", q, flags=re.I)
-    q = _YOU_SUBJECT.sub("I", q)
+    q = _YOU_SUBJECT.sub(lambda m: m.group(0) if _object_you(q, m.start()) else "I", q)
     q = re.sub(r"\byou\b", "me", q, flags=re.I)
     return q[:1].upper() + q[1:] if q else q
 
