@@ -581,6 +581,16 @@ def test_an_echo_question_or_one_naming_part_of_the_answer_is_rewritten():
 
     assert _names_part_of("Who is Sofia's mother?", "Sofia Morales")
     assert not _names_part_of("Who brought in ginger tea?", "Sofia Morales")
+    # a number answer written in the question leaks it; the ask's own date does not
+    from memsteer_dspy.supervision.program import _writes_number
+
+    leak = "How long did it take me to type during that 25-minute chat, on July 9, 2024?"
+    assert _writes_number(leak, "25") and _writes_number("Did 2 hours pass?", "2 hours")
+    assert not _writes_number("How many trays did I fill, on July 25, 2024?", "25")
+    assert not _writes_number("How many trays did I fill, on 2024-07-25?", "25 trays")
+    assert not _writes_number("How many trays cost 2.5 dollars?", "2") and not _writes_number(
+        "x", "two"
+    )
     bundle = small_bundle()
     options = answer_options(bundle.records, "Elena", "entity")
     n = next(i for i, o in enumerate(options, 1) if o.answer == "MacBook Air")
@@ -595,3 +605,23 @@ def test_an_echo_question_or_one_naming_part_of_the_answer_is_rewritten():
     assert any("not_fronted" in r for r in reasons), reasons
     # "the user" is the one asking: put in their voice
     assert out.question == "Which laptop did I send a quick note to Lila from on March 2?"
+
+
+def test_a_question_writing_its_number_answer_is_rewritten():
+    bundle = small_bundle()
+    options = answer_options(bundle.records, "Elena", "number")
+    n = next(i for i, o in enumerate(options, 1) if o.answer == "12 seed")
+    plan = _plan(n, evidence=[{"record_id": "R2", "contribution": "says it"}], fact_span_ids=["R2.2"],
+                 ask="how many seed trays Lila will bring")  # fmt: skip
+    leak = "How many trays will Lila bring besides the 12 seed trays?"
+    good = "How many seed trays will Lila bring to the garden workshop?"
+    lms = role_lms(
+        [plan], [question_reply(leak), question_reply(good)], [audit_reply(facts=("R2.2",))],
+        [blind_reply("12", cited=("c1:2#2",))],
+    )  # fmt: skip
+    out, _ = _anchored(
+        lms, bundle, Task(question_type="fact", evidence_count=1, answer_type="number")
+    )
+    reasons = [r.reason for r in out.repairs if r.field == "question"]
+    assert any("leaks_answer" in r for r in reasons), (reasons, out.detail)
+    assert out.question == good  # (the scripted audit, about R1, then rejects it: not tested here)

@@ -69,6 +69,7 @@ from memsteer_dspy.signatures.plan import AnswerPlan, EvidenceUse, Fact, PlanAns
 from memsteer_dspy.signatures.question import WriteQuestion
 from memsteer_dspy.supervision.adapter import CompactJSONAdapter
 from memsteer_dspy.supervision.checks import (
+    _DATE_IN_TEXT,
     _RELATIVE_TIME,
     PlanIssue,
     Repair,
@@ -144,7 +145,8 @@ PROMPT_VERSION = 2
 # (leaks_answer), says "I" for "the user"; a date's sentence ask is "when <sentence>", unquoted;
 # a name or number option's sentence says more than the answer.
 # 8: a record's date is never cited from a sentence that puts its event on another day
-# ("yesterday", "last week", "two days ago": bundles.event_span).
+# ("yesterday", "last week", "two days ago": bundles.event_span); a question that writes its number
+# answer outside a date leaks it ("that 25-minute chat" for 25: leaks_answer).
 ANCHORED_VERSION = 8
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
@@ -577,6 +579,8 @@ class _Generator(dspy.Module):
                 return "not_fronted"
             if str(plan.answer_type) == "entity" and _names_part_of(question, plan.answer):
                 return "leaks_answer"  # "Who is Sofia's mother?" -> Sofia Morales
+            if str(plan.answer_type) == "number" and _writes_number(question, plan.answer):
+                return "leaks_answer"  # "How long … that 25-minute chat …?" -> 25
             if len(plan.evidence_ids) > 1:
                 texts = [bundle.subset([rid]).view().text for rid in plan.evidence_ids]
                 if records_missed(question, plan.answer, texts):
@@ -807,6 +811,17 @@ def _names_part_of(question: str, answer: str) -> bool:
     for "Sofia Morales"): it gives the answer away, or asks about the answer's own relation."""
     words = [w for w in re.findall(r"[A-Z][A-Za-z-]{2,}", answer)]
     return any(re.search(rf"(?<![\w-]){re.escape(w)}(?![\w-])", question) for w in words)
+
+
+def _writes_number(question: str, answer: str) -> bool:
+    """Whether the question writes a number answer's number outside a date ("How long did it take
+    me during that 25-minute chat?" for 25; the "on July 9, 2024" a one-record ask carries does not
+    count)."""
+    m = re.match(r"\s*(\d+(?:[.,]\d+)?)", answer)
+    if m is None:
+        return False
+    rest = _DATE_IN_TEXT.sub(" ", question)
+    return re.search(rf"(?<![\d.,]){re.escape(m.group(1))}(?![\d]|[.,]\d)", rest) is not None
 
 
 def _second_answer_span(plan: AnswerPlan, bundle: Bundle) -> Span | None:
