@@ -63,6 +63,7 @@ __all__ = [
     "plain_text",
     "small_lm_bundle_config",
     "ANCHORED_SAMPLING",
+    "UNDATED_EVENT_KINDS",
 ]
 
 QUESTION_TYPES: dict[str, str] = {
@@ -798,6 +799,13 @@ _SHIFTED_DAY = re.compile(
 )
 
 
+UNDATED_EVENT_KINDS = frozenset({"document_section"})
+"""Record kinds whose date is not the date of what their sentences tell: a report's or a plan's
+section carries the document's date ("When did the module structure section start?" was accepted
+with a course outline's date, "When did Form peer-led study groups …?" with a report's), so its
+own date is no answer option; the dates its sentences write still are."""
+
+
 def event_span(stating: Sequence[Span]) -> Span | None:
     """The sentence a record's own date is cited from, as the event a "When …?" question asks
     about: an email's subject line, else among the first :data:`EVENT_SPAN_WINDOW` sentences the
@@ -845,8 +853,9 @@ def answer_options(
 ) -> list[AnswerOption]:
     """The answers the records' own sentences supply, found the way :func:`answer_kinds` finds
     their kinds: each name that is not the user's (``entity``), each number that is not part of a
-    date or a year (``number``), each enumeration "a, b and c" (``list``), and each record's date
-    (``date``, cited from its first sentence that is not a heading or a separator).
+    date or a year (``number``), each enumeration "a, b and c" (``list``), each date a sentence
+    writes, and each record's own date (``date``, cited from :func:`event_span`; not for a
+    document section, :data:`UNDATED_EVENT_KINDS`).
 
     With ``answer_type``, only that kind's options when the records hold one (else every kind).
     At most ``limit`` (None: all), taken in turn from each record so that none crowds the others
@@ -861,7 +870,8 @@ def answer_options(
     for record in records:
         found: list[AnswerOption] = []
         stating = stating_spans(record)
-        event = event_span(stating) if record.date and stating else None
+        dated = record.date and record.kind not in UNDATED_EVENT_KINDS
+        event = event_span(stating) if dated and stating else None
         if event is not None:
             found.append(AnswerOption(event.id, record.date, "date"))
         for span in stating:

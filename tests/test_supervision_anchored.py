@@ -503,6 +503,10 @@ def test_a_record_s_date_is_cited_from_its_event_and_written_dates_are_options()
     assert event_span(stating_spans(record)) is None
     options = answer_options([record], "Elena", "date")  # no date option: every kind's instead
     assert options and not [o for o in options if o.answer_type == "date"]
+    # a document section's date is the document's, not its sentences' events': only written dates
+    (section,) = _records("Mark Jensen gives the composting demonstration on September 23.")
+    section = section.model_copy(update={"kind": "document_section"})
+    assert [o.answer for o in answer_options([section], "Elena", "date")] == ["September 23"]
     # "Mark 12" is no date
     assert [o.answer for o in answer_options(_records("User: Mark 12 rows."), "x", "date")] == [
         "2024-04-15"

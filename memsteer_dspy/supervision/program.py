@@ -146,7 +146,9 @@ PROMPT_VERSION = 2
 # a name or number option's sentence says more than the answer.
 # 8: a record's date is never cited from a sentence that puts its event on another day
 # ("yesterday", "last week", "two days ago": bundles.event_span); a question that writes its number
-# answer outside a date leaks it ("that 25-minute chat" for 25: leaks_answer).
+# answer outside a date leaks it ("that 25-minute chat" for 25: leaks_answer); a document
+# section's own date is no option (bundles.UNDATED_EVENT_KINDS: it dates the document, not what
+# its sentences tell).
 ANCHORED_VERSION = 8
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
