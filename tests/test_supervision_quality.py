@@ -109,6 +109,22 @@ def test_assess_fidelity_true_and_corrupted_items(capsys):
         if case["kind"] == "evidence_replaced":
             assert not set(case["evidence_ids"]) & {"c1:1", "c1:2"}
     assert "true items accepted" in format_fidelity(report)
+    assert report["checks"] == "v1"
+
+
+def test_lean_fidelity_reads_blind_first_and_audits_only_what_it_confirmed():
+    h = small_history()
+    items = [ITEM.model_copy(update={"source": "official"})]
+    auditor = endless(lambda i: audit_reply(facts=("R1.1",)))
+    # a reader that never answers: under lean every case stops at the blind read
+    reader = endless(lambda i: {"cited_ids": [], "answer": "", "answerable": False})
+    lms = {"auditor": auditor, "blind_reader": reader}
+    report = assess_fidelity(h, items, lms, limit=1, lean=True)
+    assert report["checks"] == "lean" and report["cases"]
+    assert {c["reason"].split(":")[0] for c in report["cases"]} == {"blind"}
+    assert len(auditor.history) == 0
+    v1 = assess_fidelity(h, items, lms, limit=1)
+    assert len(auditor.history) > 0 and v1["checks"] == "v1"  # v1 audits first
 
 
 def test_assess_command(tmp_path, monkeypatch):

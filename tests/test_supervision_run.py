@@ -327,10 +327,10 @@ def test_load_qa_jsonl_names_the_bad_line(tmp_path):
     assert item.metadata["facts"] == [{"span_id": "r#1"}]
 
 
-def test_generate_command(tmp_path, monkeypatch):
-    from typer.testing import CliRunner
-
-    from memsteer_dspy.cli import app
+def scripted_generate_cli(tmp_path, monkeypatch, *, in_process: bool):
+    """A history file, and ``memsteer generate``'s LM config replaced by accepting scripted LMs
+    (``in_process`` says whether they count as grammar-bounded in-process ones)."""
+    import memsteer_dspy.lm
 
     hist = tmp_path / "history.jsonl"
     hist.write_text(
@@ -349,11 +349,19 @@ def test_generate_command(tmp_path, monkeypatch):
             return {}
 
         def in_process(self, *roles):
-            return False  # a scripted LM: no grammar-bounded lengths, the full profile
-
-    import memsteer_dspy.lm
+            return in_process
 
     monkeypatch.setattr(memsteer_dspy.lm, "load_lm_config", lambda *a, **k: FakeConfig())
+    return hist
+
+
+def test_generate_command(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from memsteer_dspy.cli import app
+
+    # a scripted LM: no grammar-bounded lengths, the full profile
+    hist = scripted_generate_cli(tmp_path, monkeypatch, in_process=False)
     out = tmp_path / "out"
     args = ["generate", "--format", "jsonl", "--path", str(hist), "--out", str(out), "--n", "3",
             "--max-candidates", "4", "--profile", "full", "--json"]  # fmt: skip
@@ -364,6 +372,38 @@ def test_generate_command(tmp_path, monkeypatch):
     assert (out / "train.jsonl").exists() and (out / "dataset").is_dir()
     bad = CliRunner().invoke(app, [*args[:-1], "--method", "magic"])
     assert bad.exit_code != 0 and "magic" not in (out / "run.json").read_text()
+
+
+@pytest.mark.parametrize(
+    ("extra", "in_process", "lean", "anchored"),
+    [
+        ([], True, True, True),  # the embedded model: lean-anchor, the measured small-LM pipeline
+        (["--no-lean"], True, False, False),  # the paper's prompts on request
+        (["--lean"], True, True, False),  # lean alone, as asked
+        ([], False, False, False),  # an API LM: the paper's prompts
+    ],
+)
+def test_generate_picks_the_small_lm_pipeline_for_an_in_process_planner(
+    tmp_path, monkeypatch, extra, in_process, lean, anchored
+):
+    from typer.testing import CliRunner
+
+    from memsteer_dspy.cli import app
+
+    hist = scripted_generate_cli(tmp_path, monkeypatch, in_process=in_process)
+    out = tmp_path / "out"
+    args = ["generate", "--format", "jsonl", "--path", str(hist), "--out", str(out), "--n", "1",
+            "--max-candidates", "1", *extra]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    options = json.loads((out / "run.json").read_text())["key"]["options"]
+    assert options.get("lean", False) is lean and ("anchored_version" in options) is anchored
+    if anchored:
+        assert options["bundle"]["steer_by_yield"] and options["bundle"]["yield_power"] == 2.0
+        assert (
+            options["bundle"]["steer_to_options"]
+            and "lean prompts, anchored planner" in result.output
+        )
 
 
 def test_bootstrapped_demos_default_off_for_bounded_in_process_lms():

@@ -47,6 +47,12 @@ def _bundle_config(
     ), profile
 
 
+def _pipeline_name(config) -> str:
+    if config.anchored:
+        return "lean prompts, anchored planner"
+    return "lean prompts" if config.lean else "the paper's prompts"
+
+
 @cli_errors
 @history_options
 @lm_options
@@ -129,15 +135,17 @@ def generate(
         ),
     ] = None,
     lean: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             "--lean/--no-lean",
             help="The cheaper pipeline (same stages): compact prompts, bundles with nothing concrete "
-            "rejected before any LM call, the blind read before the audit, tight output caps; "
-            "--no-lean (default): the earlier prompts and order, which kept more candidates "
-            "on the embedded model (5 of 16 vs 2 of 16; see the README).",
+            "rejected before any LM call, the blind read before the audit, tight output caps. "
+            "Default: for an in-process planner on small bundles with method memsteer and none of "
+            "--anchored / --steer-by-yield given, lean with the anchored planner and the squared-yield "
+            "sampler (the benchmark's lean-anchor, measured cheapest per verified item on the "
+            "embedded model: README); otherwise the paper's prompts. --no-lean: the paper's prompts.",
         ),
-    ] = False,
+    ] = None,
     steer_by_yield: Annotated[
         bool,
         typer.Option(
@@ -190,12 +198,19 @@ def generate(
 
     if method not in METHODS:
         raise typer.BadParameter(f"choose one of {', '.join(METHODS)}", param_hint="--method")
+    # length limits in the output schemas, for LMs that decode under them (in-process llama.cpp)
+    bounded = lm_config.in_process(*GENERATION_ROLES)
+    small = profile == "small" or (profile == "auto" and lm_config.in_process("planner"))
+    # unset --lean: the small-LM pipeline (benchmarks/generate_cost.py's lean-anchor) or the paper's
+    if lean is None:
+        lean = small_lm_default = (small and bounded and method == "memsteer" and not anchored
+                                   and not steer_by_yield)  # fmt: skip
+        if small_lm_default:
+            anchored, steer_by_yield, yield_power = True, True, 2.0
     bundle_config, chosen = _bundle_config(
         profile, lm_config, budget, record_token_cap, steer_by_yield, yield_power, anchored
     )
     loaded = history.load()
-    # length limits in the output schemas, for LMs that decode under them (in-process llama.cpp)
-    bounded = lm_config.in_process(*GENERATION_ROLES)
     config = GenerationConfig(
         n=n, max_candidates=max_candidates, method=method, checks=checks, seed=seed, threads=threads,
         batch_size=batch_size, max_demos=max_demos, bundle=bundle_config, bounded=bounded, lean=lean,
@@ -205,7 +220,8 @@ def generate(
     described = lm_config.describe()
     typer.echo(
         f"generating for {loaded.history.user_id} ({len(loaded.history)} records) into {out}: "
-        f"method {method}, profile {chosen}, n {n}, at most {config.candidate_limit} candidates",
+        f"method {method}, profile {chosen}, n {n}, at most {config.candidate_limit} candidates; "
+        + _pipeline_name(config),
         err=True,
     )
     summary = generate_supervision(
@@ -239,6 +255,14 @@ def assess(
         typer.Option(
             "--fidelity",
             help="Run the audit and blind read over the format's official QA and corrupted copies.",
+        ),
+    ] = False,
+    lean: Annotated[
+        bool,
+        typer.Option(
+            "--lean",
+            help="With --fidelity: run the checks as the lean pipeline does (compact prompts, the "
+            "blind read first, the quoted-facts audit), the ones `generate` uses on the embedded model.",
         ),
     ] = False,
     limit: Annotated[
@@ -290,6 +314,7 @@ def assess(
             seed=seed,
             bounded=bounded,
             progress=True,
+            lean=lean,
         )
         report["fidelity"] = fid
         lines.append(format_fidelity(fid))

@@ -249,18 +249,21 @@ def assess_fidelity(
     config: BundleConfig | None = None,
     bounded: bool = False,
     progress: bool = False,
+    lean: bool = False,
 ) -> dict[str, Any]:
     """Audit + blind read over up to ``limit`` official items (with 1–4 evidence records in the
     history) and their two corruptions; the fraction of true items accepted and of corrupted
     items rejected, with rejections by reason. ``progress`` shows a bar of cases checked (on
-    stderr), with the LM call in flight."""
+    stderr), with the LM call in flight. ``lean`` runs the checks as the lean pipeline does (its
+    compact prompts, the blind read first, and an audit of the record contributions, answer
+    support and consistency when every fact is its cited sentence's own words)."""
     config = config or BundleConfig(record_token_cap=400, min_records=3, max_records=6)
     graph = graph or RecordGraph.build(history)
     rng = random.Random(f"fidelity:{seed}")
     usable = [q for q in qa_items if q.evidence_ids and len(q.evidence_ids) <= 4
               and all(rid in history for rid in q.evidence_ids) and q.answer.strip()]  # fmt: skip
     sample = rng.sample(usable, min(limit, len(usable)))
-    checker = FidelityChecker(lms, max_demos=0, bounded=bounded)
+    checker = FidelityChecker(lms, max_demos=0, bounded=bounded, lean=lean)
     cases: list[tuple[str, QAItem, Bundle, AnswerPlan]] = []
     all_ids = [r.id for r in history.records]
     for item in sample:
@@ -316,7 +319,7 @@ def assess_fidelity(
                         "evidence_ids": plan.evidence_ids, "bundle": bundle.record_ids, "status": out.status,
                         "reason": out.reason, "detail": out.detail,
                         "blind_answer": out.blind.answer if out.blind else None})  # fmt: skip
-    report: dict[str, Any] = {"items": len(sample)}
+    report: dict[str, Any] = {"items": len(sample), "checks": "lean" if lean else "v1"}
     for kind, g in groups.items():
         g["rejected_by_reason"] = dict(g["rejected_by_reason"].most_common())
         if kind == "true":
