@@ -811,12 +811,18 @@ def event_span(stating: Sequence[Span]) -> Span | None:
     about: an email's subject line, else among the first :data:`EVENT_SPAN_WINDOW` sentences the
     one naming the most kinds of detail (names, numbers, places) that writes no date of its own
     (whose question would have that date for its answer), the earliest on a tie. A sentence that
-    puts its event on another day ("yesterday", "last week", "two days ago") is never one: the
-    record's date is not its event's. None when no sentence of the window is left.
+    puts its event on another day ("yesterday", "last week", "two days ago") is never one, and
+    neither is any later one (what follows "We went to Stoneworks NW yesterday" — "Alpine Mist
+    looked great in the showroom" — tells the same day): the record's date is not their event's.
+    None when no sentence is left.
 
     The first sentence was measured to be a poor event on the embedded model: "When did I like
     the idea of focusing on a small corner or shelf?" (an opinion of the assistant's idea)."""
-    window = [s for s in stating[:EVENT_SPAN_WINDOW] if not _SHIFTED_DAY.search(plain_text(s.text))]
+    window = []
+    for span in stating[:EVENT_SPAN_WINDOW]:
+        if _SHIFTED_DAY.search(plain_text(span.text)):
+            break
+        window.append(span)
     if not window:
         return None
     subject = next((s for s in window if _SUBJECT_LINE.match(s.text)), None)

@@ -494,11 +494,18 @@ def test_a_record_s_date_is_cited_from_its_event_and_written_dates_are_options()
     assert event_span(stating_spans(record)).text.startswith("Subject:")
     # a sentence whose event is on another day never carries the record's date
     text = (
-        "User: We went to Stoneworks NW yesterday to see the two quartz samples.\n"
-        "Alex Kim liked the Harbor Grey sample."
+        "User: Alex Kim called about the Harbor Grey sample.\n"
+        "We went to Stoneworks NW yesterday to see the two quartz samples.\n"
+        "Alpine Mist looked great in the showroom."
     )
     (record,) = _records(text)
-    assert event_span(stating_spans(record)).text.startswith("Alex Kim liked")
+    assert event_span(stating_spans(record)).text.startswith("User: Alex Kim called")
+    # nor the sentences after it, which tell the same other day (the demo's "When did Alpine Mist
+    # look great in the showroom?" with the message's date)
+    (record,) = _records(
+        "User: We went to Stoneworks NW yesterday.\nAlpine Mist looked great there."
+    )
+    assert event_span(stating_spans(record)) is None
     (record,) = _records("User: Two days ago Dana Cole moved the meeting to Room 4.")
     assert event_span(stating_spans(record)) is None
     options = answer_options([record], "Elena", "date")  # no date option: every kind's instead
