@@ -3,7 +3,7 @@
 Usage::
 
     flock /tmp/memsteer-lm.lock python benchmarks/generate_cost.py \\
-        --user Elena_Morales --seed 1 --candidates 40          # earlier pipeline vs the lean one
+        --user Elena_Morales --seed 1 --candidates 40 --chunk 4  # the paper's prompts vs lean-anchor
     python benchmarks/generate_cost.py --candidates 8 --configs lean   # one configuration only
     python benchmarks/generate_cost.py --configs v1,lean,lean-unsteered,v1-steered  # pipeline x sampler
 
@@ -26,7 +26,8 @@ slows both alike:
   answer by number from the options the program reads off the bundle's sentences, sampled as
   :data:`~memsteer_dspy.bundles.ANCHORED_SAMPLING` says (two-record tasks only where two records
   write one answer, the user's side of a conversation turn, concrete seeds): the configuration
-  ``memsteer demo`` runs on the embedded model (``supervision.run.small_lm_generation_config``).
+  ``memsteer demo`` and ``memsteer generate`` run on the embedded model
+  (``supervision.run.small_lm_generation_config``); with ``v1``, the default comparison.
 
 Prints per role and in total: LM calls, prompt tokens, prompt tokens actually evaluated (llama.cpp
 reuses the longest common prefix with the previous call; reported as ``cached_tokens``),
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--candidates", type=int, default=40)
     ap.add_argument(
-        "--configs", default="v1,lean", help=f"comma-separated, from {', '.join(CONFIGS)}"
+        "--configs", default="v1,lean-anchor", help=f"comma-separated, from {', '.join(CONFIGS)}"
     )
     ap.add_argument(
         "--chunk", type=int, default=8, help="candidates per turn of each configuration"
