@@ -845,3 +845,23 @@ def test_yield_power_reaches_the_bundle_config_from_the_cli_and_needs_steer_by_y
     assert squared.steer_by_yield and squared.yield_power == 2.0
     with pytest.raises(typer.BadParameter, match="steer-by-yield"):
         _bundle_config("small", lm_config, 2500, None, yield_power=2.0)
+
+
+def test_lean_re_samples_a_rejected_question_once_and_the_earlier_pipeline_twice():
+    # measured: the second re-sample never saved a candidate (LEAN_QUESTION_REWRITES)
+    vague = "When was the note written?"
+
+    def writer_calls(lean):
+        lms = role_lms([plan_reply()], [question_reply(vague)] * 3)
+        gen = MemSteerGenerator(lms, max_retries=0, lean=lean)
+        out = gen(bundle=small_bundle(), task=FACT, shuffle_seed=0).outcome
+        assert out.reason == "question:vague"
+        return out.usage["question_writer"].calls
+
+    assert writer_calls(lean=True) == 2
+    assert writer_calls(lean=False) == 3
+    # an explicit count still rules either pipeline
+    lms = role_lms([plan_reply()], [question_reply(vague)] * 3)
+    gen = MemSteerGenerator(lms, max_retries=0, lean=True, question_rewrites=0)
+    out = gen(bundle=small_bundle(), task=FACT, shuffle_seed=0).outcome
+    assert out.usage["question_writer"].calls == 1

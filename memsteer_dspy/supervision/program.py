@@ -121,7 +121,14 @@ LEAN_MAX_TOKENS = {**MAX_TOKENS, "plan": 300, "question": 80, "audit": 400, "bli
 # 7: a date cited from a separator line ("---") states nothing either (answer_not_stated).
 # 8: user_voice reads "you" before a present-tense verb as the subject ("the section you want" →
 #    "I want", not "me want", which the thirteenth cost run's writer produced).
-LEAN_VERSION = 8
+# 9: a rejected question is re-sampled once, not twice (LEAN_QUESTION_REWRITES).
+LEAN_VERSION = 9
+LEAN_QUESTION_REWRITES = 1
+"""Lean re-samples a rejected question this many times (the earlier pipeline: 2). Measured on the
+embedded writer over three runs (runs/demo-2, runs/demo-4, the thirteenth cost run's lean-anchor;
+69 candidates): the second re-sample never saved a candidate (25 of 25 were rejected at the
+question stage again, mostly the same question back), while the first re-sample let 3 through to
+acceptance; the third writer call cost about 60 s of a 16-minute demo."""
 # The prompts every method shows (instructions, the cold-start demonstration): a run folder resumes
 # only under the prompts it was made with. 1: unversioned; 2: the planner's demonstration lists the
 # answer sentence among its fact sentences (it showed an empty list, which the bounded schema forbids).
@@ -301,7 +308,7 @@ class _Generator(dspy.Module):
         max_answer_words: int = 10,
         bounded: bool = False,
         cold_start: bool = True,
-        question_rewrites: int = 2,
+        question_rewrites: int | None = None,
         plan_retries: int = 1,
         user_name: str | None = None,
         lean: bool = False,
@@ -312,6 +319,8 @@ class _Generator(dspy.Module):
         self.anchored = anchored
         self.max_tokens = LEAN_MAX_TOKENS if lean else MAX_TOKENS
         self.user_name = user_name
+        if question_rewrites is None:
+            question_rewrites = LEAN_QUESTION_REWRITES if lean else 2
         self.question_rewrites = question_rewrites
         self.plan_retries = plan_retries
         self.bounded = bounded
