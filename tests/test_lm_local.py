@@ -85,3 +85,41 @@ def test_context_overflow_says_how_to_fix_it(local_config):
     with pytest.raises(Exception, match="raise n_ctx"):
         lm("word " * 600)
     assert lm.meter.by_role()["auditor"]["errors"] == 1
+
+
+def _alternate_roles(n_ctx: int = 2048) -> list[tuple[str, int, int]]:
+    """Two roles with long instructions of their own, called in turn: each call's (answer, prompt
+    tokens, prompt tokens llama.cpp reused from its KV cache)."""
+    instructions = {
+        "planner": "You plan questions about the user's records. " * 30,
+        "blind_reader": "You answer from the given records alone, citing them. " * 30,
+    }
+    lms = {role: build_lm(LMSpec(model=DEFAULT_LM, max_tokens=8, cache=False, n_ctx=n_ctx), role=role)
+           for role in instructions}  # fmt: skip
+    out = []
+    for i in range(2):
+        for role, lm in lms.items():
+            answer = lm(f"{instructions[role]}\nRecord {i}: Maya met Lee.")
+            usage = lm.history[-1]["usage"]
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+            out.append((answer[0], usage["prompt_tokens"], cached))
+    return out
+
+
+def test_each_role_reuses_its_own_prompt_prefix_between_other_roles_calls(
+    local_config, monkeypatch
+):
+    from memsteer_dspy.lm import local
+
+    with_slots = _alternate_roles()
+    # the second planner and blind-reader calls reuse their own instructions (~300 tokens each),
+    # though the other role ran in between
+    for _, prompt, cached in with_slots[2:]:
+        assert cached > 0.8 * prompt, with_slots
+    # without slots (llama.cpp's own reuse: the prefix shared with the previous call, whichever
+    # role made it) only the chat template's opening is reused
+    monkeypatch.setattr(local._SharedModel, "use_slot", lambda self, slot: None)
+    without = _alternate_roles(n_ctx=2304)  # another instance: a cold cache
+    assert all(cached < 0.2 * prompt for _, prompt, cached in without[1:]), without
+    # and the answers are the same either way (greedy decoding over the same tokens)
+    assert [a for a, _, _ in with_slots] == [a for a, _, _ in without]

@@ -418,6 +418,7 @@ def build_lm(spec: LMSpec, *, role: str = "default", meter: UsageMeter | None = 
         n_batch=spec.n_batch or DEFAULT_N_BATCH,
         seed=spec.seed or 0,
         label=spec.model,
+        kv_slot=role,
     )
     return RoleLM(
         spec.model,

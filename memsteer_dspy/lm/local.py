@@ -9,6 +9,12 @@ is that engine for llama-cpp-python:
   compiled to a llama.cpp grammar, so even a 1.5B model always returns parseable output;
 - one ``Llama`` instance per (model file, load options) is shared process-wide and guarded by a lock,
   since a llama.cpp context is not thread-safe;
+- each engine may name a KV *slot* (``build_lm`` gives every role its own): when a call comes from
+  another slot than the last one, the KV cache of the last slot's prompt is set aside and this
+  slot's own is put back, so a role's next prompt reuses the prefix (instructions, demonstrations)
+  of its previous one even when other roles ran in between. llama.cpp itself reuses only the
+  prefix shared with the previous call on the instance; a saved sequence costs ~28 KB per token
+  (Qwen2.5-1.5B) and one is kept per slot;
 - sampling is seeded: a request's own ``seed`` wins; otherwise each sampling call (temperature > 0)
   draws the next seed from the engine's generator, so re-sampling with a new ``rollout_id`` really
   gives a new sample while a whole run stays reproducible from its configured seed.
@@ -19,6 +25,7 @@ llama-cpp-python is an optional dependency (the ``local`` extra), imported only 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import importlib.util
 import os
 import random
@@ -63,11 +70,56 @@ class Timings:
 
 
 @dataclass
+class _KVSnapshot:
+    """One slot's KV cache, set aside: the prompt tokens it holds and llama.cpp's copy of them."""
+
+    tokens: list[int]
+    data: Any  # a ctypes byte array from llama_state_seq_get_data
+    size: int
+
+
+@dataclass
 class _SharedModel:
     llama: Any
     lock: threading.Lock = field(default_factory=threading.Lock)
     load_seconds: float = 0.0
     last_timings: Timings = field(default_factory=Timings)
+    slot: str | None = None  # whose prompt the live KV cache holds (None: nobody's in particular)
+    snapshots: dict[str, _KVSnapshot] = field(default_factory=dict)
+    slot_switches: int = 0
+    slot_restores: int = 0
+
+    def use_slot(self, slot: str | None) -> None:
+        """Make the live KV cache ``slot``'s (call under :attr:`lock`): set the current slot's
+        cache aside and put ``slot``'s back. ``None`` keeps whatever the cache holds."""
+        if slot is None or slot == self.slot:
+            return
+        import llama_cpp
+
+        llama, ctx = self.llama, self.llama.ctx
+        self.slot_switches += 1
+        if self.slot is not None and llama.n_tokens > 0:
+            size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+            data = (ctypes.c_uint8 * size)()
+            written = llama_cpp.llama_state_seq_get_data(ctx, data, size, 0)
+            if written > 0:
+                tokens = [int(t) for t in llama.input_ids[: llama.n_tokens]]
+                self.snapshots[self.slot] = _KVSnapshot(tokens, data, int(written))
+        self.slot = slot
+        snap = self.snapshots.get(slot)
+        if snap is None:
+            return  # nothing of this slot yet: llama.cpp reuses whatever prefix the cache shares
+        llama._ctx.kv_cache_seq_rm(-1, 0, -1)
+        llama.n_tokens = 0
+        if llama_cpp.llama_state_seq_set_data(ctx, snap.data, snap.size, 0) == 0:
+            llama._ctx.kv_cache_seq_rm(-1, 0, -1)  # refused: start this slot afresh
+            del self.snapshots[slot]
+            return
+        llama.input_ids[: len(snap.tokens)] = snap.tokens
+        llama.n_tokens = len(snap.tokens)
+        if hasattr(llama, "_requires_eval"):  # the logits are not the restored prompt's: decode
+            llama._requires_eval = True  # at least its last token again before sampling
+        self.slot_restores += 1
 
 
 _MODELS: dict[tuple, _SharedModel] = {}
@@ -161,6 +213,8 @@ class LlamaCppEngine:
         seed: seeds the generator that gives each sampling call its own seed.
         default_max_tokens: answer length cap when a request names none.
         label: the LM string this engine serves, used in errors and responses.
+        kv_slot: whose KV cache this engine's calls reuse (``build_lm`` passes the role); None
+            reuses whatever prefix the shared instance's last call left.
     """
 
     supports_response_schema = True
@@ -180,8 +234,10 @@ class LlamaCppEngine:
         seed: int = 0,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         label: str | None = None,
+        kv_slot: str | None = None,
     ) -> None:
         self.model_path = Path(model_path)
+        self.kv_slot = kv_slot
         self.n_ctx = int(n_ctx)
         self.n_threads = n_threads
         self.n_batch = int(n_batch)
@@ -251,6 +307,7 @@ class LlamaCppEngine:
             kwargs["top_k"] = config.top_k
         shared = self.model()
         with shared.lock:
+            shared.use_slot(self.kv_slot)
             ctx = shared.llama.ctx
             llama_cpp.llama_perf_context_reset(ctx)
             try:
@@ -301,6 +358,7 @@ class LlamaCppEngine:
             "seed": self.seed,
             "default_max_tokens": self.default_max_tokens,
             "label": self.label,
+            "kv_slot": self.kv_slot,
         }
 
     @classmethod
