@@ -636,3 +636,40 @@ def test_a_question_writing_its_number_answer_is_rewritten():
     reasons = [r.reason for r in out.repairs if r.field == "question"]
     assert any("leaks_answer" in r for r in reasons), (reasons, out.detail)
     assert out.question == good  # (the scripted audit, about R1, then rejects it: not tested here)
+
+
+def test_a_date_from_an_email_subject_is_asked_by_that_subject():
+    from memsteer_dspy.signatures.plan import AnswerPlan, Fact
+
+    from memsteer_dspy.supervision.program import _misses_subject, _subject_stems
+
+    mail = RECORDS[2].model_copy(
+        update={
+            "id": "e:1",
+            "thread_id": "e",
+            "text": "Sender: Elena Morales <elena.morales@email.com>\n"
+            "Recipient: Sofia Morales <sofia.morales@email.com>\n"
+            "Subject: Apologies for Cancelling Tea and Garden Planning\nSummary: Elena is unwell.",
+        }
+    )
+    bundle = small_bundle(small_history([mail]), ["e:1", "c1:1"])
+    subject = bundle.span("e:1#3")
+    plan = AnswerPlan(
+        ask="when I cancelled tea", answer="2024-07-01", answer_type="date",
+        answer_span_id=subject.id, facts=[Fact(span_id=subject.id, statement=subject.text)],
+        evidence=[], operations=["lookup"],
+    )  # fmt: skip
+    # one of many emails to Sofia: its date checks nothing
+    assert _misses_subject("When did I send the email to Sofia Morales?", plan, bundle)
+    assert _misses_subject("When did I write to Sofia about the garden?", plan, bundle)  # 1 of 4
+    named = "When did I write the email apologizing for cancelling tea and garden planning?"
+    assert not _misses_subject(named, plan, bundle)
+    # only a date cited from a subject line is held to it
+    sender = bundle.span("e:1#1")
+    other = plan.model_copy(update={"answer_span_id": sender.id})
+    assert not _misses_subject("When did I send the email to Sofia Morales?", other, bundle)
+    assert not _misses_subject(
+        "Who did I send it to?", plan.model_copy(update={"answer_type": "entity"}), bundle
+    )
+    # courtesies do not say which email it is: "Help" and "Morning" have to be asked by
+    assert _subject_stems("Thank You for Your Help This Morning") == {"help", "morni"}

@@ -156,7 +156,10 @@ PROMPT_VERSION = 2
 # answer outside a date leaks it ("that 25-minute chat" for 25: leaks_answer); a document
 # section's own date is no option (bundles.UNDATED_EVENT_KINDS: it dates the document, not what
 # its sentences tell).
-ANCHORED_VERSION = 8
+# 9: a date cited from an email's subject line is asked by that subject: a question naming fewer
+# than half of its words is vague ("When did I send the email to Sofia Morales?" — one of many;
+# four of the fourteenth cost run's 14 items were such).
+ANCHORED_VERSION = 9
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 
@@ -592,6 +595,8 @@ class _Generator(dspy.Module):
                 return "leaks_answer"  # "Who is Sofia's mother?" -> Sofia Morales
             if str(plan.answer_type) == "number" and _writes_number(question, plan.answer):
                 return "leaks_answer"  # "How long … that 25-minute chat …?" -> 25
+            if _misses_subject(question, plan, bundle):
+                return "vague"  # "When did I send the email to Sofia Morales?": which one?
             if len(plan.evidence_ids) > 1:
                 texts = [bundle.subset([rid]).view().text for rid in plan.evidence_ids]
                 if records_missed(question, plan.answer, texts):
@@ -822,6 +827,28 @@ def _names_part_of(question: str, answer: str) -> bool:
     for "Sofia Morales"): it gives the answer away, or asks about the answer's own relation."""
     words = [w for w in re.findall(r"[A-Z][A-Za-z-]{2,}", answer)]
     return any(re.search(rf"(?<![\w-]){re.escape(w)}(?![\w-])", question) for w in words)
+
+
+# Subject words that say nothing about which email it is ("Thank You for Your Help").
+_COURTESY = frozenset({"thank", "thanks", "your", "this", "that", "with", "from", "about"})
+
+
+def _subject_stems(text: str) -> set[str]:
+    return {w.lower()[:5] for w in re.findall(r"[A-Za-z]{4,}", text)} - {w[:5] for w in _COURTESY}
+
+
+def _misses_subject(question: str, plan: AnswerPlan, bundle: Bundle) -> bool:
+    """Whether a date question cited from an email's subject line names fewer than half of the
+    subject's words (compared by their first five letters): "When did I send the email to Sofia
+    Morales?" for "Subject: Thank You for Your Help This Morning" asks about one of many emails,
+    and its own date is then no check that the reader found the right one."""
+    if str(plan.answer_type) != "date" or not plan.answer_span_id:
+        return False
+    span = bundle.span(plan.answer_span_id)
+    subject = _SUBJECT.match(span.text) if span is not None else None
+    if subject is None or not (words := _subject_stems(subject.group(1))):
+        return False
+    return 2 * len(words & _subject_stems(question)) < len(words)
 
 
 def _writes_number(question: str, answer: str) -> bool:
