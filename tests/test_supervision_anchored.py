@@ -453,21 +453,23 @@ def test_a_two_record_ask_that_fails_asks_by_both_sentences():
     )
 
 
+def _mail_bundle(sender: str, recipient: str, subject: str):
+    """A bundle of an email e:1 (sender, recipient, subject lines: spans e:1#1..3) and c1:1."""
+    text = (
+        f"Sender: {sender} Morales <{sender.lower()}.morales@email.com>\n"
+        f"Recipient: {recipient} Morales <{recipient.lower()}.morales@email.com>\n"
+        f"Subject: {subject}"
+    )
+    mail = RECORDS[2].model_copy(update={"id": "e:1", "thread_id": "e", "text": text})
+    return small_bundle(small_history([mail]), ["e:1", "c1:1"])
+
+
 def test_spoken_dates_and_the_ask_of_an_email_s_sender_or_recipient():
     from memsteer_dspy.supervision.program import header_ask, spoken_date
 
     assert spoken_date("2024-05-18") == "May 18, 2024"
     assert spoken_date(None) is None and spoken_date("2024-13-01") is None
-    mail = RECORDS[2].model_copy(
-        update={
-            "id": "e:1",
-            "thread_id": "e",
-            "text": "Sender: Sofia Morales <sofia.morales@email.com>\n"
-            "Recipient: Elena Morales <elena.morales@email.com>\n"
-            "Subject: Quick Health Update\nSummary: Sofia shares news.",
-        }
-    )
-    bundle = small_bundle(small_history([mail]), ["e:1", "c1:1"])
+    bundle = _mail_bundle("Sofia", "Elena", "Quick Health Update\nSummary: Sofia shares news.")
     sender, recipient, subject = (bundle.span(f"e:1#{i}") for i in (1, 2, 3))
     assert header_ask(bundle, sender, "Sofia Morales") == 'who sent the email "Quick Health Update"'
     assert header_ask(bundle, recipient, "x") == 'who the email "Quick Health Update" was sent to'
@@ -643,16 +645,8 @@ def test_a_date_from_an_email_subject_is_asked_by_that_subject():
 
     from memsteer_dspy.supervision.program import _misses_subject, _subject_stems
 
-    mail = RECORDS[2].model_copy(
-        update={
-            "id": "e:1",
-            "thread_id": "e",
-            "text": "Sender: Elena Morales <elena.morales@email.com>\n"
-            "Recipient: Sofia Morales <sofia.morales@email.com>\n"
-            "Subject: Apologies for Cancelling Tea and Garden Planning\nSummary: Elena is unwell.",
-        }
-    )
-    bundle = small_bundle(small_history([mail]), ["e:1", "c1:1"])
+    subject = "Apologies for Cancelling Tea and Garden Planning\nSummary: Elena is unwell."
+    bundle = _mail_bundle("Elena", "Sofia", subject)
     subject = bundle.span("e:1#3")
     plan = AnswerPlan(
         ask="when I cancelled tea", answer="2024-07-01", answer_type="date",
