@@ -26,7 +26,7 @@ writes to its own subfolder of ``out_dir`` and resumes there, so a rerun reuses 
 =========================  ==========================================================================
 
 Two sizes: ``small`` (the default) is sized for a 2-core CPU with the embedded 1.5B model
-(measured on an AVX2-only 2-core AMD EPYC: 16 min, nearly all of it generating supervision; the README
+(measured on an AVX2-only 2-core AMD EPYC: 12 min, nearly all of it generating supervision; the README
 has every timing) by generating a handful of items, optimizing for delivered recall for a few
 iterations (no answering during optimization; stopped early once the best design is at the
 maximum on validation) and comparing the designs on R@10 and delivered recall over every
@@ -171,7 +171,7 @@ class DemoSettings(BaseModel):
 
 
 SIZES: dict[str, DemoSettings] = {
-    # Sized for about 15 minutes on a 2-core CPU with the embedded 1.5B model (measured 16 min 17 s
+    # Sized for about 15 minutes on a 2-core CPU with the embedded 1.5B model (measured 11 min 34 s
     # on an AVX2-only one, README). Supervision: 8 accepted items wanted (about 5 train / 3
     # validation) from at most 30 candidates, with the lean-anchor pipeline (skipped bundles count as
     # candidates and cost no LM call). The designs are compared on R@10 and delivered recall
@@ -528,7 +528,7 @@ def run_demo(
     Args:
         out_dir: the demo's folder; a rerun with the same settings and LMs resumes it.
         lm_config: an :class:`~memsteer_dspy.lm.LMConfig` (role → LM; the embedded model by default).
-        size: ``"small"`` (sized for a 2-core CPU with the embedded model; 16 min measured on
+        size: ``"small"`` (sized for a 2-core CPU with the embedded model; 12 min measured on
             an AVX2-only one) or ``"full"``.
         settings: explicit :class:`DemoSettings` instead of a named size (tests, custom runs).
         cache_dir: where stores and indexes are kept (default ``out_dir/indexes``).
