@@ -254,7 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
 
     history = load_history("rhelm", args.path, user=args.user).history
-    lm = build_lm(LMSpec(model=args.lm, cache=False), role="generation")
+    # one LM per role, as `memsteer generate` builds them: an in-process model keeps a KV cache per
+    # role (the fourteenth and fifteenth runs shared one LM, so every role switch re-evaluated)
+    roles = {r: build_lm(LMSpec(model=args.lm, cache=False), role=r) for r in GENERATION_ROLES}
+    lm = roles[GENERATION_ROLES[0]]
     t0 = time.perf_counter()
     lm(
         messages=[{"role": "user", "content": "Reply with the word ok."}], max_tokens=16
@@ -268,7 +271,6 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"{folder} is not empty: pass a new --out (a cost run never resumes)")
     # stopped early (Ctrl-C, or `timeout -s INT`): report what the configurations finished
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    roles = dict.fromkeys(GENERATION_ROLES, lm)
     described = dict.fromkeys(GENERATION_ROLES, args.lm)
     results, stopped = run_configs(
         history,
