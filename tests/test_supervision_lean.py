@@ -865,3 +865,49 @@ def test_lean_re_samples_a_rejected_question_once_and_the_earlier_pipeline_twice
     gen = MemSteerGenerator(lms, max_retries=0, lean=True, question_rewrites=0)
     out = gen(bundle=small_bundle(), task=FACT, shuffle_seed=0).outcome
     assert out.usage["question_writer"].calls == 1
+
+
+def test_a_number_or_time_the_records_never_write_is_an_unknown_detail():
+    from memsteer_dspy.supervision.checks import check_question, unknown_details
+
+    records = small_bundle().view().text
+    # an invented time of day and an invented count; the records' own day and year are dates
+    assert unknown_details("Who did I send a note to at 3:00 AM on March 2, 2024?", records) == ["3:00 AM"]
+    assert unknown_details("How many of the 30 seed trays will Lila bring?", records) == ["30"]
+    assert unknown_details("What did the compost cost in March 2024, at 45 dollars?", records) == []
+    assert unknown_details("Who will bring twelve seed trays, 12 in all?", records) == []
+    assert unknown_details("Who will bring 12 seed trays?", "She will bring twelve seed trays.") == []
+    assert unknown_details("Who called me at 3 pm?", "The call came at 3:00 PM.") == []
+    assert unknown_details("Who called me at 4 pm?", "The call came at 3:00 PM.") == ["4 pm"]
+    q = "Who did I send a quick note to from my MacBook Air at 7:30 AM?"
+    assert check_question(q, "Lila", "entity", known_text=records, kind_check=True) == "unknown_detail"
+    # only lean asks it, as it does every check added after the earlier pipeline
+    assert check_question(q, "Lila", "entity", known_text=records) is None
+
+
+def test_a_question_longer_than_a_short_question_is_too_long_in_lean():
+    from memsteer_dspy.supervision.checks import MAX_QUESTION_WORDS, check_question
+
+    records = small_bundle().view().text
+    long_q = (
+        "When did I send a quick note to Lila from my MacBook Air and then walk Oliver to the park "
+        "on Maple Street where the garden workshop would have been held?"
+    )
+    assert len(long_q.split()) > MAX_QUESTION_WORDS
+    assert check_question(long_q, "2024-03-02", "date", known_text=records, kind_check=True) == "too_long"
+    short_q = "When did I send a quick note to Lila from my MacBook Air?"
+    assert check_question(short_q, "2024-03-02", "date", known_text=records, kind_check=True) is None
+
+
+def test_lean_re_samples_a_question_with_an_invented_detail_and_tells_the_writer_why():
+    invented = "Which device did I use at 6:45 AM to send a quick note to Lila on March 2?"
+    lms = role_lms([plan_reply()], [question_reply(invented), question_reply()], [audit_reply()], [blind_reply()])
+    out = lean_run(lms)
+    assert out.status == "accepted", out.detail
+    assert out.repairs[0].reason == "re-sampled after question:unknown_detail"
+    writer_prompts = [str(h["messages"]) for h in lms["question_writer"].history]
+    assert "6:45 AM" in writer_prompts[1] and "write no number, time or detail" in writer_prompts[1]
+    # both times invented: the candidate is rejected with that reason, after one re-sample
+    lms = role_lms([plan_reply()], [question_reply(invented)] * 2, [], [])
+    out = lean_run(lms)
+    assert out.status == "rejected" and out.reason == "question:unknown_detail"

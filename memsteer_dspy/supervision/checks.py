@@ -80,7 +80,9 @@ __all__ = [
     "detail_terms",
     "expand_name",
     "unknown_names",
+    "unknown_details",
     "resolve_plan",
+    "MAX_QUESTION_WORDS",
 ]
 
 EXTRACTIVE_TYPES = (AnswerType.TEXT, AnswerType.ENTITY)
@@ -519,6 +521,12 @@ feel feels felt feeling sense moment really
 """.split()
 )
 MIN_TOPIC_WORDS = 3
+# A lean question longer than this copies its sentence rather than asking by its key words: the
+# embedded writer asked "When did I really appreciate my gentle suggestions—having that short guided
+# breathing exercise from Sofia made such a difference, and I'd love some ideas …?" (31 words, a
+# garbled whole sentence; the fourteenth and fifteenth cost runs kept it). The longest question
+# read as good in those runs has 20 words.
+MAX_QUESTION_WORDS = 25
 _RELATIVE_TIME = re.compile(
     r"\b(?:today|tonight|yesterday|tomorrow|this (?:morning|afternoon|evening|week|month)|"
     r"last (?:night|week|month))\b",
@@ -644,6 +652,50 @@ def unknown_names(question: str, known_text: str) -> list[str]:
     return out
 
 
+# "3:00 AM", "3 pm", "15:30": a time of day, compared by its hour and minutes.
+_TIME_OF_DAY = re.compile(
+    r"\b(\d{1,2})(?::(\d{2}))?\s*[ap]\.?\s?m\b\.?|\b(\d{1,2}):(\d{2})\b", re.I
+)
+_DIGIT_GROUP = re.compile(
+    r"(?<![\w.,])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w])|(?<![\w.,])\d+(?:\.\d+)?(?![\w])"
+)
+_YEAR = re.compile(r"(?:19|20)\d\d")
+
+
+def _times_of_day(text: str) -> set[tuple[int, int]]:
+    return {
+        (int(m.group(1) or m.group(3)), int(m.group(2) or m.group(4) or 0))
+        for m in _TIME_OF_DAY.finditer(text)
+    }
+
+
+def unknown_details(question: str, known_text: str) -> list[str]:
+    """The numbers and times of day a question writes that ``known_text`` never does: an invented
+    detail. Dates are left to the date checks (the program adds the record's own day to a
+    question, "on December 15, 2024"), and a year counts as known when any date has it. Measured:
+    the embedded writer asked "Who did I try to dictate my certification reflections to this
+    morning at 3:00 AM …?" of a record that gives no time, and the blind reader still answered
+    it — the premise is simply false."""
+    q = _DATE_IN_TEXT.sub(" ", question)
+    known = _DATE_IN_TEXT.sub(" ", known_text)
+    out = []
+    known_times = _times_of_day(known)
+    for m in _TIME_OF_DAY.finditer(q):
+        h, mm = int(m.group(1) or m.group(3)), int(m.group(2) or m.group(4) or 0)
+        if (h, mm) not in known_times:
+            out.append(m.group(0).strip())
+    q = _TIME_OF_DAY.sub(" ", q)
+    known_numbers = numbers_in(_TIME_OF_DAY.sub(" ", known))
+    for m in _DIGIT_GROUP.finditer(q):
+        token = m.group(0)
+        if _YEAR.fullmatch(token) and token in known_text:
+            continue
+        value = round(float(token.replace(",", "")), 9)
+        if value not in known_numbers:
+            out.append(token)
+    return out
+
+
 def _overlap(a: list[str], b: list[str]) -> float:
     sa, sb = set(a), set(b)
     return len(sa & sb) / len(sa | sb) if sa and sb else 0.0
@@ -673,7 +725,9 @@ def check_question(
     ``leaks_answer`` — contains the answer (text, entity, date and list answers);
     ``unknown_name`` — names someone or something ``known_text`` (the bundle's records and the
     user's name) never mentions (:func:`unknown_names`); with ``kind_check`` (lean), topic words
-    exclude words that only place or perceive ("out", "beside", "noticed"), and ``wrong_kind`` —
+    exclude words that only place or perceive ("out", "beside", "noticed"), ``unknown_detail`` —
+    writes a number or time of day ``known_text`` never does (:func:`unknown_details`),
+    ``too_long`` — more than :data:`MAX_QUESTION_WORDS` words (a copied sentence), ``wrong_kind`` —
     its question word asks for another kind of answer than the answer type (:func:`asked_kinds`)
     or "Who …?" is answered by a role (:func:`is_role`) or a plural question ("What dates …?",
     "Who are the children …?") by one value (:func:`asks_plural`), and ``compound`` — it asks two
@@ -703,6 +757,10 @@ def check_question(
         return "unknown_name"
     kind = str(answer_type)
     if kind_check:
+        if known_text is not None and unknown_details(q, known_text):
+            return "unknown_detail"
+        if len(q.split()) > MAX_QUESTION_WORDS:
+            return "too_long"
         if (asked := asked_kinds(q)) is not None and kind not in asked:
             return "wrong_kind"
         if kind == "entity" and _WHO.match(q) and is_role(answer):

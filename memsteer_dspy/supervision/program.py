@@ -122,7 +122,11 @@ LEAN_MAX_TOKENS = {**MAX_TOKENS, "plan": 300, "question": 80, "audit": 400, "bli
 # 8: user_voice reads "you" before a present-tense verb as the subject ("the section you want" →
 #    "I want", not "me want", which the thirteenth cost run's writer produced).
 # 9: a rejected question is re-sampled once, not twice (LEAN_QUESTION_REWRITES).
-LEAN_VERSION = 9
+# 10: a question that writes a number or time of day its records never write is unknown_detail
+#     ("… this morning at 3:00 AM …" of a record with no time), and one of more than
+#     MAX_QUESTION_WORDS words is too_long (a copied sentence); the fourteenth and fifteenth cost
+#     runs each kept one of both.
+LEAN_VERSION = 10
 LEAN_QUESTION_REWRITES = 1
 """Lean re-samples a rejected question this many times (the earlier pipeline: 2). Measured on the
 embedded writer over three runs (runs/demo-2, runs/demo-4, the thirteenth cost run's lean-anchor;
@@ -731,6 +735,8 @@ _REWRITE_HINTS = {
     "leaks_answer": "do not put the answer in the question",
     "copies_demo": "ask about these records, not about the example",
     "unknown_name": "name only people, places and things the records name",
+    "unknown_detail": "write no number, time or detail the facts do not state",
+    "too_long": "ask in a short question (at most 20 words) by the event's key words, not its whole sentence",
     "wrong_kind": "ask for the answer's kind: 'When …?' for a date, 'How many …?' for a number, "
     "'Who …?' or 'What …?' for a name or thing, and one of them ('Who is …?'), not several ('Who are …?')",
     "compound": "ask one thing only, in one question",
