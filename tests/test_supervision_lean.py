@@ -911,3 +911,19 @@ def test_lean_re_samples_a_question_with_an_invented_detail_and_tells_the_writer
     lms = role_lms([plan_reply()], [question_reply(invented)] * 2, [], [])
     out = lean_run(lms)
     assert out.status == "rejected" and out.reason == "question:unknown_detail"
+
+
+def test_a_word_borrowed_from_a_demonstration_that_the_records_never_write_copies_the_demo():
+    from memsteer_dspy.supervision.checks import check_question, demo_borrowed, topic_words
+
+    demo = "Who is coming with me to the pottery class at Clayworks Studio?"
+    race = "User: My friend Marcus Lee is running it too, he's much faster though. The race comes first."
+    q = "Who is running the pottery class on February 23, 2025?"
+    assert demo_borrowed(topic_words(q), [topic_words(demo)], race) == ["pottery", "class"]
+    assert check_question(q, "Marcus Lee", "entity", [demo], race, kind_check=True) == "copies_demo"
+    # a demonstration's word the records write, in another form, is the records' own
+    q = "Who is coming to the race with Marcus Lee?"
+    assert demo_borrowed(topic_words(q), [topic_words(demo)], race) == []
+    # the earlier pipeline keeps only the overlap test
+    q = "Who is running the pottery class on February 23, 2025?"
+    assert check_question(q, "Marcus Lee", "entity", [demo], race) is None

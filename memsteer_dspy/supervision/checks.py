@@ -81,6 +81,7 @@ __all__ = [
     "expand_name",
     "unknown_names",
     "unknown_details",
+    "demo_borrowed",
     "resolve_plan",
     "MAX_QUESTION_WORDS",
 ]
@@ -696,6 +697,22 @@ def unknown_details(question: str, known_text: str) -> list[str]:
     return out
 
 
+def demo_borrowed(topic: list[str], demo_topics: Iterable[list[str]], known_text: str) -> list[str]:
+    """The topic words a question shares with a demonstration's question that ``known_text`` (the
+    bundle) never writes: borrowed from the demonstration, not read off the records. Measured: the
+    embedded writer asked "Who is running the pottery class on February 23, 2025?" of "My friend
+    Marcus Lee is running it too" (a race): one word of the cold-start demonstration's "Who is
+    coming with me to the pottery class at Clayworks Studio?", too few for the overlap test."""
+    known = {_stem(w) for w in normalize_text(known_text).split()}
+    borrowed = set().union(*demo_topics) if demo_topics else set()
+    return [w for w in topic if w in borrowed and _stem(w) not in known]
+
+
+def _stem(word: str) -> str:
+    """A crude stem, enough to hold "coming" and "come", "classes" and "class" for one word."""
+    return re.sub(r"(?:ing|ed|es|s|e)$", "", word) if len(word) > 4 else word
+
+
 def _overlap(a: list[str], b: list[str]) -> float:
     sa, sb = set(a), set(b)
     return len(sa & sb) / len(sa | sb) if sa and sb else 0.0
@@ -721,7 +738,9 @@ def check_question(
     ("When did Dr. Desai remind you of this?"): it is not standalone;
     ``copies_demo`` — mostly the words of a few-shot demonstration's question (a small LM copies
     its demonstrations: measured, "Who is coming with me to the pottery class at Clayworks
-    Studio?" came back word for word on a history without any pottery class);
+    Studio?" came back word for word on a history without any pottery class), or, with
+    ``kind_check`` and ``known_text``, any of its words the records never write
+    (:func:`demo_borrowed`);
     ``leaks_answer`` — contains the answer (text, entity, date and list answers);
     ``unknown_name`` — names someone or something ``known_text`` (the bundle's records and the
     user's name) never mentions (:func:`unknown_names`); with ``kind_check`` (lean), topic words
@@ -751,7 +770,10 @@ def check_question(
         or _DANGLING.search(q)
     ):
         return "vague"
-    if any(_overlap(topic, topic_words(d)) >= 0.5 for d in demo_questions):
+    demo_topics = [topic_words(d) for d in demo_questions]
+    if any(_overlap(topic, d) >= 0.5 for d in demo_topics):
+        return "copies_demo"
+    if kind_check and known_text is not None and demo_borrowed(topic, demo_topics, known_text):
         return "copies_demo"
     if known_text is not None and unknown_names(q, known_text):
         return "unknown_name"

@@ -126,7 +126,9 @@ LEAN_MAX_TOKENS = {**MAX_TOKENS, "plan": 300, "question": 80, "audit": 400, "bli
 #     ("… this morning at 3:00 AM …" of a record with no time), and one of more than
 #     MAX_QUESTION_WORDS words is too_long (a copied sentence); the fourteenth and fifteenth cost
 #     runs each kept one of both.
-LEAN_VERSION = 10
+# 11: a question that borrows a word of a demonstration's question its records never write is
+#     copies_demo ("Who is running the pottery class …?" of a race: the demo run of 2026-12-05).
+LEAN_VERSION = 11
 LEAN_QUESTION_REWRITES = 1
 """Lean re-samples a rejected question this many times (the earlier pipeline: 2). Measured on the
 embedded writer over three runs (runs/demo-2, runs/demo-4, the thirteenth cost run's lean-anchor;
