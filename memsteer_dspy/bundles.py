@@ -776,6 +776,28 @@ def _option_names(text: str, user: set[str], mid_sentence: set[str]) -> list[str
     return names
 
 
+# what joins the names of a series: "Lila, Mrs. Patel, Mr. Kim, and Ms. Rivera", "Sofia and Mark"
+_SERIES_JOIN = r"(?:\s*,\s*(?:(?:and|or|&)\s+)?|\s+(?:and|or|&)\s+)"
+
+
+def _in_name_series(text: str, name: str, names: Sequence[str]) -> bool:
+    """Whether ``name`` stands next to another of the sentence's ``names`` in a series ("to Lila,
+    Mrs. Patel, Mr. Kim, and Ms. Rivera", "Sofia and Mark came by"): a question whose answer is one
+    name of a series has several right answers. Measured: the sixteenth cost run kept "Who do I
+    want to send a quick update to?" → Lila, one of four, and the blind reader's mismatches on
+    entity tasks were mostly another name of the same sentence."""
+    others = sorted({n for n in names if n != name}, key=len, reverse=True)
+    if not others:
+        return False
+    other = "|".join(re.escape(n) for n in others)
+    me = re.escape(name)
+    series = (
+        rf"(?<![\w-]){me}{_SERIES_JOIN}(?:{other})(?![\w-])"
+        rf"|(?<![\w-])(?:{other}){_SERIES_JOIN}{me}(?![\w-])"
+    )
+    return re.search(series, text) is not None
+
+
 # a date a sentence writes ("September 23", "Sept. 23rd, 2024"): whole month names or their
 # abbreviations only (_DATE's open suffix would take "Mark 12" for a date)
 _MENTIONED_DATE = re.compile(
@@ -858,7 +880,8 @@ def answer_options(
     limit: int | None = MAX_ANSWER_OPTIONS,
 ) -> list[AnswerOption]:
     """The answers the records' own sentences supply, found the way :func:`answer_kinds` finds
-    their kinds: each name that is not the user's (``entity``), each number that is not part of a
+    their kinds: each name that is not the user's and stands in no series of names
+    (:func:`_in_name_series`; ``entity``), each number that is not part of a
     date or a year (``number``), each enumeration "a, b and c" (``list``), each date a sentence
     writes, and each record's own date (``date``, cited from :func:`event_span`; not for a
     document section, :data:`UNDATED_EVENT_KINDS`).
@@ -893,7 +916,7 @@ def answer_options(
             found += [
                 AnswerOption(span.id, name, "entity")
                 for name in names
-                if _says_more_than(text, name)
+                if _says_more_than(text, name) and not _in_name_series(text, name, names)
             ]
             masked = _YEAR.sub(" ", _DATE.sub(" ", text))
             found += [

@@ -83,7 +83,7 @@ def test_answer_options_skip_headings_table_headers_and_sentence_initial_words()
 
 
 def test_answer_options_keep_to_the_asked_kind_when_the_records_hold_it_and_take_turns():
-    text = "User: Lila, Mark, Sofia, Oliver and Ana came by. We planted 3 rows."
+    text = "User: Lila Nguyen came by after lunch. We planted 3 rows."
     assert {t for t, _ in _answers(text, "number")} == {"number"}
     # no boolean option exists: every kind is offered instead of none
     assert {t for t, _ in _answers(text, "boolean")} >= {"entity", "number", "date"}
@@ -667,3 +667,14 @@ def test_a_date_from_an_email_subject_is_asked_by_that_subject():
     )
     # courtesies do not say which email it is: "Help" and "Morning" have to be asked by
     assert _subject_stems("Thank You for Your Help This Morning") == {"help", "morni"}
+
+
+def test_a_name_in_a_series_of_names_is_no_entity_option():
+    # one name of four has four right answers ("Who do I want to send a quick update to?" → Lila)
+    series = "User: I wanted to send a quick update to Lila, Mrs. Patel, Mr. Kim, and Ms. Rivera today."
+    assert [a for k, a in _answers(series) if k == "entity"] == []
+    pair = "User: This morning Sofia and Mark came by with soup while Lila Nguyen watered the beds."
+    assert [a for k, a in _answers(pair, "entity")] == ["Lila Nguyen"]
+    # names in one sentence but in no series stay options
+    apart = "User: Lila Nguyen brought the seed trays, then Mark Jensen fixed the speaker."
+    assert [a for k, a in _answers(apart, "entity")] == ["Lila Nguyen", "Mark Jensen"]

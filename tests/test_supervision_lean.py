@@ -927,3 +927,38 @@ def test_a_word_borrowed_from_a_demonstration_that_the_records_never_write_copie
     # the earlier pipeline keeps only the overlap test
     q = "Who is running the pottery class on February 23, 2025?"
     assert check_question(q, "Marcus Lee", "entity", [demo], race) is None
+
+
+def test_a_question_in_the_users_voice_that_names_the_user_names_self():
+    from memsteer_dspy.supervision.checks import names_self
+
+    assert names_self("When did I talk to Elena Morales?", "Elena_Morales")
+    assert names_self("Who sent me Elena's lesson plans?", "Elena_Morales")
+    # about the user in the third person, or no user known: not this
+    assert not names_self("When did Elena Morales write the email apologizing for tea?", "Elena_Morales")
+    assert not names_self("When did I talk to Elena Morales?", None)
+    # another person who shares the user's family name is someone else
+    assert not names_self("When did I thank Sofia Morales for her help?", "Elena_Morales")
+    # "i" as a list marker is no first person
+    assert not names_self("(i) when did Elena plant the seedlings?", "Elena_Morales")
+
+
+def test_lean_re_samples_a_question_that_names_its_asker_and_tells_the_writer_why():
+    named = "Which device did I use to send a quick note from Elena to Lila on March 2?"
+
+    def run(questions, audits, blinds):
+        lms = role_lms([plan_reply()], questions, audits, blinds)
+        gen = MemSteerGenerator(lms, max_retries=1, lean=True, user_name="Elena_Morales")
+        return lms, gen(bundle=small_bundle(), task=FACT, shuffle_seed=0).outcome
+
+    lms, out = run([question_reply(named), question_reply()], [audit_reply()], [blind_reply()])
+    assert out.status == "accepted", out.detail
+    assert out.repairs[0].reason == "re-sampled after question:names_self"
+    writer_prompts = [str(h["messages"]) for h in lms["question_writer"].history]
+    assert "never your own name" in writer_prompts[1]
+    _, out = run([question_reply(named)] * 2, [], [])
+    assert out.status == "rejected" and out.reason == "question:names_self"
+    # the earlier pipeline keeps it (its checks are the paper's)
+    lms = role_lms([plan_reply()], [question_reply(named)], [audit_reply()], [blind_reply()])
+    gen = MemSteerGenerator(lms, max_retries=1, lean=False, user_name="Elena_Morales")
+    assert gen(bundle=small_bundle(), task=FACT, shuffle_seed=0).outcome.reason != "question:names_self"

@@ -708,9 +708,21 @@ def demo_borrowed(topic: list[str], demo_topics: Iterable[list[str]], known_text
     return [w for w in topic if w in borrowed and _stem(w) not in known]
 
 
-def _stem(word: str) -> str:
-    """A crude stem, enough to hold "coming" and "come", "classes" and "class" for one word."""
-    return re.sub(r"(?:ing|ed|es|s|e)$", "", word) if len(word) > 4 else word
+# The user's own voice in a question: "I" (capitalised only: "i" is a list marker), me, my, mine.
+_FIRST_PERSON = re.compile(r"\bI\b|\b(?i:me|my|mine|myself)\b")
+
+
+def names_self(question: str, user_name: str | None) -> bool:
+    """Whether a question in the user's voice (I, me, my) also names the user — by first name — as
+    someone else: the asker talking about herself in the third person. Measured: the sixteenth
+    cost run's writer asked "When did I talk to Elena Morales?" of Elena Morales' own chat turn.
+    A question about the user in the third person ("When did Elena Morales write the email …?")
+    is not this: it has no first person."""
+    display = user_display_name(user_name) if user_name else ""
+    if not display or not _FIRST_PERSON.search(question):
+        return False
+    first = display.split()[0]
+    return len(first) >= 2 and re.search(rf"\b{re.escape(first)}\b", question, re.I) is not None
 
 
 def _overlap(a: list[str], b: list[str]) -> float:

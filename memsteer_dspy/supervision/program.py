@@ -77,6 +77,7 @@ from memsteer_dspy.supervision.checks import (
     check_plan,
     check_question,
     detail_terms,
+    names_self,
     prefilter_bundle,
     quoted_fact_support,
     records_missed,
@@ -128,7 +129,9 @@ LEAN_MAX_TOKENS = {**MAX_TOKENS, "plan": 300, "question": 80, "audit": 400, "bli
 #     runs each kept one of both.
 # 11: a question that borrows a word of a demonstration's question its records never write is
 #     copies_demo ("Who is running the pottery class …?" of a race: the demo run of 2026-12-05).
-LEAN_VERSION = 11
+# 12: a question in the user's voice that also names the user is names_self ("When did I talk to
+#     Elena Morales?" in the sixteenth cost run).
+LEAN_VERSION = 12
 LEAN_QUESTION_REWRITES = 1
 """Lean re-samples a rejected question this many times (the earlier pipeline: 2). Measured on the
 embedded writer over three runs (runs/demo-2, runs/demo-4, the thirteenth cost run's lean-anchor;
@@ -165,7 +168,10 @@ PROMPT_VERSION = 2
 # 9: a date cited from an email's subject line is asked by that subject: a question naming fewer
 # than half of its words is vague ("When did I send the email to Sofia Morales?" — one of many;
 # four of the fourteenth cost run's 14 items were such).
-ANCHORED_VERSION = 9
+# 10: a name that stands in a series of names ("to Lila, Mrs. Patel, Mr. Kim, and Ms. Rivera") is no
+# entity option: one name of several has several right answers (bundles._in_name_series; the
+# sixteenth cost run kept "Who do I want to send a quick update to?" → Lila).
+ANCHORED_VERSION = 10
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 
@@ -594,6 +600,8 @@ class _Generator(dspy.Module):
             kind_check=self.lean,
             evidence_text=evidence,
         )
+        if problem is None and self.lean and names_self(question, self.user_name):
+            return "names_self"  # "When did I talk to Elena Morales?", asked by Elena Morales
         if problem is None and self.anchored:
             if not _FRONTED.match(question):  # "… altered my day as the what?"
                 return "not_fronted"
@@ -738,6 +746,7 @@ _REWRITE_HINTS = {
     "copies_demo": "ask about these records, not about the example",
     "unknown_name": "name only people, places and things the records name",
     "unknown_detail": "write no number, time or detail the facts do not state",
+    "names_self": "you are the one asking: say 'I', 'me' or 'my', never your own name",
     "too_long": "ask in a short question (at most 20 words) by the event's key words, not its whole sentence",
     "wrong_kind": "ask for the answer's kind: 'When …?' for a date, 'How many …?' for a number, "
     "'Who …?' or 'What …?' for a name or thing, and one of them ('Who is …?'), not several ('Who are …?')",
