@@ -191,7 +191,7 @@ def ratios(new: dict[str, Any], old: dict[str, Any]) -> dict[str, float | None]:
 
 def run_configs(
     history: Any,
-    lms: dict[str, Any],
+    lms: dict[str, dict[str, Any]],
     names: list[str],
     out: Path,
     *,
@@ -203,7 +203,9 @@ def run_configs(
 ) -> tuple[dict[str, dict[str, Any]], bool]:
     """Run the named configurations into ``out/<name>``, taking turns ``chunk`` candidates at a time
     (each turn resumes its run), so a machine shared with other work slows all alike and the ratios
-    stay fair. Returns ``({name: role_costs}, stopped early)``; Ctrl-C stops with what each
+    stay fair. ``lms`` gives each configuration its LM per role (``{name: {role: lm}}``): in-process
+    LMs of their own KV slots, so one configuration's turn does not evict the other's cached
+    prefixes. Returns ``({name: role_costs}, stopped early)``; Ctrl-C stops with what each
     configuration finished."""
     done, stopped = 0, False
     try:
@@ -213,7 +215,7 @@ def run_configs(
                 config = generation_config(name, done, seed)
                 generate_supervision(
                     history,
-                    lms,
+                    lms[name],
                     out / name,
                     config,
                     lm_description=lm_description,
@@ -254,10 +256,16 @@ def main(argv: list[str] | None = None) -> int:
     dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
 
     history = load_history("rhelm", args.path, user=args.user).history
-    # one LM per role, as `memsteer generate` builds them: an in-process model keeps a KV cache per
-    # role (the fourteenth and fifteenth runs shared one LM, so every role switch re-evaluated)
-    roles = {r: build_lm(LMSpec(model=args.lm, cache=False), role=r) for r in GENERATION_ROLES}
-    lm = roles[GENERATION_ROLES[0]]
+    # one LM per role and configuration, as `memsteer generate` builds them for one run: an
+    # in-process model keeps a KV cache per slot. The fourteenth and fifteenth runs shared one LM, so
+    # every role switch re-evaluated; the sixteenth shared each role's slot between configurations,
+    # so every turn evicted the other configuration's prefixes.
+    spec = LMSpec(model=args.lm, cache=False)
+    lms_by_config = {
+        name: {r: build_lm(spec, role=r, kv_slot=f"{name}/{r}") for r in GENERATION_ROLES}
+        for name in names
+    }
+    lm = lms_by_config[names[0]][GENERATION_ROLES[0]]
     t0 = time.perf_counter()
     lm(
         messages=[{"role": "user", "content": "Reply with the word ok."}], max_tokens=16
@@ -274,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     described = dict.fromkeys(GENERATION_ROLES, args.lm)
     results, stopped = run_configs(
         history,
-        roles,
+        lms_by_config,
         names,
         out,
         candidates=args.candidates,

