@@ -34,8 +34,8 @@ $(STAMP): $(BIN)/python pyproject.toml memsteer_dspy/lm/buildflags.py
 install: $(STAMP)
 
 # The main job on the embedded defaults: generate supervision from the bundled demo history,
-# optimize its memory design from Base-BM25, compare both on the hand-written QA (12-15 min
-# on 2 CPU cores with AVX2 only; see the README). `make demo DEMO_ARGS="--size full"` runs the full size; `--lm MODEL` any LM.
+# optimize its memory design from Base-BM25, compare both on the hand-written QA (11-15 min
+# on 2 CPU cores, measured on three CPU kinds; see the README). `make demo DEMO_ARGS="--size full"` runs the full size; `--lm MODEL` any LM.
 DEMO_ARGS ?=
 demo: install
 	$(BIN)/memsteer demo $(DEMO_ARGS)

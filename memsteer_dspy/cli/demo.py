@@ -27,7 +27,7 @@ def demo(
         str,
         typer.Option(
             "--size",
-            help="'small' (sized for about 15 minutes on a 2-core CPU with the embedded model; 12 min measured on an AVX2-only EPYC, 15 on an AVX-512 Xeon, README) or 'full' (the paper's sizes: 100 generated items, 20 iterations, all hand-written QA, 4,000-token context).",
+            help="'small' (sized for about 15 minutes on a 2-core CPU with the embedded model; 11-12 min measured on two 2-core AMD EPYCs, 15 on an AMX Xeon, README) or 'full' (the paper's sizes: 100 generated items, 20 iterations, all hand-written QA, 4,000-token context).",
         ),
     ] = "small",
     accuracy_items: Annotated[
