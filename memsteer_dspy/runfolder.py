@@ -201,6 +201,9 @@ def lm_identity(lm: Any) -> str | None:
     model = getattr(lm, "model", None) or type(lm).__name__
     kwargs = getattr(lm, "kwargs", None) or {}
     settings = {k: kwargs[k] for k in _LM_SETTINGS if k in kwargs}
+    decoding = (kwargs.get("metadata") or {}).get("decoding")  # an in-process LM's (build_lm)
+    if decoding:
+        settings["decoding"] = decoding
     return (
         f"{model} {json.dumps(settings, sort_keys=True, default=str)}" if settings else str(model)
     )

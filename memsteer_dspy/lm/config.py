@@ -120,6 +120,13 @@ class LMSpec(BaseModel):
     server constrain decoding to the schema. ``auto``: for ``openai/<name>`` with ``api_base``,
     ``json_object_schema`` when the server's ``/models`` entry is llama-cpp-python's and
     ``json_schema`` otherwise; for anything else DSPy's own capability lookup."""
+    fast_decoding: bool = True
+    """In-process LMs: check a sampled token against the output grammar before masking the whole
+    vocabulary with it, and write a structured answer one field at a time, feeding the keys its
+    schema fixes as prompt (:class:`~memsteer_dspy.lm.local.LlamaCppEngine`). False: the engine
+    before 2026-12-06 (the grammar masks every pick; the whole JSON object is decoded key by key).
+    Ignored for other LMs. Part of a run's LM identity, so a run folder resumes only under the
+    decoding it was made with."""
 
     @property
     def backend(self) -> Literal["local", "llamacpp", "litellm"]:
@@ -145,7 +152,8 @@ class LMSpec(BaseModel):
     def options(self) -> dict[str, Any]:
         """The options that are set, with credentials removed from ``api_base`` if a URL holds any."""
         out = self.model_dump(exclude_none=True, exclude={"model"})
-        for key, default in (("num_retries", 3), ("cache", True), ("structured_output", "auto")):
+        for key, default in (("num_retries", 3), ("cache", True), ("structured_output", "auto"),
+                             ("fast_decoding", True)):  # fmt: skip
             if out.get(key) == default:
                 out.pop(key)
         if "api_base" in out:
@@ -429,6 +437,7 @@ def build_lm(
         seed=spec.seed or 0,
         label=spec.model,
         kv_slot=kv_slot or role,
+        fast_decoding=spec.fast_decoding,
     )
     return RoleLM(
         spec.model,
@@ -436,7 +445,8 @@ def build_lm(
         meter=meter,
         engine=engine,
         async_engine=AsyncLlamaCppEngine(engine),
-        metadata={"model_sha256": sha},
+        # in DSPy's cache key and the run key (runfolder.lm_identity): the decoding changes answers
+        metadata={"model_sha256": sha, "decoding": "fast" if spec.fast_decoding else "whole"},
         **common,
     )
 
