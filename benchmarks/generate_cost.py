@@ -27,7 +27,14 @@ slows both alike:
   :data:`~memsteer_dspy.bundles.ANCHORED_SAMPLING` says (two-record tasks only where two records
   write one answer, the user's side of a conversation turn, concrete seeds): the configuration
   ``memsteer demo`` and ``memsteer generate`` run on the embedded model
-  (``supervision.run.small_lm_generation_config``); with ``v1``, the default comparison.
+  (``supervision.run.small_lm_generation_config``); with ``v1``, the default comparison;
+- ``v1-fast`` — v1's pipeline on fast decoding, and ``lean-anchor-whole`` — lean-anchor on the
+  earlier decoding: the decoding's effect on each pipeline.
+
+``v1`` (and ``lean-anchor-whole``) run on the engine's decoding as the issue measured it (:data:`WHOLE_OBJECT_DECODING`: each
+answer one grammar-bound JSON object, its keys decoded token by token); every other configuration
+decodes fast (``LMSpec.fast_decoding``: a sampled token is checked alone against the grammar, and
+an answer is written field by field, its keys fed as prompt).
 
 Prints per role and in total: LM calls, prompt tokens, prompt tokens actually evaluated (llama.cpp
 reuses the longest common prefix with the previous call; reported as ``cached_tokens``),
@@ -85,7 +92,15 @@ CONFIGS: dict[str, tuple[bool, bool, float, bool]] = {
     # the planner picks its answer from the program's options (GenerationConfig.anchored), and the
     # sampler steers toward the answer types a bundle has options for
     "lean-anchor": (True, True, 2.0, True),
+    # v1's pipeline on fast decoding: what the decoding alone does to the earlier pipeline
+    "v1-fast": (False, False, 0, False),
+    # and lean-anchor on the earlier decoding: what the decoding does to the new pipeline
+    "lean-anchor-whole": (True, True, 2.0, True),
 }
+# The configurations whose in-process LM decodes as the engine did when the issue measured today's
+# cost (the grammar masks the whole vocabulary before every pick; each answer one JSON object, key
+# by key); every other one decodes fast (LMSpec.fast_decoding).
+WHOLE_OBJECT_DECODING = frozenset({"v1", "lean-anchor-whole"})
 
 
 def generation_config(name: str, candidates: int, seed: int) -> GenerationConfig:
@@ -261,8 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     # every role switch re-evaluated; the sixteenth shared each role's slot between configurations,
     # so every turn evicted the other configuration's prefixes.
     spec = LMSpec(model=args.lm, cache=False)
+    specs = {
+        n: spec.model_copy(update={"fast_decoding": n not in WHOLE_OBJECT_DECODING}) for n in names
+    }
     lms_by_config = {
-        name: {r: build_lm(spec, role=r, kv_slot=f"{name}/{r}") for r in GENERATION_ROLES}
+        name: {r: build_lm(specs[name], role=r, kv_slot=f"{name}/{r}") for r in GENERATION_ROLES}
         for name in names
     }
     lm = lms_by_config[names[0]][GENERATION_ROLES[0]]
