@@ -962,3 +962,41 @@ def test_lean_re_samples_a_question_that_names_its_asker_and_tells_the_writer_wh
     lms = role_lms([plan_reply()], [question_reply(named)], [audit_reply()], [blind_reply()])
     gen = MemSteerGenerator(lms, max_retries=1, lean=False, user_name="Elena_Morales")
     assert gen(bundle=small_bundle(), task=FACT, shuffle_seed=0).outcome.reason != "question:names_self"
+
+
+def test_who_did_what_the_user_did_is_a_role_swap():
+    from memsteer_dspy.supervision.checks import swaps_roles
+
+    said = "I tried to dictate my certification reflections to Sofia while still in bed."
+    # the three forms the fifteenth to seventeenth cost runs kept, each answered "Sofia"
+    assert swaps_roles("Who tried to dictate my certification reflections?", "Sofia", said)
+    assert swaps_roles("Who was trying to dictate her certification reflections this morning?", "Sofia", said)
+    assert swaps_roles("Who was the person who tried to dictate their reflections?", "Sofia", said)
+    # the user as the clause's subject asks the right role
+    assert not swaps_roles("Who did I try to dictate my certification reflections to?", "Sofia", said)
+    # the answer does what the question asks
+    assert not swaps_roles("Who called me about the reflections?", "Sofia", "Sofia called me after I tried to call her.")
+    assert not swaps_roles("Who helped with the seedlings?", "Sofia", "Sofia helped with the seedlings while I watered.")
+    # another verb than the user's
+    assert not swaps_roles("Who took the photos of the garden?", "Sofia", "I planted tomatoes and Sofia took the photos.")
+    # not a "Who" question
+    assert not swaps_roles("What did I dictate to Sofia?", "Sofia", said)
+
+
+def test_lean_re_samples_a_role_swapped_question_and_tells_the_writer_whom_to_ask_for():
+    swapped = "Who sent a quick note from my MacBook Air on March 2?"  # "I sent a quick note to Lila"
+    right = "Who did I send a quick note to from my MacBook Air on March 2?"
+    plan = plan_reply(answer="Lila", ask="whom I sent a quick note to from my MacBook Air")
+
+    def run(questions, audits, blinds):
+        lms = role_lms([plan], questions, audits, blinds)
+        gen = MemSteerGenerator(lms, max_retries=1, lean=True, user_name="Elena_Morales")
+        return lms, gen(bundle=small_bundle(), task=FACT, shuffle_seed=0).outcome
+
+    lms, out = run([question_reply(swapped), question_reply(right)], [audit_reply()], [blind_reply("Lila")])
+    assert out.status == "accepted", out.detail
+    assert out.repairs[-1].reason == "re-sampled after question:role_swap"
+    writer_prompts = [str(h["messages"]) for h in lms["question_writer"].history]
+    assert "Who did I" in writer_prompts[1]
+    _, out = run([question_reply(swapped)] * 2, [], [])
+    assert out.status == "rejected" and out.reason == "question:role_swap"

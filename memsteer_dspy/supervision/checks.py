@@ -725,6 +725,51 @@ def names_self(question: str, user_name: str | None) -> bool:
     return len(first) >= 2 and re.search(rf"\b{re.escape(first)}\b", question, re.I) is not None
 
 
+# words of a "Who …?" clause that are not its verb: auxiliaries, "the person who", articles
+_WHO_FILLER = frozenset(
+    "who was is were are did does do has had have will would could can the a an person one "
+    "someone that".split()
+)
+
+
+def _verb_stem(word: str) -> str:
+    """A crude shared stem: "tried"/"try"/"trying" -> "tr", "dictated"/"dictate" -> "dictat"."""
+    for suffix in ("ying", "ied", "ing", "ies", "ed", "es", "e", "s", "y"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 2:
+            return word[: -len(suffix)]
+    return word
+
+
+def swaps_roles(question: str, answer: str, sentence: str) -> bool:
+    """Whether "Who <verb> …?" asks for the one who did what the answer sentence says the user
+    did, answered by someone else in that sentence: "Who tried to dictate my certification
+    reflections?" → Sofia, of "I tried to dictate my certification reflections to Sofia" (three cost
+    runs in a row kept such an item). A question with the user as its subject ("Who did I try to
+    dictate … to?") asks the right role and is not this; nor is one whose answer is the subject of
+    that verb in the sentence ("Sofia tried …")."""
+    words = normalize_text(question).split()
+    if len(words) < 2 or words[0] != "who" or answer.strip() == "":
+        return False
+    clause = words[1:7]
+    if "i" in clause or "me" in clause:
+        return False  # the user is in the clause: "Who did I …", "Who called me …"
+    verbs = {_verb_stem(w) for w in clause if w not in _WHO_FILLER and len(w) >= 3}
+    said = normalize_text(sentence).split()
+    name = normalize_text(answer).split()
+    if not verbs or not name:
+        return False
+    for i, w in enumerate(said):
+        if w != "i":
+            continue
+        after = said[i + 1 : i + 4]
+        if not any(_verb_stem(v) in verbs for v in after if len(v) >= 3):
+            continue
+        rest = said[i + 1 :]
+        # the answer comes after the user's verb (its object), not as a subject of its own
+        return any(rest[j : j + len(name)] == name for j in range(len(rest)))
+    return False
+
+
 def _overlap(a: list[str], b: list[str]) -> float:
     sa, sb = set(a), set(b)
     return len(sa & sb) / len(sa | sb) if sa and sb else 0.0

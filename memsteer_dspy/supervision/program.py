@@ -82,6 +82,7 @@ from memsteer_dspy.supervision.checks import (
     quoted_fact_support,
     records_missed,
     spans_by_id,
+    swaps_roles,
     user_display_name,
 )
 from memsteer_dspy.supervision.limits import bounded_signature
@@ -131,7 +132,10 @@ LEAN_MAX_TOKENS = {**MAX_TOKENS, "plan": 300, "question": 80, "audit": 400, "bli
 #     copies_demo ("Who is running the pottery class …?" of a race: the demo run of 2026-12-05).
 # 12: a question in the user's voice that also names the user is names_self ("When did I talk to
 #     Elena Morales?" in the sixteenth cost run).
-LEAN_VERSION = 12
+# 13: "Who <verb> …?" answered by someone the answer sentence says the user <verb>-ed to or with
+#     is role_swap ("Who tried to dictate my reflections?" -> Sofia, of "I tried to dictate my
+#     reflections to Sofia": the fifteenth to seventeenth cost runs each kept it).
+LEAN_VERSION = 13
 LEAN_QUESTION_REWRITES = 1
 """Lean re-samples a rejected question this many times (the earlier pipeline: 2). Measured on the
 embedded writer over three runs (runs/demo-2, runs/demo-4, the thirteenth cost run's lean-anchor;
@@ -602,6 +606,10 @@ class _Generator(dspy.Module):
         )
         if problem is None and self.lean and names_self(question, self.user_name):
             return "names_self"  # "When did I talk to Elena Morales?", asked by Elena Morales
+        if problem is None and self.lean and str(plan.answer_type) == "entity":
+            span = bundle.span(plan.answer_span_id) if plan.answer_span_id else None
+            if span is not None and swaps_roles(question, plan.answer, span.text):
+                return "role_swap"  # "Who tried to dictate …?" -> whom the user dictated to
         if problem is None and self.anchored:
             if not _FRONTED.match(question):  # "… altered my day as the what?"
                 return "not_fronted"
@@ -747,6 +755,7 @@ _REWRITE_HINTS = {
     "unknown_name": "name only people, places and things the records name",
     "unknown_detail": "write no number, time or detail the facts do not state",
     "names_self": "you are the one asking: say 'I', 'me' or 'my', never your own name",
+    "role_swap": "the answer is not the one who did it, you did: ask 'Who did I … to/with?'",
     "too_long": "ask in a short question (at most 20 words) by the event's key words, not its whole sentence",
     "wrong_kind": "ask for the answer's kind: 'When …?' for a date, 'How many …?' for a number, "
     "'Who …?' or 'What …?' for a name or thing, and one of them ('Who is …?'), not several ('Who are …?')",
