@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -43,36 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dspy  # noqa: E402
 from generate_cost import generation_config  # noqa: E402
 
-from memsteer_dspy.lm import DEFAULT_LM  # noqa: E402
+from memsteer_dspy.lm import DEFAULT_LM, buildflags  # noqa: E402
 from memsteer_dspy.lm.config import LMSpec, build_lm  # noqa: E402
 from memsteer_dspy.supervision.program import GENERATION_ROLES  # noqa: E402
 from memsteer_dspy.supervision.run import generate_supervision  # noqa: E402
 
 DECODINGS = ("whole", "fast")
-
-
-def cpu_line() -> str:
-    """The CPU's model and the SIMD features that decide llama.cpp's speed."""
-    model, flags = platform.processor() or "?", []
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model in ("?", "x86_64", ""):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                wanted = (
-                    "avx",
-                    "avx2",
-                    "avx512f",
-                    "avx512_vnni",
-                    "avx512_bf16",
-                    "amx_tile",
-                    "amx_int8",
-                )
-                flags = [f for f in line.split(":", 1)[1].split() if f in wanted]
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, {' '.join(flags) or 'no AVX flags read'}"
 
 
 def record_calls(history: Any, candidates: int, seed: int, lm: str) -> list[tuple[str, dict]]:
@@ -89,8 +64,16 @@ def record_calls(history: Any, candidates: int, seed: int, lm: str) -> list[tupl
     calls = []
     for role, role_lm in lms.items():
         for h in role_lm.history:
-            calls.append((role, {"messages": h["messages"], "kwargs": dict(h["kwargs"]),
-                                 "timestamp": str(h.get("timestamp") or "")}))  # fmt: skip
+            calls.append(
+                (
+                    role,
+                    {
+                        "messages": h["messages"],
+                        "kwargs": dict(h["kwargs"]),
+                        "timestamp": str(h.get("timestamp") or ""),
+                    },
+                )
+            )
     calls.sort(key=lambda c: c[1]["timestamp"])  # the run's order
     return calls
 
@@ -169,8 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         from memsteer_dspy.demo_data import load_demo
 
         history = load_demo().history
-    print(f"{history.user_id}: {len(history)} records; {args.candidates} lean-anchor candidates, "
-          f"seed {args.seed}; LM {args.lm}; CPU {cpu_line()}", flush=True)  # fmt: skip
+    print(
+        f"{history.user_id}: {len(history)} records; {args.candidates} lean-anchor candidates, "
+        f"seed {args.seed}; LM {args.lm}; CPU {buildflags.cpu_model_name()}, {os.cpu_count()} cores, {' '.join(buildflags.reported_features())}",
+        flush=True,
+    )
     calls = record_calls(history, args.candidates, args.seed, args.lm)
     print(f"recorded {len(calls)} calls; replaying each greedily under both decodings", flush=True)
     table = replay(calls, args.lm)
@@ -179,17 +165,23 @@ def main(argv: list[str] | None = None) -> int:
         "calls": sum(table[r]["calls"] for r in roles),
         "same_text": sum(table[r]["same_text"] for r in roles),
         "same_json": sum(table[r]["same_json"] for r in roles),
-        **{d: {k: sum(table[r][d][k] for r in roles) for k in ("seconds", "completion", "steps")}
-           for d in DECODINGS},
-    }  # fmt: skip
-    print(f"\n  {'role':<16}{'calls':>6}{'whole s':>9}{'fast s':>8}{'fast/whole':>11}"
-          f"{'tokens':>8}{'steps whole':>12}{'steps fast':>11}{'same text':>10}{'same JSON':>10}")  # fmt: skip
+        **{
+            d: {k: sum(table[r][d][k] for r in roles) for k in ("seconds", "completion", "steps")}
+            for d in DECODINGS
+        },
+    }
+    print(
+        f"\n  {'role':<16}{'calls':>6}{'whole s':>9}{'fast s':>8}{'fast/whole':>11}"
+        f"{'tokens':>8}{'steps whole':>12}{'steps fast':>11}{'same text':>10}{'same JSON':>10}"
+    )
     for role, t in [*((r, table[r]) for r in roles), ("total", total)]:
         w, f = t["whole"], t["fast"]
         ratio = f["seconds"] / w["seconds"] if w["seconds"] else float("nan")
-        print(f"  {role:<16}{t['calls']:>6.0f}{w['seconds']:>9.1f}{f['seconds']:>8.1f}{ratio:>11.2f}"
-              f"{w['completion']:>8.0f}{w['steps']:>12.0f}{f['steps']:>11.0f}"
-              f"{t['same_text']:>10.0f}{t['same_json']:>10.0f}")  # fmt: skip
+        print(
+            f"  {role:<16}{t['calls']:>6.0f}{w['seconds']:>9.1f}{f['seconds']:>8.1f}{ratio:>11.2f}"
+            f"{w['completion']:>8.0f}{w['steps']:>12.0f}{f['steps']:>11.0f}"
+            f"{t['same_text']:>10.0f}{t['same_json']:>10.0f}"
+        )
     return 0
 
 

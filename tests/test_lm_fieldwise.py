@@ -57,7 +57,11 @@ def test_the_fields_grammars_accept_the_object_the_whole_schema_accepts():
     steps = field_grammars(plan_schema())
     values = ["3,", ' [{"record_id": "R1", "contribution": "who came"}],', ' "Who came?"}']
     text = "".join(s.prefix + v for s, v in zip(steps, values, strict=True))
-    assert json.loads(text) == {"answer_option": 3, "evidence": [{"record_id": "R1", "contribution": "who came"}], "ask": "Who came?"}  # fmt: skip
+    assert json.loads(text) == {
+        "answer_option": 3,
+        "evidence": [{"record_id": "R1", "contribution": "who came"}],
+        "ask": "Who came?",
+    }
     for step in steps:  # every grammar compiles in llama.cpp
         llama_cpp.LlamaGrammar.from_string(step.grammar, verbose=False)
 
@@ -65,13 +69,17 @@ def test_the_fields_grammars_accept_the_object_the_whole_schema_accepts():
 @pytest.mark.parametrize(
     "schema",
     [
-        {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}, "required": ["a"]},
+        {
+            "type": "object",
+            "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+            "required": ["a"],
+        },
         {"type": "array", "items": {"type": "string"}},
         {"type": "object", "properties": {}},
         {"type": "string"},
     ],
     ids=["optional-field", "array", "no-properties", "string"],
-)  # fmt: skip
+)
 def test_other_schemas_are_decoded_whole(schema):
     assert field_grammars(schema) is None
 

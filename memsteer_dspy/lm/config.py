@@ -152,8 +152,13 @@ class LMSpec(BaseModel):
     def options(self) -> dict[str, Any]:
         """The options that are set, with credentials removed from ``api_base`` if a URL holds any."""
         out = self.model_dump(exclude_none=True, exclude={"model"})
-        for key, default in (("num_retries", 3), ("cache", True), ("structured_output", "auto"),
-                             ("fast_decoding", True)):  # fmt: skip
+        defaults = {
+            "num_retries": 3,
+            "cache": True,
+            "structured_output": "auto",
+            "fast_decoding": True,
+        }
+        for key, default in defaults.items():
             if out.get(key) == default:
                 out.pop(key)
         if "api_base" in out:

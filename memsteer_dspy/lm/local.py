@@ -216,11 +216,18 @@ def _with_cached_tokens(usage: Any, evaluated: int) -> Any:
     if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
         return usage
     cached = max(0, usage["prompt_tokens"] - int(evaluated))
-    return {**usage, "prompt_tokens_details": {**(usage.get("prompt_tokens_details") or {}), "cached_tokens": cached}}
+    return {
+        **usage,
+        "prompt_tokens_details": {
+            **(usage.get("prompt_tokens_details") or {}),
+            "cached_tokens": cached,
+        },
+    }
 
 
 class _GrammarFirstSampler:
-    """A drop-in for llama-cpp-python's sampler chain when a grammar binds the answer: the chain's
+    """A stand-in for llama-cpp-python's sampler chain when a grammar binds the answer (``Llama``
+    only ever calls its ``sample``; both chains free themselves): the chain's
     other samplers (``rest``: penalties, then greedy or top-k/top-p/min-p/temperature/dist) pick a
     token from the raw logits; the grammar checks that one token; only when it refuses does the
     grammar mask the whole vocabulary and ``rest`` pick again from what is left. Greedy picks are
@@ -233,7 +240,6 @@ class _GrammarFirstSampler:
         self.rest = rest
         self.grammar = _internals.LlamaSampler()
         self.grammar.add_grammar(llama._model, grammar)
-        self.refused = 0  # picks the grammar refused (the whole vocabulary was masked)
 
     def sample(self, ctx: Any, idx: int = -1) -> int:
         import llama_cpp
@@ -247,38 +253,27 @@ class _GrammarFirstSampler:
         if one[0].logit != float("-inf"):
             self.grammar.accept(token)
             return int(token)
-        self.refused += 1
         self.llama.grammar_refusals += 1
         n_vocab = self.llama.n_vocab()
         logits = np.ctypeslib.as_array(
             llama_cpp.llama_get_logits_ith(ctx.ctx, idx), shape=(n_vocab,)
         )
-        data = np.zeros(n_vocab, dtype=np.dtype(
-            [("id", np.intc), ("logit", np.single), ("p", np.single)], align=True))  # fmt: skip
+        token_data = np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True)
+        data = np.zeros(n_vocab, dtype=token_data)  # llama_token_data's layout
         data["id"] = np.arange(n_vocab, dtype=np.intc)
         data["logit"] = logits
         full = llama_cpp.llama_token_data_array(
-            data=data.ctypes.data_as(llama_cpp.llama_token_data_p), size=n_vocab, selected=-1,
+            data=data.ctypes.data_as(llama_cpp.llama_token_data_p),
+            size=n_vocab,
+            selected=-1,
             sorted=False,
-        )  # fmt: skip
+        )
         llama_cpp.llama_sampler_apply(self.grammar.sampler, ctypes.byref(full))
         llama_cpp.llama_sampler_apply(self.rest.sampler, ctypes.byref(full))
         token = int(data["id"][full.selected])
         self.grammar.accept(token)
         self.rest.accept(token)
         return token
-
-    def accept(self, token: int) -> None:
-        self.grammar.accept(token)
-        self.rest.accept(token)
-
-    def reset(self) -> None:
-        self.grammar.reset()
-        self.rest.reset()
-
-    def close(self) -> None:
-        self.grammar.close()
-        self.rest.close()
 
 
 def _install_grammar_first(llama: Any) -> None:
@@ -297,6 +292,23 @@ def _install_grammar_first(llama: Any) -> None:
     llama._init_sampler = init_sampler
     llama.grammar_first = False
     llama.grammar_refusals = 0  # picks the grammar refused, over the instance's life
+
+
+def _chat_formatter(llama: Any) -> Any:
+    """The formatter of the model's own chat template, as ``Llama`` builds it for
+    ``create_chat_completion`` (it keeps only the handler), compiled once per instance."""
+    formatter = getattr(llama, "memsteer_chat_formatter", None)
+    if formatter is None:
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        eos, bos = llama.token_eos(), llama.token_bos()
+        formatter = llama.memsteer_chat_formatter = Jinja2ChatFormatter(
+            template=llama.metadata["tokenizer.chat_template"],
+            eos_token=llama._model.token_get_text(eos) if eos != -1 else "",
+            bos_token=llama._model.token_get_text(bos) if bos != -1 else "",
+            stop_token_ids=[eos],
+        )
+    return formatter
 
 
 @dataclass(frozen=True)
@@ -516,18 +528,9 @@ class LlamaCppEngine:
         the chat-completion body (usage as one call's: the prompt, and the whole answer as
         completion) and the prompt tokens evaluated before the first value."""
         import llama_cpp
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
         from llama_cpp.llama_grammar import LlamaGrammar
 
-        eos = llama.token_eos()
-        bos = llama.token_bos()
-        formatter = Jinja2ChatFormatter(
-            template=llama.metadata["tokenizer.chat_template"],
-            eos_token=llama._model.token_get_text(eos) if eos != -1 else "",
-            bos_token=llama._model.token_get_text(bos) if bos != -1 else "",
-            stop_token_ids=[eos],
-        )
-        chat = formatter(messages=messages)
+        chat = _chat_formatter(llama)(messages=messages)
         prompt = llama.tokenize(
             chat.prompt.encode("utf-8"), add_bos=not chat.added_special, special=True
         )
@@ -582,17 +585,19 @@ class LlamaCppEngine:
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.label,
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": finish,
-            }],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": finish,
+                }
+            ],
             "usage": {
                 "prompt_tokens": len(prompt),
                 "completion_tokens": completion,
                 "total_tokens": len(prompt) + completion,
             },
-        }  # fmt: skip
+        }
         return body, prompt_evaluated
 
     def stream(self, request: Any) -> Any:

@@ -733,7 +733,9 @@ _WHO_FILLER = frozenset(
 
 
 def _verb_stem(word: str) -> str:
-    """A crude shared stem: "tried"/"try"/"trying" -> "tr", "dictated"/"dictate" -> "dictat"."""
+    """A crude shared stem: "tried"/"try"/"trying" -> "tr", "dictated"/"dictate" -> "dictat".
+    Not :func:`_stem` (off_evidence_words, under LEAN_VERSION 6): that one keeps "tri" and "try"
+    apart, and widening it would change off_evidence verdicts of earlier lean versions."""
     for suffix in ("ying", "ied", "ing", "ies", "ed", "es", "e", "s", "y"):
         if word.endswith(suffix) and len(word) - len(suffix) >= 2:
             return word[: -len(suffix)]
