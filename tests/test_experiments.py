@@ -134,7 +134,7 @@ class World:
         )[0]
         outputs = set(_OUTPUTS.findall(head))
         out = self.outputs(outputs, user)
-        if "Outputs will be a JSON object" in system:
+        if "Outputs will be a JSON object" in system or "Answer with a JSON object" in system:
             return json.dumps(out)
         return (
             "\n\n".join(

@@ -678,3 +678,20 @@ def test_a_name_in_a_series_of_names_is_no_entity_option():
     # names in one sentence but in no series stay options
     apart = "User: Lila Nguyen brought the seed trays, then Mark Jensen fixed the speaker."
     assert [a for k, a in _answers(apart, "entity")] == ["Lila Nguyen", "Mark Jensen"]
+
+
+def test_a_name_its_record_title_writes_is_no_entity_option():
+    # the record's topic, not a detail: "What is the historical context of the Montessori Method?"
+    text = "The Montessori Method guided my day with Amelia Torres at the garden club."
+    record = RECORDS[0].model_copy(
+        update={"id": "r:1", "thread_id": "r", "text": text, "timestamp": datetime(2024, 4, 15),
+                "kind": "document_section", "metadata": {"title": "Notes on the Montessori Method"}}
+    )  # fmt: skip
+    records = bundle_from_records(History("Elena_Morales", [record]), ["r:1"], BundleConfig()).records
+    assert records[0].title == "Notes on the Montessori Method"
+    got = [o.answer for o in answer_options(records, "Elena_Morales", "entity")]
+    assert got == ["Amelia Torres"]
+    # the same sentence under another title offers both names
+    untitled = [records[0].model_copy(update={"title": "Garden club"})]
+    got = [o.answer for o in answer_options(untitled, "Elena_Morales", "entity")]
+    assert got == ["Montessori Method", "Amelia Torres"]

@@ -7,11 +7,17 @@ break it anyway, so the prompt only needs to say what each field *means*.
 :class:`CompactJSONAdapter` keeps everything else of ``JSONAdapter`` (structured outputs, parsing,
 demos as conversation turns) and writes:
 
-- the system message as the task instruction, then one line per field: name, a short type hint
-  (``list of {record_id, contribution}``, ``one of entity|number|…``) and its description;
+- the system message as the task instruction, the input sections by name (each is shown with its
+  value in every request, and the instruction says what they are), then one line per output field:
+  name, a short type hint (``list of {record_id, contribution}``, ``one of entity|number|…``) and
+  its description;
 - demonstrations and requests with the same ``[[ ## field ## ]]`` input sections, and answers as
-  one-line JSON (a small LM imitates its demonstrations, so it writes no indentation either);
-- a one-line reminder of the output fields' order at the end of each request.
+  one-line JSON (a small LM imitates its demonstrations, so it writes no indentation either), with
+  no reminder of the output fields after each request: the decoder's grammar writes them in order.
+
+Measured on the embedded 1.5B model (the nineteenth cost run's calls, Qwen's tokenizer), the input
+descriptions, the two lines on the format and the closing reminder were 90–150 of the 730–1,060
+prompt tokens of a question writer or planner call, repeated in every call.
 
 The instruction and field lines come first and are the same for every call of a role, so
 consecutive calls of one role share that prefix (an in-process LM reuses its cached evaluation).
@@ -73,30 +79,27 @@ class CompactJSONAdapter(dspy.JSONAdapter):
     schema is better served by the full ``JSONAdapter``."""
 
     def format_field_description(self, signature: type[dspy.Signature]) -> str:
-        fields = (signature.input_fields, signature.output_fields)
-        inputs, outputs = (
-            "\n".join(_field_line(n, k, v) for n, (k, v) in enumerate(f.items(), 1)) for f in fields
+        inputs = ", ".join(f"`{k}`" for k in signature.input_fields)
+        outputs = "\n".join(
+            _field_line(n, k, v) for n, (k, v) in enumerate(signature.output_fields.items(), 1)
         )
         return (
-            f"Your input fields are:\n{inputs}\nYour output fields are:\n{outputs}\n"
-            "Outputs will be a JSON object with these fields, in this order."
+            f"Inputs, each a [[ ## name ## ]] section: {inputs}.\n"
+            f"Answer with a JSON object of these fields, in order:\n{outputs}"
         )
 
     def format_field_structure(self, signature: type[dspy.Signature]) -> str:
-        return "Each input comes as a [[ ## name ## ]] section."
+        return ""  # said with the inputs (format_field_description)
 
     def format_task_description(self, signature: type[dspy.Signature]) -> str:
         return textwrap.dedent(signature.instructions).strip()
 
     def format_system_message(self, signature: type[dspy.Signature]) -> str:
         # the instruction first: the same for every call of the role
-        return (
-            f"{self.format_task_description(signature)}\n\n"
-            f"{self.format_field_description(signature)}\n{self.format_field_structure(signature)}"
-        )
+        return f"{self.format_task_description(signature)}\n\n{self.format_field_description(signature)}"
 
-    def user_message_output_requirements(self, signature: type[dspy.Signature]) -> str:
-        return "Respond with the JSON object: " + ", ".join(signature.output_fields) + "."
+    def user_message_output_requirements(self, signature: type[dspy.Signature]) -> str | None:
+        return None  # the grammar (or the provider's structured output) writes the fields in order
 
     def format_field_with_value(
         self, fields_with_values: dict[Any, Any], role: str = "user"

@@ -135,7 +135,10 @@ LEAN_MAX_TOKENS = {**MAX_TOKENS, "plan": 300, "question": 80, "audit": 400, "bli
 # 13: "Who <verb> …?" answered by someone the answer sentence says the user <verb>-ed to or with
 #     is role_swap ("Who tried to dictate my reflections?" -> Sofia, of "I tried to dictate my
 #     reflections to Sofia": the fifteenth to seventeenth cost runs each kept it).
-LEAN_VERSION = 13
+# 14: the compact prompt names the input sections without describing them and ends a request
+#     without the output reminder (supervision.adapter: 90–150 tokens of each call), and the
+#     question writer's demonstration shows its evidence records only, as its requests do.
+LEAN_VERSION = 14
 LEAN_QUESTION_REWRITES = 1
 """Lean re-samples a rejected question this many times (the earlier pipeline: 2). Measured on the
 embedded writer over three runs (runs/demo-2, runs/demo-4, the thirteenth cost run's lean-anchor;
@@ -175,7 +178,10 @@ PROMPT_VERSION = 2
 # 10: a name that stands in a series of names ("to Lila, Mrs. Patel, Mr. Kim, and Ms. Rivera") is no
 # entity option: one name of several has several right answers (bundles._in_name_series; the
 # sixteenth cost run kept "Who do I want to send a quick update to?" → Lila).
-ANCHORED_VERSION = 10
+# 11: a name its record's title writes is no entity option: it is the record's topic, and a question
+# can only say which record it means by naming it (bundles._in_title; the nineteenth cost run lost
+# all six such candidates, and kept no item answered by a title word).
+ANCHORED_VERSION = 11
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 
@@ -1359,8 +1365,12 @@ class MemSteerGenerator(_Generator):
         examples["plan"] = dspy.Example(**fields).with_inputs(
             "records", "question_type", "evidence_count", *(["options"] if self.anchored else [])
         )
+        # lean: the records as the writer reads them in a request, its plan's evidence records only
+        # (the cold-start demo's other record was ~45 tokens of every lean writer call)
+        lean_records = self.lean and bundle is not None and plan.evidence_ids
+        writer_view = bundle.subset(plan.evidence_ids).view() if lean_records else view
         examples["write_question"] = dspy.Example(
-            records=view.text, ask=first_person(plan.ask), facts=[f.statement for f in plan.facts], answer=plan.answer,
+            records=writer_view.text, ask=first_person(plan.ask), facts=[f.statement for f in plan.facts], answer=plan.answer,
             answer_type=str(plan.answer_type), avoid="none", question=outcome.question,
         ).with_inputs("records", "ask", "facts", "answer", "answer_type", "avoid")  # fmt: skip
         return examples
