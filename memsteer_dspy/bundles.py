@@ -978,9 +978,16 @@ def pair_options(
     Measured on the embedded 1.5B model, two-record tasks planned from one-record options kept
     none of 60 over four runs: the planner named one record, or its question asked what one record
     says and the blind reader cited that one only. ``answer_type`` and ``limit`` as in
-    :func:`answer_options`; the records of each pair in bundle order, the same answer once."""
+    :func:`answer_options`; the records of each pair in bundle order, the same answer once.
+
+    Neither sentence may be an email's address line, and the two may not be the same words (a
+    reply's quoted header or subject): each record alone then answers, and the question had
+    nothing of the second record to ask by ("Who sent the email …, and also From, who <…>?").
+    Measured: such pairs were 5 of the 9 two-record candidates of demo-11 and 2 of 7 in each of
+    the nineteenth and twentieth cost runs, and none was kept."""
     stating = {r.id: [(s, plain_text(s.text)) for s in stating_spans(r)] for r in records}
     span_text = {s.id: text for spans in stating.values() for s, text in spans}
+    raw_text = {s.id: s.text for spans in stating.values() for s, _ in spans}
     order = {r.id: n for n, r in enumerate(records)}
     options: list[AnswerOption] = []
     seen: set[str] = set()
@@ -991,7 +998,9 @@ def pair_options(
             continue
         own = option.span_id.rpartition("#")[0]
         word = re.compile(rf"(?<![\w-]){re.escape(option.answer)}(?![\w-])", re.I)
-        if not _says_more(span_text[option.span_id], word):
+        if not _says_more(span_text[option.span_id], word) or _ADDRESS_LINE.match(
+            raw_text[option.span_id]
+        ):
             continue
         other = next(
             (
@@ -999,7 +1008,10 @@ def pair_options(
                 for rid in sorted(stating, key=order.__getitem__)
                 if rid != own
                 for span, text in stating[rid]
-                if word.search(text) and _says_more(text, word)
+                if word.search(text)
+                and _says_more(text, word)
+                and not _ADDRESS_LINE.match(span.text)
+                and not _same_sentence(span.text, raw_text[option.span_id])
             ),
             None,
         )
@@ -1011,6 +1023,19 @@ def pair_options(
         if len(options) == limit:
             break
     return options
+
+
+# An email's address lines ("From: Raj Mehta <raj.mehta@outlook.com>") name a sender or recipient
+# and nothing a question can ask by; a reply repeats its thread's address and subject lines.
+_ADDRESS_LINE = re.compile(r"^\s*(?:From|To|Cc|Bcc|Sender|Recipients?)\s*:", re.I)
+_REPLY_PREFIX = re.compile(r"^\s*(?:subject\s*:\s*)?(?:(?:re|fwd?|aw)\s*:\s*)*", re.I)
+
+
+def _same_sentence(a: str, b: str) -> bool:
+    """Whether two sentences are the same words (a reply's "Subject: Re: …" and its original's)."""
+    return " ".join(_REPLY_PREFIX.sub("", a).lower().split()) == " ".join(
+        _REPLY_PREFIX.sub("", b).lower().split()
+    )
 
 
 PAIR_MIN_WORDS = 3

@@ -683,11 +683,19 @@ def test_a_name_in_a_series_of_names_is_no_entity_option():
 def test_a_name_its_record_title_writes_is_no_entity_option():
     # the record's topic, not a detail: "What is the historical context of the Montessori Method?"
     text = "The Montessori Method guided my day with Amelia Torres at the garden club."
+    title = {"title": "Notes on the Montessori Method"}
     record = RECORDS[0].model_copy(
-        update={"id": "r:1", "thread_id": "r", "text": text, "timestamp": datetime(2024, 4, 15),
-                "kind": "document_section", "metadata": {"title": "Notes on the Montessori Method"}}
-    )  # fmt: skip
-    records = bundle_from_records(History("Elena_Morales", [record]), ["r:1"], BundleConfig()).records
+        update={
+            "id": "r:1",
+            "thread_id": "r",
+            "text": text,
+            "timestamp": datetime(2024, 4, 15),
+            "kind": "document_section",
+            "metadata": title,
+        }
+    )
+    history = History("Elena_Morales", [record])
+    records = bundle_from_records(history, ["r:1"], BundleConfig()).records
     assert records[0].title == "Notes on the Montessori Method"
     got = [o.answer for o in answer_options(records, "Elena_Morales", "entity")]
     assert got == ["Amelia Torres"]
@@ -695,3 +703,42 @@ def test_a_name_its_record_title_writes_is_no_entity_option():
     untitled = [records[0].model_copy(update={"title": "Garden club"})]
     got = [o.answer for o in answer_options(untitled, "Elena_Morales", "entity")]
     assert got == ["Montessori Method", "Amelia Torres"]
+
+
+def _thread(*texts: str):
+    records = [
+        RECORDS[0].model_copy(
+            update={
+                "id": f"r:{n}",
+                "thread_id": "r",
+                "text": t,
+                "timestamp": datetime(2024, 4, 15 + n),
+                "kind": "email",
+            }
+        )
+        for n, t in enumerate(texts, 1)
+    ]
+    ids = [r.id for r in records]
+    return bundle_from_records(History("Elena_Morales", records), ids, BundleConfig()).records
+
+
+def test_no_pair_option_on_an_address_line_or_a_repeated_sentence():
+    # a reply repeats its thread's From line and subject: each email alone names the sender
+    repeated = _thread(
+        "From: Raj Mehta <raj.mehta@outlook.com>\nSubject: Book club: February\nThanks for coming.",
+        "From: Raj Mehta <raj.mehta@outlook.com>\nSubject: Re: Book club: February\nApril is at mine.",
+    )
+    assert pair_options(repeated, "Elena_Morales") == []
+    # a sentence and an address line: the question had nothing of the email to ask by
+    header = _thread(
+        "User: Several families, including Amelia Torres, had to cancel at the last minute today.",
+        "Sender: Amelia Torres <amelia.torres@email.com>\nSorry we missed the open house.",
+    )
+    assert [o.answer for o in pair_options(header, "Elena_Morales")] == []
+    # two records that each tell something of the same person still pair
+    told = _thread(
+        "User: Raj Mehta hosted the book club at his flat on Thursday evening.",
+        "User: Raj Mehta lent me his copy of the novel after the meeting.",
+    )
+    got = pair_options(told, "Elena_Morales")
+    assert [o.answer for o in got] == ["Raj Mehta"] and got[0].also

@@ -181,7 +181,10 @@ PROMPT_VERSION = 2
 # 11: a name its record's title writes is no entity option: it is the record's topic, and a question
 # can only say which record it means by naming it (bundles._in_title; the nineteenth cost run lost
 # all six such candidates, and kept no item answered by a title word).
-ANCHORED_VERSION = 11
+# 12: no two-record option on an email's address line or on a sentence the other record repeats
+# word for word, a reply's quoted header or subject (bundles.pair_options; none of the 9 such
+# candidates of demo-11 and the nineteenth and twentieth cost runs was kept).
+ANCHORED_VERSION = 12
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 
