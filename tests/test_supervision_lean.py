@@ -41,7 +41,12 @@ from memsteer_dspy.supervision.checks import (
     quoted_fact_support,
 )
 from memsteer_dspy.supervision.limits import bounded_signature
-from memsteer_dspy.supervision.program import MemSteerGenerator, RoleCost, _usage_tokens
+from memsteer_dspy.supervision.program import (
+    MemSteerGenerator,
+    RoleCost,
+    _usage_tokens,
+    rewrite_hint,
+)
 from memsteer_dspy.supervision.run import _question_word, accepted_distribution
 
 FACT = Task(question_type="fact", evidence_count=1)
@@ -1020,3 +1025,13 @@ def test_lean_re_samples_a_role_swapped_question_and_tells_the_writer_whom_to_as
     assert "Who did I" in writer_prompts[1]
     _, out = run([question_reply(swapped)] * 2, [], [])
     assert out.status == "rejected" and out.reason == "question:role_swap"
+
+
+def test_not_fronted_hint_names_the_question_word_to_move():
+    # the writer copied an ask with its question word in the answer's place
+    hint = rewrite_hint("Demolition slips by how many, on May 28, 2025?", "not_fronted")
+    assert "start with 'How many'" in hint and "move 'how many' to the front" in hint
+    assert "start with 'When'" in rewrite_hint("Booked with United on when, QX7RLM", "not_fronted")
+    # no question word to move: the general hint
+    general = rewrite_hint("Kitchen remodel?", "not_fronted")
+    assert "start with the question word (Who, What, When" in general

@@ -138,7 +138,9 @@ LEAN_MAX_TOKENS = {**MAX_TOKENS, "plan": 300, "question": 80, "audit": 400, "bli
 # 14: the compact prompt names the input sections without describing them and ends a request
 #     without the output reminder (supervision.adapter: 90–150 tokens of each call), and the
 #     question writer's demonstration shows its evidence records only, as its requests do.
-LEAN_VERSION = 14
+# 15: a question re-written after not_fronted is told which of its words to move to the front
+#     ("start with 'How many'"): demo-12 and demo-13 lost 5 of 30 candidates each to copied asks.
+LEAN_VERSION = 15
 LEAN_QUESTION_REWRITES = 1
 """Lean re-samples a rejected question this many times (the earlier pipeline: 2). Measured on the
 embedded writer over three runs (runs/demo-2, runs/demo-4, the thirteenth cost run's lean-anchor;
@@ -786,7 +788,20 @@ def rewrite_hint(question: str, problem: str | None, details: Sequence[str] = ()
     hint = _REWRITE_HINTS.get(problem or "", "write a different question")
     if problem == "vague" and details:
         hint += f"; it could mention {', '.join(details)}"
+    if problem == "not_fronted" and (word := _INNER_QUESTION_WORD.search(question)):
+        # the writer copied an ask with its question word in the answer's place ("Demolition
+        # slips by how many, …"): name the word to move, as the general hint did not
+        first = word.group(0)
+        hint = (
+            f"move '{first.lower()}' to the front: start with '{first.capitalize()}', "
+            "then ask the rest, and end with '?'"
+        )
     return f"{question!r} was rejected ({problem}): {hint}."
+
+
+_INNER_QUESTION_WORD = re.compile(
+    r"\b(?:how (?:many|much|long|often|far)|who|whom|whose|what|when|where|which)\b", re.I
+)
 
 
 _USER_AFTER_PREP = re.compile(
