@@ -776,6 +776,12 @@ def _option_names(text: str, user: set[str], mid_sentence: set[str]) -> list[str
     return names
 
 
+def whole_word(text: str) -> re.Pattern[str]:
+    """``text`` as a whole word or phrase, any case: not inside a longer word or a hyphenated
+    compound ("2" is not in "2-hour", "Mila" not in "Milan")."""
+    return re.compile(rf"(?<![\w-]){re.escape(text)}(?![\w-])", re.I)
+
+
 def _in_title(title: str | None, name: str) -> bool:
     """Whether a record's title writes ``name`` as a whole word: the name is the record's topic
     ("Reflections as a Montessori Educator", "Current Status"), not a detail one of its sentences
@@ -783,9 +789,7 @@ def _in_title(title: str | None, name: str) -> bool:
     nineteenth cost run (embedded 1.5B model): all six entity options taken from their record's
     title were rejected (asked as "What is … the Montessori Method?", or read back as another
     word of the title), and no kept item's answer was in its title."""
-    return (
-        bool(title) and re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", title, re.I) is not None
-    )
+    return bool(title) and whole_word(name).search(title) is not None
 
 
 # what joins the names of a series: "Lila, Mrs. Patel, Mr. Kim, and Ms. Rivera", "Sofia and Mark"
@@ -894,8 +898,8 @@ def answer_options(
     """The answers the records' own sentences supply, found the way :func:`answer_kinds` finds
     their kinds: each name that is not the user's, stands in no series of names
     (:func:`_in_name_series`) and is not in its record's title (:func:`_in_title`; ``entity``),
-    each number that is not part of a date or a year (``number``), each enumeration "a, b and c" (``list``), each date a sentence
-    writes, and each record's own date (``date``, cited from :func:`event_span`; not for a
+    each number that is not part of a date or a year (``number``), each enumeration "a, b and c"
+    (``list``), each date a sentence writes, and each record's own date (``date``, cited from :func:`event_span`; not for a
     document section, :data:`UNDATED_EVENT_KINDS`).
 
     With ``answer_type``, only that kind's options when the records hold one (else every kind).
@@ -997,7 +1001,7 @@ def pair_options(
         if answer_type and answer_type in PAIR_ANSWER_TYPES and option.answer_type != answer_type:
             continue
         own = option.span_id.rpartition("#")[0]
-        word = re.compile(rf"(?<![\w-]){re.escape(option.answer)}(?![\w-])", re.I)
+        word = whole_word(option.answer)
         if not _says_more(span_text[option.span_id], word) or _ADDRESS_LINE.match(
             raw_text[option.span_id]
         ):
@@ -1053,8 +1057,7 @@ def _says_more(text: str, answer: re.Pattern[str], words: int = PAIR_MIN_WORDS) 
 
 
 def _says_more_than(text: str, answer: str) -> bool:
-    word = re.compile(rf"(?<![\w-]){re.escape(answer)}(?![\w-])", re.I)
-    return _says_more(text, word, OPTION_MIN_WORDS)
+    return _says_more(text, whole_word(answer), OPTION_MIN_WORDS)
 
 
 def task_options(

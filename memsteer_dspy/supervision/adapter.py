@@ -88,9 +88,6 @@ class CompactJSONAdapter(dspy.JSONAdapter):
             f"Answer with a JSON object of these fields, in order:\n{outputs}"
         )
 
-    def format_field_structure(self, signature: type[dspy.Signature]) -> str:
-        return ""  # said with the inputs (format_field_description)
-
     def format_task_description(self, signature: type[dspy.Signature]) -> str:
         return textwrap.dedent(signature.instructions).strip()
 

@@ -59,6 +59,7 @@ from memsteer_dspy.bundles import (
     answer_options,
     plain_text,
     task_options,
+    whole_word,
 )
 from memsteer_dspy.normalize import answers_match
 from memsteer_dspy.records import Span
@@ -918,7 +919,7 @@ def _second_answer_span(plan: AnswerPlan, bundle: Bundle) -> Span | None:
     if not plan.answer_span_id or len(plan.evidence_ids) < 2:
         return None
     own = plan.answer_span_id.rpartition("#")[0]
-    word = re.compile(rf"(?<![\w-]){re.escape(plan.answer)}(?![\w-])", re.I)
+    word = whole_word(plan.answer)
     for fact in plan.facts:
         span = bundle.span(fact.span_id)
         rid = fact.span_id.rpartition("#")[0]
