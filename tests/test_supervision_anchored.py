@@ -21,6 +21,7 @@ from memsteer_dspy.bundles import (
     MAX_ANSWER_OPTIONS,
     BundleConfig,
     Task,
+    answer_kinds,
     answer_options,
     bundle_from_records,
     pair_options,
@@ -55,9 +56,36 @@ def test_answer_options_are_the_names_numbers_lists_and_dates_the_sentences_stat
     # not a part of a compound word (the tenth cost run offered "2 child" for "2 child-sized")
     assert ("number", "2") in _answers("User: Bring 2 child-sized pitchers for the pouring.")
     assert ("list", "tea, scones and jam") in got
-    # the user's own name, a weekday and a year are no options
-    got = _answers("User: On Friday I told Elena Morales that the 2024 plan is fine.")
+    # the user's own name and a year are no options
+    got = _answers("User: Today I told Elena Morales that the 2024 plan is fine.")
     assert got == [("date", "2024-04-15")]
+    # nor is a weekday, and a sentence writing a day of its own carries no record date
+    assert _answers("User: On Friday I told Elena Morales that the 2024 plan is fine.") == []
+
+
+def test_numbers_of_names_codes_addresses_and_clock_times_are_no_count_options():
+    from memsteer_dspy.bundles import count_numbers
+
+    def counts(text: str) -> list[str]:
+        return [a for t, a in _answers(f"User: {text}") if t == "number"]
+
+    # the demo's lost or bad number options: a course code, a product model, a house number, a room
+    assert counts("My VIZ 110 final presentation moved, so I have 3 weeks left.") == ["3 weeks"]
+    assert counts("The Bosch 800 Series range is on sale for $2,899 this week.") == ["2,899"]
+    assert counts("Got the quote for the remodel at 4418 SE Lincoln St from Marcus.") == []
+    assert counts(
+        "Class meets from 6:30 to 9:00 PM in Terrell Hall, room 214, with 18 students."
+    ) == ["18 students"]
+    assert counts("We board flight 1492 at 7 am with 2 bags each.") == ["2 bags"]
+    # counts stay, at the start of a sentence too, and answer_kinds agrees
+    assert counts("About 30 people came and 12 children planted 3 rows.") == [
+        "30 people",
+        "12 children",
+        "3 rows",
+    ]
+    assert not count_numbers("Oh no, VIZ 110 again.")
+    (record,) = _records("User: Oh no, the VIZ 110 room moved to Terrell Hall 214 today.")
+    assert "number" not in answer_kinds([record], "Elena_Morales")
 
 
 def test_answer_options_skip_headings_table_headers_and_sentence_initial_words():
@@ -517,9 +545,41 @@ def test_a_record_s_date_is_cited_from_its_event_and_written_dates_are_options()
     section = section.model_copy(update={"kind": "document_section"})
     assert [o.answer for o in answer_options([section], "Elena", "date")] == ["September 23"]
     # "Mark 12" is no date
-    assert [o.answer for o in answer_options(_records("User: Mark 12 rows."), "x", "date")] == [
-        "2024-04-15"
+    got = [
+        (o.answer_type, o.answer)
+        for o in answer_options(_records("User: Mark planted 12 rows."), "x")
     ]
+    assert got == [("number", "12 rows")]
+
+
+def test_a_record_s_date_is_no_answer_for_a_reply_subject_a_state_or_a_sentence_naming_nothing():
+    from memsteer_dspy.bundles import event_span, stating_spans
+
+    def event(text: str) -> str | None:
+        (record,) = _records(text)
+        span = event_span(stating_spans(record))
+        return None if span is None else span.text
+
+    # a reply's subject names the first message's topic; the reply's own sentence is the event
+    text = "Subject: Re: I'm in Denver in April!\nI booked the Larimer Inn for two nights."
+    assert event(text) == "I booked the Larimer Inn for two nights."
+    assert event("Subject: Fwd: Denver trip\nSee below.") is None
+    # a plain subject still is the email's event
+    assert event("Subject: Seedling Swap in Forest Park\nSee you there.").startswith("Subject:")
+    # a state or a habit is no event (the demo kept "When is Harbor Grey matte …?" in every run)
+    assert event("User: Harbor Grey is matte and hides stains, and it's cheaper too.") is None
+    assert event("User: Sam keeps telling me to switch to his dentist at Alberta Dental.") is None
+    # nor a sentence naming no detail ("Perfect, I'll send it." → "When is my midterm due?")
+    assert event("User: Perfect, I'll send it to you.\nWe fly to Lisbon on May 12.") is None
+    # an event that happened: a past-tense verb or the record's day
+    assert event("User: I spent the afternoon reading with Oliver in Forest Park.")
+    assert event("User: This morning Dana Cole and I planted kale at the garden.")
+    assert [
+        o.answer_type
+        for o in answer_options(
+            _records("User: Harbor Grey is matte and hides stains, and it's cheaper too."), "x"
+        )
+    ] == ["entity"]
 
 
 def test_user_turns_only_shows_a_turn_s_user_message_and_keeps_other_records_whole():
@@ -671,7 +731,9 @@ def test_a_date_from_an_email_subject_is_asked_by_that_subject():
 
 def test_a_name_in_a_series_of_names_is_no_entity_option():
     # one name of four has four right answers ("Who do I want to send a quick update to?" → Lila)
-    series = "User: I wanted to send a quick update to Lila, Mrs. Patel, Mr. Kim, and Ms. Rivera today."
+    series = (
+        "User: I wanted to send a quick update to Lila, Mrs. Patel, Mr. Kim, and Ms. Rivera today."
+    )
     assert [a for k, a in _answers(series) if k == "entity"] == []
     pair = "User: This morning Sofia and Mark came by with soup while Lila Nguyen watered the beds."
     assert [a for k, a in _answers(pair, "entity")] == ["Lila Nguyen"]
