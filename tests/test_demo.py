@@ -215,6 +215,7 @@ def test_sizes_and_the_stratified_subset():
     assert full.accuracy_items is None and full.iterations == 20 and full.context_budget == 4000
     said = "\n".join(small.sized_down())
     assert small.accuracy_items == 0 and "accuracy and QS: not measured" in said
+    assert "from at most 40 candidates within 10 min" in said  # the small size's time budget
     assert accuracy_subset(load_demo().qa_items, 0) == []
     assert "answer context" in said and "iterations" in said and "objective: recall" in said
     assert full.sized_down() == []
@@ -393,6 +394,24 @@ def test_too_little_supervision_skips_optimization(tmp_path):
     )
     assert [s.status for s in result.stages] == ["ran", "skipped", "ran", "skipped"]
     assert result.tracking_uri is None and "mlflow ui" not in result.render()
+
+
+def test_the_supervision_time_budget_ends_generation_and_is_reported(tmp_path):
+    """A spent time budget starts no candidate: the stage says so, and a rerun reuses it."""
+    settings = TINY.model_copy(update={"supervision_seconds": 1e-6, "accuracy_items": 0})
+    assert "within 1.66667e-08 min" in "\n".join(settings.sized_down(SIZES["full"]))
+    run = tmp_path / "run"
+    engine = engine_for_demo()
+    result = run_demo(
+        run, scripted_config(engine), settings=settings, tracking=False, progress=False
+    )
+    assert result.supervision["accepted"] == 0 and result.supervision["candidates"] == 0
+    assert result.supervision["stopped_by"] == "time_budget"
+    assert result.stages[0].detail.endswith("stopped by its time budget")
+    again = run_demo(
+        run, scripted_config(engine), settings=settings, tracking=False, progress=False
+    )
+    assert again.stages[0].status == "reused"
 
 
 def test_no_answered_items_compares_on_recall_alone(tmp_path):

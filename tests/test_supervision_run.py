@@ -221,6 +221,38 @@ def test_stops_when_n_items_are_accepted(tmp_path):
     assert summary["accepted"] >= 2 and summary["candidates"] <= 4
 
 
+def test_a_time_budget_stops_new_candidates_and_a_resume_keeps_it(tmp_path, monkeypatch):
+    import types
+
+    import memsteer_dspy.runfolder as runfolder_module
+    import memsteer_dspy.supervision.run as run_module
+
+    # a clock that moves 10 s per candidate, for the run and for its folder's session times
+    clock = [0.0]
+    fake_time = types.SimpleNamespace(perf_counter=lambda: clock[0])
+    monkeypatch.setattr(run_module, "time", fake_time)
+    monkeypatch.setattr(runfolder_module, "time", fake_time)
+    lms = accepting_lms()
+
+    def blind_reply(i: int) -> dict:
+        clock[0] += 10.0  # consumed when the blind reader is called, once per candidate
+        return {"cited_ids": ["R1.1", "R2.1", "R3.1"], "answer": "MacBook Air", "answerable": True}
+
+    lms["blind_reader"] = endless(blind_reply)
+    cfg = config(n=100, max_candidates=6, batch_size=1, time_budget_s=25.0)
+    summary = generate_supervision(laptop_history(), lms, tmp_path, cfg, progress=False)
+    # 0 s, 10 s and 20 s are under the budget, so three candidates start; at 30 s none does
+    assert summary["candidates"] == 3 and summary["stopped_by"] == "time_budget"
+    assert json.loads((tmp_path / "summary.json").read_text())["stopped_by"] == "time_budget"
+    # the budget counts every session of the run: a resume starts nothing more
+    again = generate_supervision(laptop_history(), lms, tmp_path, cfg, progress=False)
+    assert again["candidates"] == 3 and again["stopped_by"] == "time_budget"
+    # without the budget the same run goes on to its candidate limit
+    rest = generate_supervision(laptop_history(), lms, tmp_path,
+                                config(n=100, max_candidates=6, batch_size=1), progress=False)  # fmt: skip
+    assert rest["candidates"] == 6 and rest["stopped_by"] == "candidates"
+
+
 def test_resume_after_interrupt_never_duplicates_or_loses(tmp_path):
     history = laptop_history()
     seen = []

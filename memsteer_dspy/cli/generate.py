@@ -70,6 +70,15 @@ def generate(
         int | None,
         typer.Option("--max-candidates", min=1, help="Candidates to try at most (default 5 x N)."),
     ] = None,
+    time_budget: Annotated[
+        float | None,
+        typer.Option(
+            "--time-budget",
+            min=1,
+            help="Start no new candidate after this many seconds of generation (all sessions of "
+            "the run together); the summary's stopped_by says which limit ended it.",
+        ),
+    ] = None,
     method: Annotated[
         str,
         typer.Option(
@@ -212,8 +221,8 @@ def generate(
     )
     loaded = history.load()
     config = GenerationConfig(
-        n=n, max_candidates=max_candidates, method=method, checks=checks, seed=seed, threads=threads,
-        batch_size=batch_size, max_demos=max_demos, bundle=bundle_config, bounded=bounded, lean=lean,
+        n=n, max_candidates=max_candidates, time_budget_s=time_budget, method=method, checks=checks,
+        seed=seed, threads=threads, batch_size=batch_size, max_demos=max_demos, bundle=bundle_config, bounded=bounded, lean=lean,
         anchored=anchored,
     )  # fmt: skip
     lms = {role: lm_config.lm(role) for role in GENERATION_ROLES}

@@ -14,7 +14,8 @@ output folder:
 ``rejected.jsonl``       every rejected or skipped candidate with ``stage`` and ``reason``
 ``summary.json``         candidates, accepted, kept_fraction, rejected_by_stage, lm_calls,
                          tokens_per_accepted, kept_by_task (tried / accepted per task
-                         kind), wall_seconds, …
+                         kind), wall_seconds, stopped_by (n, candidates, time_budget or
+                         interrupted), …
 ``dataset/``             the accepted items as a ``datasets.DatasetDict`` (train / validation)
 ``graph-*.json.gz``      the record graph, keyed by the history fingerprint
 =======================  ==========================================================================
@@ -103,6 +104,13 @@ class GenerationConfig(BaseModel):
 
     n: int = Field(default=100, ge=1, description="Accepted items wanted.")
     max_candidates: int | None = Field(default=None, ge=1)
+    time_budget_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Start no new candidate once the run's generation has taken this many seconds "
+        "(all its sessions together; None: no limit). Like n and max_candidates it decides only "
+        "when the run stops, never what a candidate yields.",
+    )
     method: Literal["memsteer", "joint", "direct", "naive"] = "memsteer"
     checks: bool = True
     seed: int = 0
@@ -535,7 +543,14 @@ class _Outputs:
         self.config = config
         self.lm_description = lm_description
 
-    def write(self, log: list[CandidateRecord], wall: float, *, dataset: bool) -> dict[str, Any]:
+    def write(
+        self,
+        log: list[CandidateRecord],
+        wall: float,
+        *,
+        dataset: bool,
+        stopped_by: str | None = None,
+    ) -> dict[str, Any]:
         accepted = [QAItem.model_validate(r.item) for r in log if r.status == "accepted" and r.item]
         train, val = split_by_bundle(accepted, self.config.train_fraction, self.config.seed)
         write_atomic(
@@ -555,6 +570,8 @@ class _Outputs:
         write_atomic(self.out / "rejected.jsonl", "".join(rejected))
         summary = _summary(log, accepted, self.config, wall, self.lm_description)
         summary["train"], summary["val"] = len(train), len(val)
+        if stopped_by is not None:
+            summary["stopped_by"] = stopped_by
         write_atomic(
             self.out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
         )
@@ -850,11 +867,15 @@ def generate_supervision(
             )
             last_write = now
 
+    def out_of_time() -> bool:
+        budget = config.time_budget_s
+        return budget is not None and prior_wall + time.perf_counter() - started >= budget
+
     interrupted = failed = False
     try:
         if config.threads <= 1:
             queue = list(pending)
-            while queue and accepted < config.n:
+            while queue and accepted < config.n and not out_of_time():
                 size = min(config.batch_size, max(1, 2 * (config.n - accepted)))
                 batch, queue = queue[:size], queue[size:]
                 run_batch(batch)
@@ -868,7 +889,7 @@ def generate_supervision(
                             len(running) < config.threads
                             and accepted + len(running) < config.n + config.threads
                         ):
-                            if accepted >= config.n:
+                            if accepted >= config.n or out_of_time():
                                 break
                             index = next(queue, None)
                             if index is None:
@@ -896,9 +917,19 @@ def generate_supervision(
         try:
             save_state()
             final = sorted(log, key=lambda r: r.index)
-            summary = outputs.write(
-                final, prior_wall + time.perf_counter() - started, dataset=not failed
+            stopped_by = (
+                "interrupted"
+                if interrupted or failed
+                else "n"
+                if accepted >= config.n
+                else "candidates"
+                if len(log) >= len(sampler) or not out_of_time()
+                else "time_budget"
             )
+            summary = outputs.write(
+                final, prior_wall + time.perf_counter() - started, dataset=not failed,
+                stopped_by=stopped_by,
+            )  # fmt: skip
             summary["interrupted"] = interrupted
         except OSError:
             if not failed:
@@ -951,5 +982,6 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         )
     lines.append(
         f"wall time {summary['wall_seconds']:.1f}s ({summary.get('seconds_per_candidate', 0):.1f}s per candidate)"
+        + ("; stopped by the time budget" if summary.get("stopped_by") == "time_budget" else "")
     )
     return "\n".join(lines)
