@@ -240,6 +240,14 @@ def test_a_sentence_ask_puts_the_question_word_in_the_answer_s_place():
         "entity",
     )
     assert ask == "I tried to message who for feedback"
+    # a comma before a new subject ends the clause too (demo-15 kept "Who is running it too, he's
+    # much faster though, …?")
+    ask = sentence_ask(
+        "User: My friend Marcus Lee is running it too, he's much faster though.",
+        "Marcus Lee",
+        "entity",
+    )
+    assert ask == "My friend who is running it too"
     # one question word, by what comes before the name ("who or what" is two questions)
     assert sentence_ask("I wrote from my MacBook Air.", "MacBook Air", "entity").endswith("my what")
     assert sentence_ask("We met at Clayworks Studio today.", "Clayworks Studio", "entity") == (

@@ -191,7 +191,8 @@ PROMPT_VERSION = 2
 # "800 Series", "4418 SE Lincoln St", "6:30"; bundles.count_numbers), and a record's date is no
 # option for a reply's subject, a state or habit, or a sentence naming no detail
 # (bundles.event_span): in the demo's runs all such candidates were lost or kept as bad items.
-ANCHORED_VERSION = 13
+# 14: a comma before a new subject ends the clause of a sentence ask (program._CLAUSE_BREAK).
+ANCHORED_VERSION = 14
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 
@@ -821,8 +822,13 @@ _ASK_FOR = {"number": "how many", "list": "which ones", "date": "when", "text": 
 SENTENCE_ASK_WORDS = 40
 """A sentence ask quotes at most this many words of its sentence, around the answer's place."""
 # Where a sentence splits into clauses: a sentence ask keeps the clause that holds the answer.
+# where a sentence's clauses meet: a conjunction, a semicolon, a dash, a colon, or a comma before
+# a new subject ("My friend Marcus Lee is running it too, he's much faster though": the whole
+# sentence as the ask gave "Who is running it too, he's much faster though, …?", kept by demo-14
+# and demo-15)
 _CLAUSE_BREAK = re.compile(
     r",\s+(?:but|and|so|because|while|although|though|which)\s+|;\s+|\s*[—–]\s*|:\s+"
+    r"|,\s+(?=(?:he|she|they|it|we|I|you)(?:['’](?:s|re|m|ll|d|ve))?\s)"
 )
 _PERSON = re.compile(r"(?:(?:Dr|Ms|Mr|Mrs)\.\s+)?[A-Z][a-z]+(?:\s+[A-Z][a-z]+){0,2}")
 
