@@ -192,7 +192,11 @@ PROMPT_VERSION = 2
 # option for a reply's subject, a state or habit, or a sentence naming no detail
 # (bundles.event_span): in the demo's runs all such candidates were lost or kept as bad items.
 # 14: a comma before a new subject ends the clause of a sentence ask (program._CLAUSE_BREAK).
-ANCHORED_VERSION = 14
+# 15: the date of an email asked by its subject line is asked as 'when was the email "<subject>"
+# sent' (its sentence ask was the bare subject, and the writer kept "When Unable to Update on
+# School Garden Plans?": the twenty-second cost run), and a question whose When, Where or Why is
+# not followed by a verb is no_verb.
+ANCHORED_VERSION = 15
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 
@@ -630,6 +634,8 @@ class _Generator(dspy.Module):
         if problem is None and self.anchored:
             if not _FRONTED.match(question):  # "… altered my day as the what?"
                 return "not_fronted"
+            if _NO_VERB.match(question):  # "When Unable to Update on School Garden Plans?"
+                return "no_verb"
             if str(plan.answer_type) == "entity" and _names_part_of(question, plan.answer):
                 return "leaks_answer"  # "Who is Sofia's mother?" -> Sofia Morales
             if str(plan.answer_type) == "number" and _writes_number(question, plan.answer):
@@ -780,6 +786,7 @@ _REWRITE_HINTS = {
     "off_evidence": "ask about what the facts say, in their words",
     "misses_record": "ask by what every fact says about the answer, one detail of each",
     "not_fronted": "start with the question word (Who, What, When, Where, How many) and end with '?'",
+    "no_verb": "after the question word put a verb: 'When did I …?', 'When was the email … sent?'",
     "empty": "write one complete question ending with '?'",
     "not_a_question": "write one complete question ending with '?'",
 }
@@ -881,6 +888,18 @@ _FRONTED = re.compile(
     r"|can|could|will|would|should)\b",
     re.I,
 )
+# "When", "Where" or "Why" followed by no verb: a title or subject copied after the question word
+# ("When Unable to Update on School Garden Plans?"). "When's …" and "Where'd …" are verbs, and a
+# question with an auxiliary further on ("When I was in Eugene, what did I wear?") has its verb.
+_AUXILIARY = (
+    r"(?:is|are|was|were|am|did|do|does|has|have|had|can|could|will|would|should|shall|may|might"
+    r"|must)"
+)
+_NO_VERB = re.compile(
+    r"^\W*(?:(?:on|in|at|with|to|for|from|by|since|during|of|about|after|before)\s+)?"
+    rf"(?:when|where|why)\s+(?!.*\b{_AUXILIARY}\b)",
+    re.I,
+)
 
 
 def _names_part_of(question: str, answer: str) -> bool:
@@ -969,6 +988,10 @@ def sentence_ask(sentence: str, answer: str, answer_type: str) -> str:
     "who or what" in place gave "Who or what did I try to message for feedback, but my hands were
     shaking so much …?" (compound, twice over)."""
     text = plain_text(sentence).strip()
+    if answer_type == "date" and (subject := _SUBJECT.match(sentence)):
+        # an email dated by its subject line: the bare subject after "when" came back as "When
+        # Unable to Update on School Garden Plans?" (the twenty-second cost run)
+        return f'when was the email "{subject.group(1).strip()}" sent'
     needle = answer.strip()
     match = re.search(rf"(?<!\w){re.escape(needle)}(?!\w)", text, re.I) if needle else None
     if match is None:  # "when I cleared that small pile of books" (v6 quoted it after "when:",
