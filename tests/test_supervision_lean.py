@@ -485,6 +485,39 @@ def test_user_voice_turns_the_assistant_s_you_into_the_user_s_i():
     assert user_voice("What made you feel calmer?") == "What made me feel calmer?"
 
 
+def test_the_user_s_voice_and_the_relative_day_leave_a_quoted_email_subject_as_it_is():
+    # LEAN_VERSION 16: the twenty-third cost run turned the quoted subject "Thank You for Your Help
+    # This Morning" into 'Thank me for my Help ' — a name no email has
+    from memsteer_dspy.supervision.program import _drop_relative_day, first_person, user_voice
+
+    asked = "When was the email 'Thank You for Your Help This Morning' sent to you?"
+    assert (
+        user_voice(asked) == "When was the email 'Thank You for Your Help This Morning' sent to me?"
+    )
+    assert user_voice('Did you read "Your Plans Today"?') == 'Did I read "Your Plans Today"?'
+    # an apostrophe opens no quote: the question around Julia's is still rewritten
+    assert user_voice("What did Julia's sister tell you?") == "What did Julia's sister tell me?"
+    dated = "When was the email 'Unable to Update on School Garden Plans Today' sent today?"
+    assert _drop_relative_day(dated, keep_quoted=True) == (
+        "When was the email 'Unable to Update on School Garden Plans Today' sent?"
+    )
+    # the earlier pipeline's drop, which the run kept as "… Plans ' sent?"
+    assert (
+        _drop_relative_day(dated)
+        == "When was the email 'Unable to Update on School Garden Plans ' sent?"
+    )
+    # nor does a quoted subject's relative day make the question vague, as one outside would
+    quoted = "When was the email 'Thank You for Your Help This Morning' sent?"
+    assert check_question(quoted, "2024-05-31", "date", kind_check=True) is None
+    assert check_question(quoted, "2024-05-31", "date") == "vague"  # the earlier pipeline
+    assert check_question("When did I get the thank-you email this morning?", "2024-05-31", "date",
+                          kind_check=True) == "vague"  # fmt: skip
+    ask = "when the user got the email 'A Gift for the User'"
+    assert first_person(ask, keep_quoted=True) == "when I got the email 'A Gift for the User'"
+    # the earlier pipeline's prompts are unchanged
+    assert first_person(ask) == "when I got the email 'A Gift for me'"
+
+
 def test_lean_puts_a_second_person_question_in_the_user_s_voice_and_records_it():
     asked = "Which device did you use to send a quick note to Lila on March 2?"
     lms = role_lms([plan_reply()], [question_reply(asked)], [audit_reply()], [blind_reply()])

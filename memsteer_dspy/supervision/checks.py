@@ -46,7 +46,7 @@ question, no answer leakage, no mention of "the records" or span labels.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import StrEnum
 
 from pydantic import BaseModel
@@ -535,6 +535,21 @@ _RELATIVE_TIME = re.compile(
 )
 
 
+# Quoted text: "…", “…”, or '…' opened after no letter (an apostrophe in "Julia's" opens nothing).
+_QUOTED = re.compile(r"\"[^\"]*\"|“[^”]*”|(?<!\w)'[^']+'(?!\w)")
+
+
+def outside_quotes(text: str, rewrite: Callable[[str], str]) -> str:
+    """``text`` with ``rewrite`` applied to what lies outside quotes: a quoted email subject is the
+    email's name ("When was the email 'Thank You for Your Help This Morning' sent?"), and put in
+    the user's voice it names no email ('Thank me for my Help ')."""
+    parts, last = [], 0
+    for m in _QUOTED.finditer(text):
+        parts += [rewrite(text[last : m.start()]), m.group(0)]
+        last = m.end()
+    return "".join([*parts, rewrite(text[last:])])
+
+
 # "When did Dr. Desai remind you of this?": a pronoun at the end points at nothing the reader has.
 _DANGLING = re.compile(r"\b(?:this|that|it|them|these|those)\s*\?\s*$", re.I)
 
@@ -793,8 +808,10 @@ def check_question(
     ``mentions_records`` — refers to "the records", "the document", "the user", span labels…;
     ``vague`` — names fewer than :data:`MIN_TOPIC_WORDS` topic words (feelings do not count: "When
     did you feel a sense of peace?" fits any calm day), asks for a date by a time relative to a day
-    nobody is told ("When did I have lunch today?"), or ends on a pronoun that points at nothing
-    ("When did Dr. Desai remind you of this?"): it is not standalone;
+    nobody is told ("When did I have lunch today?"; with ``kind_check`` not inside quotes: "When
+    was the email 'Unable to Update on School Garden Plans Today' sent?" names its email), or ends
+    on a pronoun that points at nothing ("When did Dr. Desai remind you of this?"): it is not
+    standalone;
     ``copies_demo`` — mostly the words of a few-shot demonstration's question (a small LM copies
     its demonstrations: measured, "Who is coming with me to the pottery class at Clayworks
     Studio?" came back word for word on a history without any pottery class), or, with
@@ -825,7 +842,11 @@ def check_question(
     topic = topic_words(q, strict=kind_check)
     if (
         len(topic) < MIN_TOPIC_WORDS
-        or (str(answer_type) == "date" and _RELATIVE_TIME.search(q))
+        # lean: a quoted subject's "Today" is part of the email's name, not a day nobody is told
+        or (
+            str(answer_type) == "date"
+            and _RELATIVE_TIME.search(_QUOTED.sub("''", q) if kind_check else q)
+        )
         or _DANGLING.search(q)
     ):
         return "vague"

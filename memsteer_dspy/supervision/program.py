@@ -79,6 +79,7 @@ from memsteer_dspy.supervision.checks import (
     check_question,
     detail_terms,
     names_self,
+    outside_quotes,
     prefilter_bundle,
     quoted_fact_support,
     records_missed,
@@ -141,7 +142,11 @@ LEAN_MAX_TOKENS = {**MAX_TOKENS, "plan": 300, "question": 80, "audit": 400, "bli
 #     question writer's demonstration shows its evidence records only, as its requests do.
 # 15: a question re-written after not_fronted is told which of its words to move to the front
 #     ("start with 'How many'"): demo-12 and demo-13 lost 5 of 30 candidates each to copied asks.
-LEAN_VERSION = 15
+# 16: the user's voice and a date question's relative day leave quoted text as it is: the quoted
+#     subject "Thank You for Your Help This Morning" became 'Thank me for my Help ' (the
+#     twenty-third cost run); and a relative day inside quotes makes no date question vague (the
+#     twenty-fourth rejected "When was the email '… Plans Today' sent?" as vague).
+LEAN_VERSION = 16
 LEAN_QUESTION_REWRITES = 1
 """Lean re-samples a rejected question this many times (the earlier pipeline: 2). Measured on the
 embedded writer over three runs (runs/demo-2, runs/demo-4, the thirteenth cost run's lean-anchor;
@@ -196,7 +201,8 @@ PROMPT_VERSION = 2
 # sent' (its sentence ask was the bare subject, and the writer kept "When Unable to Update on
 # School Garden Plans?": the twenty-second cost run), and a question whose When, Where or Why is
 # not followed by a verb is no_verb.
-ANCHORED_VERSION = 15
+# 16: "the user" is put in the user's voice outside quoted text only (see LEAN_VERSION 16).
+ANCHORED_VERSION = 16
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 
@@ -655,7 +661,7 @@ class _Generator(dspy.Module):
         it would fail as a question (vague, a demonstration's ask, off its evidence records, the
         answer in it, …: :meth:`_question_problem`); then its answer sentence's ask
         (:func:`sentence_ask`) replaces it, recorded as a repair."""
-        ask = first_person(plan.ask).strip().rstrip(".")
+        ask = first_person(plan.ask, keep_quoted=True).strip().rstrip(".")
         demo_asks = {str(d.ask) for p in self.predictors() for d in p.demos if d.get("ask")}
         as_question = ask if ask.endswith("?") else f"{ask}?"
         problem = (
@@ -1018,13 +1024,18 @@ def sentence_ask(sentence: str, answer: str, answer_type: str) -> str:
     return " ".join(words).replace("\x00", wh).rstrip(" ,.")
 
 
-def first_person(ask: str) -> str:
+def first_person(ask: str, *, keep_quoted: bool = False) -> str:
     """The plan's ``ask`` in the user's voice for the question writer: "the user's" → "my",
     "with the user" → "with me", "the user" → "I". A writer given "what the user's health profile
-    is" wrote "What is the health profile of the user?" three times out of three."""
-    ask = re.sub(r"\bthe\s+user['’]s\b", "my", ask, flags=re.I)
-    ask = _USER_AFTER_PREP.sub(lambda m: f"{m.group(1)} me", ask)
-    return re.sub(r"\bthe\s+user\b", "I", ask, flags=re.I)
+    is" wrote "What is the health profile of the user?" three times out of three. With
+    ``keep_quoted`` (anchored) quoted text keeps its words (:func:`outside_quotes`)."""
+
+    def voice(text: str) -> str:
+        text = re.sub(r"\bthe\s+user['’]s\b", "my", text, flags=re.I)
+        text = _USER_AFTER_PREP.sub(lambda m: f"{m.group(1)} me", text)
+        return re.sub(r"\bthe\s+user\b", "I", text, flags=re.I)
+
+    return outside_quotes(ask, voice) if keep_quoted else voice(ask)
 
 
 _YOU_SUBJECT = re.compile(
@@ -1063,21 +1074,26 @@ def user_voice(question: str) -> str:
         verb = m.group(1)
         return f"{_FIRST_PERSON_AUX.get(verb.lower(), verb)} I"
 
-    q = _AUX_YOU.sub(aux, question)
-    q = re.sub(r"\byourself\b", "myself", q, flags=re.I)
-    q = re.sub(r"\byours\b", "mine", q, flags=re.I)
-    q = re.sub(r"\byour\b", "my", q, flags=re.I)
-    q = re.sub(r"\byou\s+are\b", "I am", q, flags=re.I)
-    q = re.sub(r"\byou\s+were\b", "I was", q, flags=re.I)
-    q = _YOU_SUBJECT.sub(lambda m: m.group(0) if _object_you(q, m.start()) else "I", q)
-    q = re.sub(r"\byou\b", "me", q, flags=re.I)
+    def voice(q: str) -> str:
+        q = _AUX_YOU.sub(aux, q)
+        q = re.sub(r"\byourself\b", "myself", q, flags=re.I)
+        q = re.sub(r"\byours\b", "mine", q, flags=re.I)
+        q = re.sub(r"\byour\b", "my", q, flags=re.I)
+        q = re.sub(r"\byou\s+are\b", "I am", q, flags=re.I)
+        q = re.sub(r"\byou\s+were\b", "I was", q, flags=re.I)
+        q = _YOU_SUBJECT.sub(lambda m: m.group(0) if _object_you(q, m.start()) else "I", q)
+        return re.sub(r"\byou\b", "me", q, flags=re.I)
+
+    q = outside_quotes(question, voice)  # a quoted subject is a name: "Thank You for …"
     return q[:1].upper() + q[1:] if q else q
 
 
-def _drop_relative_day(question: str) -> str:
+def _drop_relative_day(question: str, *, keep_quoted: bool = False) -> str:
     """A date question without its relative day ("When did I have lunch today with Lila?" →
-    "When did I have lunch with Lila?"): the answer is the day, so "today" only hides it."""
-    out = _RELATIVE_TIME.sub("", question)
+    "When did I have lunch with Lila?"): the answer is the day, so "today" only hides it. With
+    ``keep_quoted`` (lean) a quoted subject keeps its words ("… Plans Today' sent?")."""
+    drop = partial(_RELATIVE_TIME.sub, "")
+    out = outside_quotes(question, drop) if keep_quoted else drop(question)
     return re.sub(r"\s+([?,.])", r"\1", re.sub(r"\s{2,}", " ", out)).strip()
 
 
@@ -1338,7 +1354,7 @@ class MemSteerGenerator(_Generator):
             plan, ask_repair = self._anchored_ask(plan, view, bundle)
             repairs.extend([ask_repair] if ask_repair else [])
         evidence_view = bundle.subset(plan.evidence_ids).view() if plan.evidence_ids else view
-        inputs = {"records": evidence_view.text, "ask": first_person(plan.ask),
+        inputs = {"records": evidence_view.text, "ask": first_person(plan.ask, keep_quoted=self.anchored),
                   "facts": _fact_lines(None, bundle, plan), "answer": plan.answer,
                   "answer_type": str(plan.answer_type), "avoid": "none"}  # fmt: skip
         question, problem = "", None
@@ -1370,7 +1386,11 @@ class MemSteerGenerator(_Generator):
                     )
                 )
                 question = one
-            if self.anchored and self.checks and (mine := first_person(question)) != question:
+            if (
+                self.anchored
+                and self.checks
+                and (mine := first_person(question, keep_quoted=True)) != question
+            ):
                 why = "'the user' was put in the user's voice"  # "Who did the user sketch …?"
                 repairs.append(
                     Repair(
@@ -1390,8 +1410,12 @@ class MemSteerGenerator(_Generator):
                     )
                 )
                 question = voiced
-            if self.checks and str(plan.answer_type) == "date" and _RELATIVE_TIME.search(question):
-                fixed = _drop_relative_day(question)
+            if (
+                self.checks
+                and str(plan.answer_type) == "date"
+                and _RELATIVE_TIME.search(question)
+                and (fixed := _drop_relative_day(question, keep_quoted=self.lean)) != question
+            ):
                 repairs.append(Repair(stage="question", field="question", before=question, after=fixed,
                                       reason="a date question's relative day was removed"))  # fmt: skip
                 question = fixed
@@ -1422,7 +1446,7 @@ class MemSteerGenerator(_Generator):
         lean_records = self.lean and bundle is not None and plan.evidence_ids
         writer_view = bundle.subset(plan.evidence_ids).view() if lean_records else view
         examples["write_question"] = dspy.Example(
-            records=writer_view.text, ask=first_person(plan.ask), facts=[f.statement for f in plan.facts], answer=plan.answer,
+            records=writer_view.text, ask=first_person(plan.ask, keep_quoted=self.anchored), facts=[f.statement for f in plan.facts], answer=plan.answer,
             answer_type=str(plan.answer_type), avoid="none", question=outcome.question,
         ).with_inputs("records", "ask", "facts", "answer", "answer_type", "avoid")  # fmt: skip
         return examples
