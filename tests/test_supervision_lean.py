@@ -510,8 +510,8 @@ def test_the_user_s_voice_and_the_relative_day_leave_a_quoted_email_subject_as_i
     quoted = "When was the email 'Thank You for Your Help This Morning' sent?"
     assert check_question(quoted, "2024-05-31", "date", kind_check=True) is None
     assert check_question(quoted, "2024-05-31", "date") == "vague"  # the earlier pipeline
-    assert check_question("When did I get the thank-you email this morning?", "2024-05-31", "date",
-                          kind_check=True) == "vague"  # fmt: skip
+    morning = "When did I get the thank-you email this morning?"
+    assert check_question(morning, "2024-05-31", "date", kind_check=True) == "vague"
     ask = "when the user got the email 'A Gift for the User'"
     assert first_person(ask, keep_quoted=True) == "when I got the email 'A Gift for the User'"
     # the earlier pipeline's prompts are unchanged

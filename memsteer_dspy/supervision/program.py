@@ -1354,7 +1354,8 @@ class MemSteerGenerator(_Generator):
             plan, ask_repair = self._anchored_ask(plan, view, bundle)
             repairs.extend([ask_repair] if ask_repair else [])
         evidence_view = bundle.subset(plan.evidence_ids).view() if plan.evidence_ids else view
-        inputs = {"records": evidence_view.text, "ask": first_person(plan.ask, keep_quoted=self.anchored),
+        inputs = {"records": evidence_view.text,
+                  "ask": first_person(plan.ask, keep_quoted=self.anchored),
                   "facts": _fact_lines(None, bundle, plan), "answer": plan.answer,
                   "answer_type": str(plan.answer_type), "avoid": "none"}  # fmt: skip
         question, problem = "", None
