@@ -371,6 +371,14 @@ class DemoResult(BaseModel):
                 f"Supervision: {sup.get('accepted', 0)} QA items accepted of {sup.get('candidates', 0)} "
                 f"candidates ({sup.get('train', 0)} train / {sup.get('val', 0)} validation)."
             )
+            if st := sup.get("steering"):
+                n_val = st["separated_in"].get("validation", 0)
+                lines.append(
+                    f"Steering (LM-free panel, diagnosis only): the validation items separate {n_val} "
+                    "design score(s)" + (" — they tie every design, so the optimizer has nothing to "
+                    "choose by" if n_val <= 1 else "") + f"; Base-BM25 R@10 {_pct(st['base_r10_generated'])} on "
+                    f"the generated items vs {_pct(st['base_r10_reference'])} on the hand-written ones."
+                )
         opt = self.optimization
         if opt.get("ran"):
             path = ", ".join(str(i) for i in opt.get("accepted_path", []))
@@ -538,6 +546,7 @@ def run_demo(
     tracking: bool = True,
     progress: bool | Callable[[str], None] = True,
     restart: bool = False,
+    steering: bool | str | Path = True,
 ) -> DemoResult:
     """Run (or resume) the demo into ``out_dir`` and return its result (also in ``demo.json``).
 
@@ -555,6 +564,8 @@ def run_demo(
             stage lines instead; False is silent.
         restart: empty ``out_dir`` first instead of resuming (a folder holding a demo with other
             settings is otherwise a :class:`~memsteer_dspy.runfolder.RunMismatchError`).
+        steering: score the steering panel on the accepted and the hand-written items (a
+            diagnosis, LM-free; True: the package's panel, a path: that panel, False: skip).
     """
     from memsteer_dspy.demo_data import load_demo
     from memsteer_dspy.tracking import Tracker
@@ -593,6 +604,10 @@ def run_demo(
     # 1. supervision ----------------------------------------------------------------------------
     train, val = _supervision(history, lm_config, out / "supervision", settings, say, result)
     _save(out, identity, result)
+    if (train or val) and steering is not False:  # does it steer? a diagnosis: nothing reads it
+        panel = None if steering is True else Path(steering)
+        _steering(history, loaded.qa_items, out / "supervision", d0, panel, cache, say, result)
+        _save(out, identity, result)
 
     # 2. optimization ---------------------------------------------------------------------------
     best = _optimize(
@@ -755,6 +770,49 @@ def _supervision(history, lm_config, folder: Path, settings: DemoSettings, say, 
     ))  # fmt: skip
     say(f"  supervision: {result.stages[-1].detail}")
     return sup.train, sup.val
+
+
+def _steering(history, reference, folder: Path, d0: MemoryDesign, panel: Path | None, cache: Path, say,
+              result) -> None:  # fmt: skip
+    """Stage 1b: the steering panel (patches of the demo's Base-BM25) on the accepted items and on
+    the hand-written ones, retrieval only (``memsteer assess --steering``): whether the generated
+    items can tell designs apart. It selects nothing; the optimizer never sees the hand-written
+    items' scores."""
+    from memsteer_dspy.supervision.run import SupervisionSet
+    from memsteer_dspy.supervision.steering import (
+        STEERING_FILE,
+        SteeringReport,
+        load_panel,
+        save_steering,
+        steering_of_folder,
+    )
+
+    t0 = time.perf_counter()
+    designs = load_panel(panel, base=d0)
+    keys = [d.key() for d in designs.values()]
+    saved, status = folder / STEERING_FILE, "ran"
+    report = SteeringReport.model_validate_json(saved.read_text("utf-8")) if saved.exists() else None
+    if report is not None and ([r.design_key for r in report.panel] != keys
+                               or report.n_generated != len(SupervisionSet.load(folder))):  # fmt: skip
+        report = None  # another panel or more items since: measure again
+    if report is None:
+        report = steering_of_folder(history, folder, list(reference), protocol="full", panel=designs,
+                                    cache_dir=cache, reference_source="the hand-written items")  # fmt: skip
+        save_steering(folder, report)
+    else:
+        status = "reused"
+    head = report.headline()
+    result.supervision["steering"] = head
+    tau = head["kendall_tau"]
+    detail = (
+        f"panel of {len(report.panel)} designs: validation items separate {head['separated_in'].get('validation', 0)}"
+        f" scores; Kendall tau vs the hand-written ranking {'undefined' if tau is None else f'{tau:+.2f}'}; "
+        f"Base-BM25 R@10 {100 * (head['base_r10_generated'] or 0):.1f} generated vs "
+        f"{100 * (head['base_r10_reference'] or 0):.1f} hand-written"
+    )
+    result.stages.append(StageReport(name="steering", status=status, seconds=round(time.perf_counter() - t0, 1),
+                                     detail=detail))  # fmt: skip
+    say(f"  steering: {detail}")
 
 
 def _optimize(

@@ -234,6 +234,7 @@ def test_every_stage_runs_and_is_reported(demo_run):
     result, out, engine, _, lines = demo_run
     assert [s.name for s in result.stages] == [
         "supervision",
+        "steering",
         "optimization",
         "eval Base-BM25",
         "eval MemSteer-Opt",
@@ -241,6 +242,11 @@ def test_every_stage_runs_and_is_reported(demo_run):
     assert all(s.status == "ran" for s in result.stages)
     sup = result.supervision
     assert sup["accepted"] >= 2 and sup["train"] >= 1 and sup["val"] >= 1
+    # the steering panel ran on the accepted items and the hand-written ones (a diagnosis only)
+    steer = json.loads((out / "supervision" / "steering.json").read_text())
+    assert len(steer["panel"]) >= 12 and steer["n_reference"] == 34
+    assert sup["steering"]["separated_in"]["validation"] >= 1
+    assert "Steering (LM-free panel" in result.render()
     assert sup["pipeline"] == "v1"  # an LM that is not in-process gets the paper's prompts
     assert (out / "supervision" / "train.jsonl").exists() and (
         out / "supervision" / "val.jsonl"
@@ -340,7 +346,7 @@ def test_rerun_reuses_every_stage_without_lm_calls(demo_run):
     served = len(engine.log)
     again = run_demo(out, cfg, settings=TINY, progress=False)
     assert len(engine.log) == served  # nothing asked twice
-    assert [s.status for s in again.stages] == ["reused"] * 4
+    assert [s.status for s in again.stages] == ["reused"] * 5  # steering's report too
     assert again.rows == result.rows
     assert again.table() == result.table()
 
@@ -383,7 +389,7 @@ def test_too_little_supervision_skips_optimization(tmp_path):
         "evidence": [], "operations": [], "ask": "",
     }  # fmt: skip
     settings = TINY.model_copy(update={"max_candidates": 2, "accuracy_items": 2})
-    result = run_demo(tmp_path / "run", scripted_config(engine), settings=settings, tracking=False,
+    result = run_demo(tmp_path / "run", scripted_config(engine), settings=settings, tracking=False, steering=False,
                       progress=False)  # fmt: skip
     assert result.supervision["accepted"] == 0
     assert result.optimization == {"ran": False, "reason": result.optimization["reason"]}
@@ -403,13 +409,13 @@ def test_the_supervision_time_budget_ends_generation_and_is_reported(tmp_path):
     run = tmp_path / "run"
     engine = engine_for_demo()
     result = run_demo(
-        run, scripted_config(engine), settings=settings, tracking=False, progress=False
+        run, scripted_config(engine), settings=settings, tracking=False, steering=False, progress=False
     )
     assert result.supervision["accepted"] == 0 and result.supervision["candidates"] == 0
     assert result.supervision["stopped_by"] == "time_budget"
     assert result.stages[0].detail.endswith("stopped by its time budget")
     again = run_demo(
-        run, scripted_config(engine), settings=settings, tracking=False, progress=False
+        run, scripted_config(engine), settings=settings, tracking=False, steering=False, progress=False
     )
     assert again.stages[0].status == "reused"
 
@@ -420,7 +426,7 @@ def test_no_answered_items_compares_on_recall_alone(tmp_path):
     engine = engine_for_demo()
     settings = TINY.model_copy(update={"accuracy_items": 0})
     assert "accuracy and QS: not measured" in "\n".join(settings.sized_down())
-    result = run_demo(tmp_path / "run", scripted_config(engine), settings=settings, tracking=False,
+    result = run_demo(tmp_path / "run", scripted_config(engine), settings=settings, tracking=False, steering=False,
                       progress=False)  # fmt: skip
     assert not [role for role, _, _ in engine.log if role in ("answerer", "judge")]
     for row in result.rows:
@@ -515,5 +521,5 @@ def test_an_optimization_stopped_at_the_maximum_says_why(demo_run, monkeypatch):
     monkeypatch.setattr(loop_mod, "MemSteerOpt", Capture)
     with pytest.raises(RuntimeError, match="captured"):
         run_demo(result.out_dir + "-capture", scripted_config(engine_for_demo()), settings=TINY,
-                 tracking=False, progress=False)  # fmt: skip
+                 tracking=False, steering=False, progress=False)  # fmt: skip
     assert seen and seen[0].stop_at_max is True

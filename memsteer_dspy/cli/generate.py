@@ -14,6 +14,15 @@ from memsteer_dspy.cli.common import HistoryArgs, cli_errors, echo_json, history
 from memsteer_dspy.errors import InputError
 
 PROFILES = ("auto", "small", "full")
+# The steering panel's options, shared by `generate` (at its end) and `assess --steering`.
+ReferenceOption = Annotated[
+    Path | None,
+    typer.Option("--reference", help="Steering: a QA JSONL file to measure against (default: the format's own QA)."),
+]
+PanelOption = Annotated[
+    Path | None,
+    typer.Option("--panel", help="Steering: a JSON object name -> patch of Base-BM25 (default: the package's panel)."),
+]
 
 
 def _bundle_config(
@@ -185,6 +194,25 @@ def generate(
             "a bundle has options for). Every check stays on.",
         ),
     ] = False,
+    own_words: Annotated[
+        bool,
+        typer.Option(
+            "--own-words/--copy-words",
+            help="With checks: re-write (then reject as question:echoes) a question that copies its "
+            "evidence records' wording; --copy-words keeps such questions (the earlier behaviour).",
+        ),
+    ] = True,
+    steering: Annotated[
+        bool,
+        typer.Option(
+            "--steering/--no-steering",
+            help="At the end, score the steering panel (memsteer assess --steering) on the accepted "
+            "items and on the reference (--reference, or the format's own QA), LM-free; written to "
+            "steering.json, summary.json and MLflow. Skipped where there is no reference.",
+        ),
+    ] = True,
+    reference: ReferenceOption = None,
+    panel: PanelOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     restart: Annotated[
         bool,
@@ -223,7 +251,7 @@ def generate(
     config = GenerationConfig(
         n=n, max_candidates=max_candidates, time_budget_s=time_budget, method=method, checks=checks,
         seed=seed, threads=threads, batch_size=batch_size, max_demos=max_demos, bundle=bundle_config, bounded=bounded, lean=lean,
-        anchored=anchored,
+        anchored=anchored, own_words=own_words,
     )  # fmt: skip
     lms = {role: lm_config.lm(role) for role in GENERATION_ROLES}
     described = lm_config.describe()
@@ -238,11 +266,60 @@ def generate(
         usage=lm_config.usage_by_role,
     )  # fmt: skip
     summary["lm_usage_by_role"] = lm_config.usage_by_role()
+    report = None
+    if steering and summary.get("accepted"):
+        say = None if as_json else (lambda line: typer.echo(line, err=True))
+        report = _steering(loaded, out, reference, panel, history.format, track=True, say=say)
+        if report is not None:
+            summary["steering"] = report.headline()
     if as_json:
         echo_json(summary)
     else:
+        from memsteer_dspy.supervision.steering import format_steering
+
         typer.echo(format_summary(summary))
-        typer.echo(f"wrote {out}/train.jsonl, val.jsonl, rejected.jsonl, summary.json, dataset/")
+        if report is not None:
+            typer.echo(format_steering(report))
+        typer.echo(f"wrote {out}/train.jsonl, val.jsonl, rejected.jsonl, summary.json, dataset/"
+                   + (", steering.json" if report is not None else ""))  # fmt: skip
+
+
+def _reference_items(loaded, reference: Path | None) -> tuple[list, str]:
+    """The items steering is measured against: ``--reference`` or the format's own QA."""
+    from memsteer_dspy.supervision.run import load_qa_jsonl
+
+    if reference is not None:
+        return load_qa_jsonl(reference), str(reference)
+    return list(loaded.qa_items), "the history's own QA"
+
+
+def _steering(loaded, folder: Path, reference: Path | None, panel: Path | None, fmt: str,
+              *, track: bool, say=None):  # fmt: skip
+    """Score the steering panel on ``folder``'s accepted items against the reference; write
+    ``steering.json`` and ``summary.json`` ``steering``, log one MLflow run when ``track``. None
+    when there is no reference to measure against."""
+    from memsteer_dspy.cli.evaluate import default_cache_dir
+    from memsteer_dspy.supervision.steering import (
+        load_panel,
+        save_steering,
+        steering_of_folder,
+        track_steering,
+    )
+    from memsteer_dspy.tracking import Tracker
+
+    items, source = _reference_items(loaded, reference)
+    if not items:
+        return None
+    report = steering_of_folder(
+        loaded.history, folder, items, protocol="as_of" if fmt == "rhelm" else "full",
+        panel=load_panel(panel), cache_dir=default_cache_dir(), reference_source=source, progress=say,
+    )  # fmt: skip
+    save_steering(folder, report)
+    if track:
+        tracker = Tracker.for_history(folder, loaded.history.user_id, loaded.history.fingerprint)
+        track_steering(tracker, report, run_name=f"steering {folder.name}",
+                       tags={"memsteer.supervision": str(folder)})  # fmt: skip
+    return report
 
 
 @cli_errors
@@ -266,6 +343,18 @@ def assess(
             help="Run the audit and blind read over the format's official QA and corrupted copies.",
         ),
     ] = False,
+    steering: Annotated[
+        bool,
+        typer.Option(
+            "--steering",
+            help="Score a fixed panel of memory designs (LM-free) on each --supervision folder's "
+            "items and on the reference, and report how well the two rankings agree (Kendall tau, "
+            "Spearman rho with bootstrap intervals), the headroom over Base-BM25 on each, and how "
+            "lexically easy the generated questions are. Writes steering.json into the folder.",
+        ),
+    ] = False,
+    reference: ReferenceOption = None,
+    panel: PanelOption = None,
     lean: Annotated[
         bool,
         typer.Option(
@@ -300,10 +389,28 @@ def assess(
     if not supervision and not fidelity:
         raise InputError("nothing to assess", field="--supervision",
                          hint="pass --supervision <generate output folder> (repeatable) and/or --fidelity")  # fmt: skip
+    if steering and not supervision:
+        raise InputError("--steering needs the generated items", field="--supervision",
+                         hint="pass --supervision <generate output folder>")  # fmt: skip
     loaded = history.load()
     report: dict = {"user": loaded.history.user_id, "lm": lm_config.describe()}
     lines: list[str] = []
-    if supervision:
+    if steering:
+        from memsteer_dspy.supervision.steering import format_steering
+
+        if not _reference_items(loaded, reference)[0]:
+            raise InputError(f"the {history.format} history has no QA to measure steering against",
+                             field="--reference", hint="pass --reference <QA JSONL> (hand-written or official items)")  # fmt: skip
+        say = None if as_json else (lambda line: typer.echo(line, err=True))
+        report["steering"] = {}
+        for folder in supervision:
+            rep = _steering(loaded, folder, reference, panel, history.format, track=False, say=say)
+            report["steering"][str(folder)] = rep.model_dump(mode="json")
+            lines.append(f"{folder}:\n{format_steering(rep)}")
+        if not fidelity:
+            _finish_assess(report, lines, out, as_json)
+            return
+    if supervision and not steering:
         bounded = lm_config.in_process("quality_judge")
         quality = assess_quality(loaded.history, supervision, lm_config.lm("quality_judge"), limit=limit, seed=seed,
                                  bounded=bounded)  # fmt: skip
@@ -328,6 +435,10 @@ def assess(
         report["fidelity"] = fid
         lines.append(format_fidelity(fid))
     report["lm_usage_by_role"] = lm_config.usage_by_role()
+    _finish_assess(report, lines, out, as_json)
+
+
+def _finish_assess(report: dict, lines: list[str], out: Path | None, as_json: bool) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -1,0 +1,307 @@
+"""The steering panel (``memsteer assess --steering``, ``generate``'s last step): a fixed panel of
+memory designs scored LM-free on generated items and a reference set, and how well the two
+rankings agree. The numbers are checked against hand-computed cases: ties leave the agreement
+undefined, a reversed ranking gives tau -1, and the top-3 rule counts every design tied into it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from memsteer_dspy.cli import app
+from memsteer_dspy.demo_data import demo_path, load_demo
+from memsteer_dspy.errors import InputError
+from memsteer_dspy.memory.design import MemoryDesign
+from memsteer_dspy.supervision.checks import copied_run, echoed_words, echoes
+from memsteer_dspy.supervision.steering import (
+    assess_steering,
+    format_steering,
+    load_panel,
+    rank_agreement,
+    save_steering,
+    steering_metrics,
+)
+
+NAMES = ["base-bm25", "a", "b", "c"]
+# BM25-only designs: scored in milliseconds, no embedder to load
+BM25_PANEL = {
+    "base-bm25": {},
+    "text-only-index": {"store": {"fields": ["text"]}},
+    "no-stemming": {"retrieve": {"bm25": {"stemmer": "none", "stopwords": "none"}}},
+    "budget-1000": {"context": {"budget_tokens": 1000}},
+    "windows-3-stride-1": {"store": {"unit": "window", "window_size": 3, "window_stride": 1}},
+}
+
+
+def matrix(means: list[float], n: int = 6) -> np.ndarray:
+    """n items whose per-design scores average to ``means`` exactly (all items equal)."""
+    return np.tile(np.array(means, dtype=float), (n, 1))
+
+
+def test_the_same_order_agrees_and_the_reverse_disagrees():
+    same = rank_agreement(NAMES, matrix([0.2, 0.4, 0.6, 0.8]), matrix([0.1, 0.3, 0.5, 0.9]),
+                          metric="recall_at_10", resamples=50)  # fmt: skip
+    assert same.kendall_tau == pytest.approx(1.0) and same.spearman_rho == pytest.approx(1.0)
+    assert same.generated_best == ["c"] and same.best_in_reference_top
+    assert same.headroom_generated == pytest.approx(0.6) and same.headroom_reference == pytest.approx(0.8)
+    rev = rank_agreement(NAMES, matrix([0.8, 0.6, 0.4, 0.2]), matrix([0.1, 0.3, 0.5, 0.9]),
+                         metric="recall_at_10", resamples=50)  # fmt: skip
+    assert rev.kendall_tau == pytest.approx(-1.0)
+    assert rev.generated_best == ["base-bm25"] and not rev.best_in_reference_top
+    assert rev.headroom_generated == 0.0
+
+
+def test_a_set_that_ties_every_design_has_no_agreement_and_no_best():
+    """Today's failure: every design finds every generated item's evidence."""
+    tied = rank_agreement(NAMES, matrix([1.0, 1.0, 1.0, 1.0]), matrix([0.6, 0.8, 0.7, 0.5]),
+                          metric="delivered_recall", resamples=50)  # fmt: skip
+    assert tied.kendall_tau is None and tied.spearman_rho is None and tied.kendall_ci95 is None
+    assert tied.undefined_share == 1.0 and tied.separated == 1
+    assert tied.generated_best == NAMES and not tied.best_in_reference_top  # a tie picks nothing
+    assert tied.headroom_generated == 0.0 and tied.headroom_reference == pytest.approx(0.2)
+
+
+def test_the_reference_top_counts_every_design_tied_into_it_and_the_interval_brackets_noise():
+    rng = np.random.default_rng(0)
+    g = np.clip(matrix([0.3, 0.5, 0.9, 0.7], 40) + rng.normal(0, 0.3, (40, 4)), 0, 1)
+    r = matrix([0.4, 0.6, 0.6, 0.6])
+    a = rank_agreement(NAMES, g, r, metric="recall_at_10", resamples=200)
+    assert set(a.reference_top) == {"a", "b", "c"}  # three tied at the top
+    assert a.best_in_reference_top
+    r_noisy = np.clip(matrix([0.2, 0.5, 0.8, 0.6], 40) + rng.normal(0, 0.3, (40, 4)), 0, 1)
+    b = rank_agreement(NAMES, g, r_noisy, metric="recall_at_10", resamples=200)
+    low, high = b.kendall_ci95
+    assert -1.0 <= low < high <= 1.0 and b.kendall_tau > 0 and b.undefined_share == 0.0
+
+
+def test_the_package_panel_is_fixed_lm_free_and_patches_base_bm25():
+    panel = load_panel()
+    assert len(panel) >= 12 and "base-bm25" in panel
+    assert panel["base-bm25"].key() == MemoryDesign.base_bm25().key()
+    assert len({d.key() for d in panel.values()}) == len(panel)  # no design twice
+    assert not any(d.lm_uses(answering=False) for d in panel.values())
+    assert {d.retrieve.index for d in panel.values()} == {"bm25", "dense", "hybrid"}
+    # on another base (the demo's smaller budget) every patch keeps what it does not change
+    small = MemoryDesign.base_bm25()
+    small = small.model_copy(update={"context": small.context.model_copy(update={"budget_tokens": 1000})})
+    on_small = load_panel(base=small)
+    assert on_small["dense"].context.budget_tokens == 1000 and on_small["dense"].retrieve.index == "dense"
+
+
+def test_a_bad_panel_names_its_file_line_and_design(tmp_path):
+    bad = tmp_path / "panel.json"
+    bad.write_text('{\n  "base-bm25": {},\n  "x": {"retrieve": {"index": "bm25",}}\n}\n')
+    with pytest.raises(InputError) as e:
+        load_panel(bad)
+    assert e.value.file == str(bad) and e.value.line == 3
+    bad.write_text(json.dumps({"base-bm25": {}, "wrong": {"retrieve": {"index": "magic"}}}))
+    with pytest.raises(InputError, match="wrong"):
+        load_panel(bad)
+    bad.write_text(json.dumps({"dense": {"retrieve": {"index": "dense"}}}))
+    with pytest.raises(InputError, match="base-bm25"):
+        load_panel(bad)
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return load_demo()
+
+
+def _bm25_panel(tmp: Path) -> Path:
+    path = tmp / "panel.json"
+    path.write_text(json.dumps(BM25_PANEL))
+    return path
+
+
+def echo_items(items):
+    """Each item asked in its evidence's own words (the first 25 words of its first record): what
+    lexical retrieval finds by construction."""
+    recs = {r.id: r for r in load_demo().history}
+    out = []
+    for q in items:
+        text = " ".join(recs[q.evidence_ids[0]].text.split()[:25])
+        out.append(q.model_copy(update={"question": text + "?", "id": q.id + "-echo"}))
+    return out
+
+
+def test_questions_in_their_evidence_words_are_lexically_easy(demo, tmp_path):
+    panel = load_panel(_bm25_panel(tmp_path))
+    ref = demo.qa_items
+    rep = assess_steering(demo.history, echo_items(ref), ref, panel=panel, cache_dir=tmp_path / "idx",
+                          resamples=100, groups={"validation": [q.id + "-echo" for q in ref[:3]]})  # fmt: skip
+    assert rep.n_generated == rep.n_reference == 34
+    assert rep.base_r10_generated > rep.base_r10_reference + 0.15  # the echo is easier
+    assert rep.lexical_gap == pytest.approx(rep.base_r10_generated - rep.base_r10_reference)
+    assert set(rep.separated_in) == {"validation"} and rep.separated_in["validation"] >= 1
+    text = format_steering(rep)
+    assert "Kendall tau" in text and "lexical easiness" in text and "validation items" in text
+    metrics = steering_metrics(rep)
+    assert metrics["panel.base-bm25.reference.recall_at_10"] == rep.base_r10_reference
+    # the same items on both sides rank the panel the same way
+    same = assess_steering(demo.history, ref, ref, panel=panel, cache_dir=tmp_path / "idx", resamples=100)
+    assert same.agreement["delivered_recall"].kendall_tau == pytest.approx(1.0)
+    assert same.lexical_gap == 0.0
+
+
+def test_assess_steering_refuses_empty_sets(demo):
+    with pytest.raises(InputError, match="no generated items"):
+        assess_steering(demo.history, [], demo.qa_items)
+    with pytest.raises(InputError, match="no reference items"):
+        assess_steering(demo.history, demo.qa_items, [])
+
+
+def _supervision_folder(folder: Path, items) -> Path:
+    folder.mkdir(parents=True)
+    lines = [q.model_dump_json() for q in items]
+    (folder / "train.jsonl").write_text("\n".join(lines[:20]) + "\n")
+    (folder / "val.jsonl").write_text("\n".join(lines[20:]) + "\n")
+    (folder / "summary.json").write_text(json.dumps({"accepted": len(items)}))
+    return folder
+
+
+def test_assess_steering_command_writes_the_report_and_the_summary(demo, tmp_path):
+    sup = _supervision_folder(tmp_path / "gen", echo_items(demo.qa_items))
+    args = ["assess", "--format", "jsonl", "--path", str(demo_path()), "--supervision", str(sup),
+            "--steering", "--panel", str(_bm25_panel(tmp_path)), "--json"]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout[res.stdout.index("{") :])["steering"][str(sup)]
+    assert report["n_generated"] == 34 and [r["name"] for r in report["panel"]] == list(BM25_PANEL)
+    assert json.loads((sup / "steering.json").read_text())["n_reference"] == 34
+    head = json.loads((sup / "summary.json").read_text())["steering"]
+    assert head["base_r10_generated"] == report["base_r10_generated"]
+    assert head["separated_in"]["validation"] >= 1
+    # a reference file instead of the format's own QA; a missing folder is a located error
+    ref = tmp_path / "ref.jsonl"
+    ref.write_text("\n".join(q.model_dump_json() for q in demo.qa_items[:10]) + "\n")
+    res = CliRunner().invoke(app, [*args[:-1], "--reference", str(ref)])
+    assert res.exit_code == 0, res.output
+    assert "10 reference items" in res.output and "Kendall tau" in res.output
+    res = CliRunner().invoke(app, [*args[:6], str(tmp_path / "none"), *args[7:]])
+    assert res.exit_code == 2 and "train.jsonl" in res.output
+
+
+def test_steering_needs_supervision_and_a_reference(tmp_path, demo):
+    res = CliRunner().invoke(app, ["assess", "--format", "jsonl", "--path", str(demo_path()), "--steering"])
+    assert res.exit_code == 2 and "--supervision" in res.output
+    history = tmp_path / "h.jsonl"  # records only: no QA to measure against
+    history.write_text((demo_path() / "records.jsonl").read_text())
+    sup = _supervision_folder(tmp_path / "gen", demo.qa_items)
+    res = CliRunner().invoke(app, ["assess", "--format", "jsonl", "--path", str(history), "--supervision",
+                                   str(sup), "--steering"])  # fmt: skip
+    assert res.exit_code == 2 and "--reference" in res.output
+
+
+def test_save_steering_without_a_summary_writes_only_the_report(demo, tmp_path):
+    panel = load_panel(_bm25_panel(tmp_path))
+    rep = assess_steering(demo.history, demo.qa_items[:8], demo.qa_items, panel=panel, resamples=20)
+    folder = tmp_path / "f"
+    folder.mkdir()
+    assert save_steering(folder, rep).name == "steering.json"
+    assert sorted(p.name for p in folder.iterdir()) == ["steering.json"]
+
+
+# -- own words ----------------------------------------------------------------------------
+
+
+SENTENCE = "I woke up early, feeling excited about taking Oliver for our usual nature walk in Forest Park."
+
+
+def test_a_question_copied_from_its_sentence_echoes_and_one_in_own_words_does_not():
+    copied = "When did I wake up early, feeling excited about taking Oliver for our usual nature walk?"
+    assert echoes(copied, SENTENCE) == ["up early feeling excited about taking oliver for our usual nature walk"]
+    assert echoes("When did I take Oliver to Forest Park?", SENTENCE) is None
+    # names, numbers and the answer are not echo; four distinctive words are
+    assert echoed_words("When did Oliver and I walk in Forest Park?", SENTENCE) == ["walk"]
+    assert echoes("When was I excited about our usual nature walk?", SENTENCE) == [
+        "excited", "usual", "nature", "walk",
+    ]  # fmt: skip
+    # a quoted email subject is words a user would not recall verbatim
+    subject = "Subject: Thank You for a Wonderful Birthday Brunch!"
+    assert echoes("When was the email 'Thank You for a Wonderful Birthday Brunch!' sent?", subject)
+    assert echoes("When did I thank Sofia for the birthday brunch?", subject) is None
+    assert copied_run("Who is watching Biscuit?", "Lena is watching Biscuit while we travel") == [
+        "is", "watching", "biscuit",
+    ]  # fmt: skip
+
+
+def test_no_hand_written_demo_question_echoes_its_evidence(demo):
+    """The thresholds' calibration: a user's own questions pass."""
+    recs = {r.id: r for r in demo.history}
+    copied = [q.question for q in demo.qa_items
+              if echoes(q.question, "\n".join(recs[e].text for e in q.evidence_ids), q.answer)]  # fmt: skip
+    assert copied == []
+
+
+def _own_words_candidate(*questions: str):
+    """The MacBook Air candidate of the anchored pipeline with the own-words check on, its writer
+    answering ``questions`` in turn; the DummyLM records every writer request."""
+    from supervision_helpers import audit_reply, blind_reply, question_reply, role_lms, small_bundle
+
+    from memsteer_dspy.bundles import Task, answer_options
+    from memsteer_dspy.supervision.program import MemSteerGenerator
+
+    bundle = small_bundle()
+    options = answer_options(bundle.records, "Elena", "entity")
+    n = next(i for i, o in enumerate(options, 1) if o.answer == "MacBook Air")
+    plan = {"answer_option": n, "evidence": [{"record_id": "R1", "contribution": "names it"}],
+            "fact_span_ids": ["R1.1"], "operations": ["lookup"], "ask": "which laptop I wrote from"}  # fmt: skip
+    lms = role_lms([plan], [question_reply(q) for q in questions], [audit_reply()], [blind_reply()])
+    gen = MemSteerGenerator(lms, max_retries=0, lean=True, anchored=True, own_words=True, user_name="Elena")
+    task = Task(question_type="fact", evidence_count=1, answer_type="entity")
+    return gen(bundle=bundle, task=task, shuffle_seed=0).outcome, lms["question_writer"]
+
+
+COPIED = "Which device did I use this morning to send a quick note to Lila from, on March 2?"
+
+
+def test_a_question_in_its_record_s_words_is_rewritten_with_the_copied_words_named():
+    own = "Which laptop did I message Lila from on March 2?"
+    out, writer = _own_words_candidate(COPIED, own)
+    assert out.status == "accepted", out.detail
+    assert out.question == own
+    assert any("question:echoes" in r.reason for r in out.repairs if r.field == "question")
+    hint = writer.history[-1]["messages"][-1]["content"]
+    assert "was rejected (echoes)" in hint and "'quick note to lila from'" in hint
+
+
+def test_a_question_that_still_copies_after_its_rewrite_is_rejected_as_echoes():
+    out, _ = _own_words_candidate(COPIED, COPIED.replace("device", "computer"))
+    assert out.status == "rejected" and out.reason == "question:echoes"
+    assert out.stage == "question"
+
+
+def test_own_words_is_in_a_run_s_key_and_off_with_the_checks():
+    from memsteer_dspy.supervision.run import GenerationConfig
+
+    assert GenerationConfig().identity()["own_words_version"] >= 1
+    assert "own_words_version" not in GenerationConfig(own_words=False).identity()
+    assert "own_words_version" not in GenerationConfig(checks=False).identity()
+
+
+def test_generate_ends_with_the_steering_panel_when_there_is_a_reference(tmp_path, monkeypatch):
+    from test_supervision_run import scripted_generate_cli
+
+    hist = scripted_generate_cli(tmp_path, monkeypatch, in_process=False)
+    out = tmp_path / "out"
+    args = ["generate", "--format", "jsonl", "--path", str(hist), "--out", str(out), "--n", "3",
+            "--max-candidates", "4", "--profile", "full", "--panel", str(_bm25_panel(tmp_path))]  # fmt: skip
+    first = CliRunner().invoke(app, args)  # no reference: no steering
+    assert first.exit_code == 0, first.output
+    assert not (out / "steering.json").exists()
+    # the run's own items as the reference (resumed: nothing generated again)
+    res = CliRunner().invoke(app, [*args, "--reference", str(out / "train.jsonl")])
+    assert res.exit_code == 0, res.output
+    report = json.loads((out / "steering.json").read_text())
+    assert [r["name"] for r in report["panel"]] == list(BM25_PANEL)
+    assert json.loads((out / "summary.json").read_text())["steering"]["metric"] == "delivered_recall"
+    assert "lexical easiness" in res.output and "steering.json" in res.output
+    import sqlite3  # one MLflow run holds the panel's metrics
+
+    with sqlite3.connect(out / "mlflow.db") as db:
+        names = {n for (n,) in db.execute("select key from latest_metrics")}
+    assert "steering.delivered_recall.kendall_tau" in names or "steering.base_r10_generated" in names
