@@ -801,6 +801,7 @@ def check_question(
     *,
     kind_check: bool = False,
     evidence_text: str | None = None,
+    own_words: bool = False,
 ) -> str | None:
     """Why a written question is unusable (a reason code), or None when it is fine.
 
@@ -828,7 +829,9 @@ def check_question(
     "Who are the children …?") by one value (:func:`asks_plural`), and ``compound`` — it asks two
     questions in one ("… and what is …?"); ``off_evidence`` — fewer than half of its topic words
     are in ``evidence_text`` (the evidence records: "When did I sit with my lesson plan journal
-    during breakfast?" on a record about watching chickadees; :func:`off_evidence_words`).
+    during breakfast?" on a record about watching chickadees; :func:`off_evidence_words`); with
+    ``own_words`` (questions asked in the user's words, not the record's: :func:`echoes`) fewer
+    than a third — "Which laptop did I message Lila from?" names a MacBook Air by what it is.
     """
     q = (question or "").strip()
     if len(q.split()) < 3:
@@ -876,7 +879,7 @@ def check_question(
             return "compound"
     if evidence_text is not None and topic:
         off = off_evidence_words(q, evidence_text, strict=kind_check)
-        if len(off) * 2 > len(topic):
+        if (len(off) * 3 > 2 * len(topic)) if own_words else (len(off) * 2 > len(topic)):
             return "off_evidence"
     if (
         kind in ("text", "entity", "date")
@@ -1046,3 +1049,73 @@ def quoted_fact_support(plan: AnswerPlan, span_texts: dict[str, str]) -> bool:
 
 def spans_by_id(spans: Iterable) -> dict[str, str]:
     return {s.id: s.text for s in spans}
+
+
+# --------------------------------------------------------------------------------------------
+# own words: a question that copies its evidence's wording
+# --------------------------------------------------------------------------------------------
+
+ECHO_MAX_WORDS = 3
+"""A question may share at most this many distinctive words with its evidence records (beyond
+names, numbers and the answer). Calibrated on the demo's 34 hand-written questions: each shares 0 to
+3 such words with its evidence (the most: "When is my VIZ 110 final project due?" — final,
+project, due), while generated questions asked from their sentence shared up to 9 ("When did I wake
+up early, feeling excited about taking Oliver for our usual nature walk in Forest Park?")."""
+ECHO_MAX_RUN = 4
+"""…and copy at most this many consecutive words of them (names included): the hand-written
+questions' longest run is 4 words ("the Columbia Gorge Half Marathon")."""
+# Title-case words: names a user says as they are, unless quoted (a quoted email subject is
+# words a user would not recall verbatim months later).
+_TITLE_WORD = re.compile(r"(?<![.!?]\s)(?<!^)\b[A-Z][\w'’.-]*")
+
+
+def _content_words(question: str, answer: str) -> list[str]:
+    """The question's distinctive words (:func:`topic_words`, strict): not the answer's, not a
+    name written in title case outside quotes, not a number, one letter at least two."""
+    unquoted = _QUOTED.sub(" ", question)
+    names = {n for w in _TITLE_WORD.findall(unquoted) for n in normalize_text(w).split()}
+    answer_words = set(normalize_text(answer).split())
+    return [
+        w for w in topic_words(question, strict=True)
+        if w not in answer_words and w not in names and not any(c.isdigit() for c in w) and len(w) > 1
+    ]  # fmt: skip
+
+
+def echoed_words(question: str, evidence_text: str, answer: str = "") -> list[str]:
+    """The question's distinctive words (:func:`_content_words`) that its evidence records write,
+    compared by a crude stem ("planted" ~ "planting"), each once."""
+    have = {_stem(w) for w in normalize_text(evidence_text).split()}
+    seen: list[str] = []
+    for w in _content_words(question, answer):
+        if _stem(w) in have and w not in seen:
+            seen.append(w)
+    return seen
+
+
+def copied_run(question: str, evidence_text: str) -> list[str]:
+    """The longest run of consecutive question words (normalized) that the evidence writes."""
+    words = normalize_text(question).split()
+    text = f" {normalize_text(evidence_text)} "
+    best: list[str] = []
+    for i in range(len(words)):
+        j = i + len(best) + 1
+        while j <= len(words) and f" {' '.join(words[i:j])} " in text:
+            best = words[i:j]
+            j += 1
+    return best
+
+
+def echoes(question: str, evidence_text: str, answer: str = "") -> list[str] | None:
+    """What of its evidence's wording the question copies (the words to say differently), or None
+    when it asks in its own words: more than :data:`ECHO_MAX_WORDS` distinctive words of the
+    evidence, or a run of more than :data:`ECHO_MAX_RUN` of its words. Lexical retrieval finds a
+    question in its evidence's words by construction; a user asking months later does not write
+    them (the paper's supervision has to tell memory designs apart)."""
+    words = echoed_words(question, evidence_text, answer)
+    run = copied_run(question, evidence_text)
+    if len(words) <= ECHO_MAX_WORDS and len(run) <= ECHO_MAX_RUN:
+        return None
+    if len(run) > ECHO_MAX_RUN:
+        phrase = " ".join(run)
+        return [phrase, *(w for w in words if w not in run)]
+    return words

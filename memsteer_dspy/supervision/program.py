@@ -78,6 +78,7 @@ from memsteer_dspy.supervision.checks import (
     check_plan,
     check_question,
     detail_terms,
+    echoes,
     names_self,
     outside_quotes,
     prefilter_bundle,
@@ -92,6 +93,7 @@ from memsteer_dspy.tokens import count_tokens
 
 __all__ = [
     "GENERATION_ROLES",
+    "OWN_WORDS_VERSION",
     "AuditResult",
     "BlindResult",
     "DirectGenerator",
@@ -146,7 +148,8 @@ LEAN_MAX_TOKENS = {**MAX_TOKENS, "plan": 300, "question": 80, "audit": 400, "bli
 #     subject "Thank You for Your Help This Morning" became 'Thank me for my Help ' (the
 #     twenty-third cost run); and a relative day inside quotes makes no date question vague (the
 #     twenty-fourth rejected "When was the email '… Plans Today' sent?" as vague).
-LEAN_VERSION = 16
+# 17: the off_evidence re-write hint no longer asks for the records' own words (own words).
+LEAN_VERSION = 17
 LEAN_QUESTION_REWRITES = 1
 """Lean re-samples a rejected question this many times (the earlier pipeline: 2). Measured on the
 embedded writer over three runs (runs/demo-2, runs/demo-4, the thirteenth cost run's lean-anchor;
@@ -155,8 +158,9 @@ question stage again, mostly the same question back), while the first re-sample 
 acceptance; the third writer call cost about 60 s of a 16-minute demo."""
 # The prompts every method shows (instructions, the cold-start demonstration): a run folder resumes
 # only under the prompts it was made with. 1: unversioned; 2: the planner's demonstration lists the
-# answer sentence among its fact sentences (it showed an empty list, which the bounded schema forbids).
-PROMPT_VERSION = 2
+# answer sentence among its fact sentences (it showed an empty list, which the bounded schema forbids);
+# 3: the question writer asks in the user's own words.
+PROMPT_VERSION = 3
 # The anchored planner's options (bundles.answer_options) change its plans: an anchored run folder
 # resumes only under the version of the options it was made with. 1: the tenth cost run; 2: a
 # number's unit is never the start of a compound word ("2 child" of "2 child-sized pitchers"); 3: a
@@ -203,6 +207,9 @@ PROMPT_VERSION = 2
 # not followed by a verb is no_verb.
 # 16: "the user" is put in the user's voice outside quoted text only (see LEAN_VERSION 16).
 ANCHORED_VERSION = 16
+# The own-words check (checks.echoes) and its thresholds: a run folder resumes only under the
+# version it was made with (history: experiments/results/supervision_versions.md).
+OWN_WORDS_VERSION = 1
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 
@@ -359,10 +366,12 @@ class _Generator(dspy.Module):
         user_name: str | None = None,
         lean: bool = False,
         anchored: bool = False,
+        own_words: bool = False,
     ):
         super().__init__()
         self.lean = lean
         self.anchored = anchored
+        self.own_words = own_words
         self.max_tokens = LEAN_MAX_TOKENS if lean else MAX_TOKENS
         self.user_name = user_name
         if question_rewrites is None:
@@ -610,11 +619,14 @@ class _Generator(dspy.Module):
         view: BundleView,
         bundle: Bundle,
         also_demos: Iterable[str] = (),
+        *,
+        own_words: bool = True,
     ) -> str | None:
         """:func:`~memsteer_dspy.supervision.checks.check_question` against the current demos (and
         ``also_demos``), with the bundle's records (``view``, the one the planner read) and the
         user's name as what the question may name; lean also holds its topic words to the plan's
-        evidence records."""
+        evidence records. With the generator's ``own_words`` (and ``own_words`` here), a question
+        that copies its evidence records' wording is ``echoes`` (:func:`_echo`)."""
         demos = {str(d.question) for p in self.predictors() for d in p.demos if d.get("question")}
         demos.update(also_demos)
         user = user_display_name(self.user_name)
@@ -630,6 +642,7 @@ class _Generator(dspy.Module):
             known,
             kind_check=self.lean,
             evidence_text=evidence,
+            own_words=self.own_words,
         )
         if problem is None and self.lean and names_self(question, self.user_name):
             return "names_self"  # "When did I talk to Elena Morales?", asked by Elena Morales
@@ -652,7 +665,17 @@ class _Generator(dspy.Module):
                 texts = [bundle.subset([rid]).view().text for rid in plan.evidence_ids]
                 if records_missed(question, plan.answer, texts):
                     return "misses_record"
+        if problem is None and own_words and self._echo(question, plan, bundle):
+            return "echoes"
         return problem
+
+    def _echo(self, question: str, plan: AnswerPlan, bundle: Bundle) -> list[str] | None:
+        """With ``own_words``: what of its evidence records' wording the question copies
+        (:func:`~memsteer_dspy.supervision.checks.echoes`), else None."""
+        if not (self.own_words and self.checks and plan.evidence_ids):
+            return None
+        text = "\n".join(s.text for s in bundle.subset(plan.evidence_ids).spans())
+        return echoes(question, text, plan.answer)
 
     def _anchored_ask(
         self, plan: AnswerPlan, view: BundleView, bundle: Bundle
@@ -664,8 +687,10 @@ class _Generator(dspy.Module):
         ask = first_person(plan.ask, keep_quoted=True).strip().rstrip(".")
         demo_asks = {str(d.ask) for p in self.predictors() for d in p.demos if d.get("ask")}
         as_question = ask if ask.endswith("?") else f"{ask}?"
-        problem = (
-            self._question_problem(as_question, plan, view, bundle, demo_asks) if ask else "empty"
+        problem = (  # the ask may use its sentence's words: the writer says them in the user's own
+            self._question_problem(as_question, plan, view, bundle, demo_asks, own_words=False)
+            if ask
+            else "empty"
         )
         span = bundle.span(plan.answer_span_id) if plan.answer_span_id else None
         if span is None:
@@ -789,12 +814,14 @@ _REWRITE_HINTS = {
     "wrong_kind": "ask for the answer's kind: 'When …?' for a date, 'How many …?' for a number, "
     "'Who …?' or 'What …?' for a name or thing, and one of them ('Who is …?'), not several ('Who are …?')",
     "compound": "ask one thing only, in one question",
-    "off_evidence": "ask about what the facts say, in their words",
+    "off_evidence": "ask about what the facts say: name their people, places and things",
     "misses_record": "ask by what every fact says about the answer, one detail of each",
     "not_fronted": "start with the question word (Who, What, When, Where, How many) and end with '?'",
     "no_verb": "after the question word put a verb: 'When did I …?', 'When was the email … sent?'",
     "empty": "write one complete question ending with '?'",
     "not_a_question": "write one complete question ending with '?'",
+    "echoes": "ask it as I would months later, in my own everyday words: keep the names, but do not "
+    "copy the record's wording",
 }
 
 
@@ -807,6 +834,8 @@ def rewrite_hint(question: str, problem: str | None, details: Sequence[str] = ()
     hint = _REWRITE_HINTS.get(problem or "", "write a different question")
     if problem == "vague" and details:
         hint += f"; it could mention {', '.join(details)}"
+    if problem == "echoes" and details:
+        hint += f"; say these differently or leave them out: {', '.join(repr(d) for d in details)}"
     if problem == "not_fronted" and (word := _INNER_QUESTION_WORD.search(question)):
         # the writer copied an ask with its question word in the answer's place ("Demolition
         # slips by how many, …"): name the word to move, as the general hint did not
@@ -1361,8 +1390,10 @@ class MemSteerGenerator(_Generator):
         question, problem = "", None
         for attempt in range(self.question_rewrites + 1):
             if attempt:  # say what was wrong: at temperature 0.7 alone the same question came back
-                details = detail_terms(
-                    [f.statement for f in plan.facts], f"{question} {plan.answer}"
+                details = (
+                    self._echo(question, plan, bundle) or []
+                    if problem == "echoes"
+                    else detail_terms([f.statement for f in plan.facts], f"{question} {plan.answer}")
                 )
                 inputs = {**inputs, "avoid": rewrite_hint(question, problem, details)}
             try:

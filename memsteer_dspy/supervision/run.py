@@ -60,6 +60,7 @@ from memsteer_dspy.supervision.program import (
     ANCHORED_VERSION,
     GENERATION_ROLES,
     LEAN_VERSION,
+    OWN_WORDS_VERSION,
     PROMPT_VERSION,
     Outcome,
     RoleCost,
@@ -148,6 +149,14 @@ class GenerationConfig(BaseModel):
         "record dates; bundles.answer_options), by number, instead of writing it; every other "
         "stage and check is unchanged. A bundle with no option is rejected before any LM call.",
     )
+    own_words: bool = Field(
+        default=True,
+        description="With checks: a question that copies its evidence records' wording (more than "
+        "checks.ECHO_MAX_WORDS distinctive words, or a run of more than checks.ECHO_MAX_RUN words) "
+        "is re-written with the copied words named, and rejected as question:echoes if it still "
+        "copies them. A question in its evidence's words is found by lexical retrieval by "
+        "construction, so it cannot tell memory designs apart (memsteer assess --steering).",
+    )
     dedup_threshold: float = Field(default=0.8, gt=0, le=1)
     bundle: BundleConfig = Field(default_factory=BundleConfig)
     graph: dict[str, Any] = Field(default_factory=lambda: asdict(GraphParams()))
@@ -191,6 +200,8 @@ class GenerationConfig(BaseModel):
             key["lean_version"] = LEAN_VERSION
         if self.anchored:  # absent when off: the key runs made before the option had
             key["anchored_version"] = ANCHORED_VERSION
+        if self.own_words and self.checks:  # absent when off, as above
+            key["own_words_version"] = OWN_WORDS_VERSION
         return key
 
 
@@ -758,7 +769,7 @@ def generate_supervision(
     generator = make_generator(
         config.method, lms, checks=config.checks, max_retries=config.max_retries, max_demos=config.demo_limit,
         bounded=config.bounded, cold_start=config.cold_start, user_name=history.user_id, lean=config.lean,
-        anchored=config.anchored,
+        anchored=config.anchored, own_words=config.own_words,
     )  # fmt: skip
     log = read_log(out)
     done = {r.index for r in log}
