@@ -47,6 +47,7 @@ test: install
 
 lint: install
 	$(BIN)/ruff check memsteer_dspy signatures tests benchmarks experiments
+	$(BIN)/lint-imports
 	$(BIN)/ruff format --check memsteer_dspy signatures tests benchmarks experiments
 
 clean:

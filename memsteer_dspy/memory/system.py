@@ -28,6 +28,7 @@ from memsteer_dspy.errors import ConfigError
 from memsteer_dspy.memory.context import BuiltContext, ContextBuilder
 from memsteer_dspy.memory.design import MemoryDesign, _digest
 from memsteer_dspy.memory.index import HybridIndex, bm25_key, dense_key, open_bm25, open_dense
+from memsteer_dspy.memory.lookup import RecordLookup, lookup_record
 from memsteer_dspy.memory.retriever import MemoryRetriever, date_text
 from memsteer_dspy.memory.store import MemoryStore, StoreReport, build_units
 from memsteer_dspy.records import History, Record
@@ -274,11 +275,9 @@ class MemorySystem(dspy.Module):
     # -- diagnosis ----------------------------------------------------------------------------
     def lookup(
         self, record_id: str, *, question: str | None = None, question_date=None, as_of=None
-    ):
+    ) -> RecordLookup:
         """Is ``record_id``'s content in the store (which units) and retrievable at all?
         See :func:`memsteer_dspy.memory.lookup.lookup_record`."""
-        from memsteer_dspy.memory.lookup import lookup_record
-
         return lookup_record(
             self, record_id, question=question, question_date=question_date, as_of=as_of
         )
