@@ -24,6 +24,7 @@ from typing import Any
 import dspy
 from pydantic import BaseModel, Field
 
+import memsteer_dspy.memory.embedders as embedders
 from memsteer_dspy.errors import ConfigError
 from memsteer_dspy.memory.context import BuiltContext, ContextBuilder
 from memsteer_dspy.memory.design import MemoryDesign, _digest
@@ -148,9 +149,7 @@ class MemorySystem(dspy.Module):
         index = cls._open_index(design, store, cache_dir, info)
         reranker = None
         if design.retrieve.rerank == "cross_encoder":
-            from memsteer_dspy.memory.embedders import LocalCrossEncoder
-
-            reranker = LocalCrossEncoder(design.retrieve.reranker_model)
+            reranker = embedders.LocalCrossEncoder(design.retrieve.reranker_model)
         retriever = MemoryRetriever(store, index, design.retrieve, query_lm=parts.get("query"),
                                     rerank_lm=parts.get("rerank"), reranker=reranker)  # fmt: skip
         info["open_seconds"] = round(time.perf_counter() - t0, 3)
@@ -200,9 +199,7 @@ class MemorySystem(dspy.Module):
         texts = store.texts()
 
         def embedder():
-            from memsteer_dspy.memory.embedders import load_embedder
-
-            return load_embedder(
+            return embedders.load_embedder(
                 spec.dense.embedder,
                 backend=spec.dense.backend,
                 query_instruction=spec.dense.query_instruction,

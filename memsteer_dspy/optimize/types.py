@@ -19,17 +19,15 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
+from memsteer_dspy.evaluation import EvaluationReport, MetricSummary
 from memsteer_dspy.memory.design import MemoryDesign
 from memsteer_dspy.records import QAItem
 from memsteer_dspy.stats import PairedComparison
 from memsteer_dspy.tokens import truncate_to_tokens
-
-if TYPE_CHECKING:
-    from memsteer_dspy.evaluation import EvaluationReport, MetricSummary
 
 Objective = Literal["accuracy", "recall", "recall-then-accuracy"]
 Status = Literal["baseline", "accepted", "rejected", "invalid", "duplicate", "failed"]
