@@ -13,13 +13,13 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test lint docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-EXTRAS ?= local,dense,dev,server,tune,ray,report,browser
+EXTRAS ?= local,dense,dev,server,tune,ray,report,browser,docs
 
 # torch first, pinned to the CPU build: anything that depends on torch would otherwise pull a
 # multi-GB CUDA build. llama-cpp-python then builds from source (about 5 minutes on 2 cores) with
@@ -47,7 +47,13 @@ test: install
 
 lint: install
 	$(BIN)/ruff check memsteer_dspy signatures tests benchmarks experiments
+	$(BIN)/lint-imports
 	$(BIN)/ruff format --check memsteer_dspy signatures tests benchmarks experiments
 
+# The documentation site (mkdocs.yml: docs/ and the API pages from the docstrings); --strict fails
+# on a broken link or a missing page. Written to site/ (ignored).
+docs: install
+	$(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache site

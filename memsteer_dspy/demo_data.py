@@ -20,6 +20,7 @@ from pathlib import Path
 
 from memsteer_dspy.errors import ConfigError
 from memsteer_dspy.loaders.base import Loaded
+from memsteer_dspy.loaders.jsonl import load_jsonl
 
 __all__ = ["DEMO_USER", "demo_path", "load_demo"]
 
@@ -47,6 +48,4 @@ def demo_path() -> Path:
 
 def load_demo() -> Loaded:
     """The demo history and its hand-written QA items, loaded with the native JSONL loader."""
-    from memsteer_dspy.loaders.jsonl import load_jsonl
-
     return load_jsonl(demo_path(), user=DEMO_USER)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from memsteer_dspy.errors import InputError, MissingExtraError
+from memsteer_dspy.tracking import Tracker
 
 REPORT_DIR = "report"
 STAGES = ("storage", "retrieval", "answering")
@@ -504,8 +505,6 @@ def log_report(
     """Add the report's files to the run's MLflow parent run under ``report/``. Returns the parent
     run id, the ``mlflow ui`` command and the runs page address, or None when the run has no
     tracked parent run or tracking failed (a warning says why)."""
-    from memsteer_dspy.tracking import Tracker
-
     run = load_run(run_dir).run
     parent, uri = run.get("parent_run_id"), tracking_uri or run.get("tracking_uri")
     if not parent or not uri:

@@ -19,6 +19,7 @@ import contextlib
 import contextvars
 import functools
 import hashlib
+import importlib
 import io
 import json
 import os
@@ -173,14 +174,18 @@ def attempts(task: UserTask) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
 
 
+# The command a task runs, named as ``[project.scripts]`` names it and resolved when a task first
+# runs (in a Ray worker too): the CLI imports the library, and the library holds no import of the CLI.
+COMMAND_APP = "memsteer_dspy.cli:app"
+
+
 @functools.lru_cache(maxsize=1)
 def cli_group():
-    """The ``memsteer`` click group (built once per process)."""
+    """The ``memsteer`` click group (:data:`COMMAND_APP`, built once per process)."""
     import typer
 
-    from memsteer_dspy.cli import app
-
-    return typer.main.get_command(app)
+    module, _, name = COMMAND_APP.partition(":")
+    return typer.main.get_command(getattr(importlib.import_module(module), name))
 
 
 def invoke_command(argv: list[str]) -> tuple[int, BaseException | None]:

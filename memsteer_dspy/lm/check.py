@@ -15,6 +15,7 @@ reported with the signal and the reinstall command instead of killing ``lm check
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import dspy
@@ -23,6 +24,8 @@ from pydantic import BaseModel, Field
 
 from memsteer_dspy.lm.config import LMConfig
 from memsteer_dspy.lm.endpoint import served_entry
+from memsteer_dspy.lm.model_files import ensure_embedded_model
+from memsteer_dspy.lm.preflight import run_preflight
 
 
 class TinyCheck(dspy.Signature):
@@ -127,11 +130,6 @@ def check_lms(config: LMConfig, *, question: str = CHECK_QUESTION) -> list[Check
 
 def _preflight(spec: Any) -> Any:
     """Run the crash-safe child-process preflight of a local model afresh (and remember a pass)."""
-    from pathlib import Path
-
-    from memsteer_dspy.lm.model_files import ensure_embedded_model
-    from memsteer_dspy.lm.preflight import run_preflight
-
     name = spec.model.split("/", 1)[1]
     path = ensure_embedded_model(name) if spec.backend == "local" else Path(name)
     return run_preflight(path)

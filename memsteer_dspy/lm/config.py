@@ -32,13 +32,12 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 import dspy
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from memsteer_dspy.errors import ConfigError
-from memsteer_dspy.lm.endpoint import EndpointIdentity
+from memsteer_dspy.lm.endpoint import EndpointIdentity, redact_url
 from memsteer_dspy.lm.model_files import EMBEDDED_MODELS, ensure_embedded_model, file_identity
 from memsteer_dspy.lm.usage import UsageMeter, _RoleTracker
 
@@ -168,20 +167,6 @@ class LMSpec(BaseModel):
     def describe(self) -> dict[str, Any]:
         """The model string and its options, safe to log or write to a provenance file."""
         return {"model": self.model, **self.options()}
-
-
-def redact_url(url: str) -> str:
-    """``url`` without a ``user:password@`` part, so it can be written out."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
 
 def normalize_lm_string(value: str, *, where: str, base_dir: Path | None = None) -> str:

@@ -27,7 +27,7 @@ import threading
 import urllib.error
 import urllib.request
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from memsteer_dspy.errors import ConfigError
 
@@ -45,9 +45,21 @@ class EndpointError(ConfigError):
         self.answered = answered
 
 
-def _redact(url: str) -> str:
-    from memsteer_dspy.lm.config import redact_url
+def redact_url(url: str) -> str:
+    """``url`` without a ``user:password@`` part, so it can be written out."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
+
+def _redact(url: str) -> str:
     return redact_url(url)
 
 

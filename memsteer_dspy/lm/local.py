@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from memsteer_dspy.errors import ConfigError, MissingExtraError
+from memsteer_dspy.lm.preflight import ensure_preflight
 
 DEFAULT_N_CTX = 8192
 DEFAULT_MAX_TOKENS = 2048
@@ -151,8 +152,6 @@ def _load(path: Path, n_ctx: int, n_threads: int | None, n_batch: int) -> _Share
             return shared
         require_llama_cpp()
         import llama_cpp
-
-        from memsteer_dspy.lm.preflight import ensure_preflight
 
         # A build whose CPU kernels do not fit this CPU kills the process in its first multi-token
         # decode (SIGSEGV with AMX, SIGILL without AVX-512): try it in a child process first.

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from memsteer_dspy.errors import MemsteerError
 from memsteer_dspy.lm import buildflags
+from memsteer_dspy.runfolder import write_atomic
 
 PREFLIGHT_SUFFIX = ".preflight.json"
 CHILD_TIMEOUT_S = 300.0
@@ -133,8 +134,6 @@ def _remembered(model_path: Path, key: str) -> PreflightResult | None:
 
 
 def _remember(model_path: Path, result: PreflightResult) -> None:
-    from memsteer_dspy.runfolder import write_atomic
-
     with contextlib.suppress(OSError):  # a read-only model folder only costs a rerun next time
         write_atomic(_record_path(model_path), json.dumps(asdict(result), indent=2) + "\n")
 

@@ -18,7 +18,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from memsteer_dspy.errors import InputError
+from memsteer_dspy.loaders.atm import load_atm
 from memsteer_dspy.loaders.base import Loaded, SkippedInput, UnresolvedEvidence
+from memsteer_dspy.loaders.hf import load_hf
+from memsteer_dspy.loaders.jsonl import load_jsonl
+from memsteer_dspy.loaders.locomo import load_locomo
+from memsteer_dspy.loaders.longmemeval import load_longmemeval
+from memsteer_dspy.loaders.rhelm import default_rhelm_root, list_personas, load_rhelm
 
 __all__ = ["Loaded", "SkippedInput", "UnresolvedEvidence", "load_history"]
 
@@ -35,8 +41,6 @@ def load_history(
 ) -> Loaded:
     """Load a history in ``format`` from ``path`` (see the module docstring for the formats)."""
     if format == "rhelm":
-        from memsteer_dspy.loaders.rhelm import default_rhelm_root, list_personas, load_rhelm
-
         root = Path(path) if path is not None else default_rhelm_root()
         if root is None:
             raise InputError("RHELM data not found", field="--path",
@@ -48,23 +52,13 @@ def load_history(
     if path is None:
         raise InputError(f"--path is required for format {format!r}", field="--path")
     if format == "jsonl":
-        from memsteer_dspy.loaders.jsonl import load_jsonl
-
         return load_jsonl(path, user=user, on_error=on_error)
     if format == "locomo":
-        from memsteer_dspy.loaders.locomo import load_locomo
-
         return load_locomo(path, user=user, on_error=on_error)
     if format == "hf":
-        from memsteer_dspy.loaders.hf import load_hf
-
         return load_hf(path, columns=columns, split=split, user=user, on_error=on_error)
     if format == "longmemeval":
-        from memsteer_dspy.loaders.longmemeval import load_longmemeval
-
         return load_longmemeval(path, user=user, on_error=on_error)
     if format == "atm":
-        from memsteer_dspy.loaders.atm import load_atm
-
         return load_atm(path, user=user, on_error=on_error)
     raise InputError(f"unknown format {format!r}", field="--format", hint="choose jsonl, rhelm, locomo, hf, longmemeval or atm")

@@ -13,14 +13,11 @@ Section 3.3). :func:`lookup_record` answers the two questions for one record id:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
 from memsteer_dspy.tokens import truncate_to_tokens
-
-if TYPE_CHECKING:
-    from memsteer_dspy.memory.system import MemorySystem
 
 PROBE_TOKENS = 64
 
@@ -69,8 +66,18 @@ def _best_rank(ranked: list[int], targets: set[int]) -> int | None:
     return None
 
 
+class Searchable(Protocol):
+    """What a lookup reads of a memory system (a :class:`~memsteer_dspy.memory.system.MemorySystem`):
+    its store, its retriever and the history it was built from. A protocol, so that the system can
+    import this module and not the other way round."""
+
+    store: Any
+    retriever: Any
+    user_history: Any
+
+
 def lookup_record(
-    system: MemorySystem,
+    system: Searchable,
     record_id: str,
     *,
     question: str | None = None,

@@ -24,10 +24,12 @@ from typing import Any
 import dspy
 from pydantic import BaseModel, Field
 
+import memsteer_dspy.memory.embedders as embedders
 from memsteer_dspy.errors import ConfigError
 from memsteer_dspy.memory.context import BuiltContext, ContextBuilder
 from memsteer_dspy.memory.design import MemoryDesign, _digest
 from memsteer_dspy.memory.index import HybridIndex, bm25_key, dense_key, open_bm25, open_dense
+from memsteer_dspy.memory.lookup import RecordLookup, lookup_record
 from memsteer_dspy.memory.retriever import MemoryRetriever, date_text
 from memsteer_dspy.memory.store import MemoryStore, StoreReport, build_units
 from memsteer_dspy.records import History, Record
@@ -147,9 +149,7 @@ class MemorySystem(dspy.Module):
         index = cls._open_index(design, store, cache_dir, info)
         reranker = None
         if design.retrieve.rerank == "cross_encoder":
-            from memsteer_dspy.memory.embedders import LocalCrossEncoder
-
-            reranker = LocalCrossEncoder(design.retrieve.reranker_model)
+            reranker = embedders.LocalCrossEncoder(design.retrieve.reranker_model)
         retriever = MemoryRetriever(store, index, design.retrieve, query_lm=parts.get("query"),
                                     rerank_lm=parts.get("rerank"), reranker=reranker)  # fmt: skip
         info["open_seconds"] = round(time.perf_counter() - t0, 3)
@@ -199,9 +199,7 @@ class MemorySystem(dspy.Module):
         texts = store.texts()
 
         def embedder():
-            from memsteer_dspy.memory.embedders import load_embedder
-
-            return load_embedder(
+            return embedders.load_embedder(
                 spec.dense.embedder,
                 backend=spec.dense.backend,
                 query_instruction=spec.dense.query_instruction,
@@ -274,11 +272,9 @@ class MemorySystem(dspy.Module):
     # -- diagnosis ----------------------------------------------------------------------------
     def lookup(
         self, record_id: str, *, question: str | None = None, question_date=None, as_of=None
-    ):
+    ) -> RecordLookup:
         """Is ``record_id``'s content in the store (which units) and retrievable at all?
         See :func:`memsteer_dspy.memory.lookup.lookup_record`."""
-        from memsteer_dspy.memory.lookup import lookup_record
-
         return lookup_record(
             self, record_id, question=question, question_date=question_date, as_of=as_of
         )

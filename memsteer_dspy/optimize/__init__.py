@@ -5,10 +5,19 @@
 * :mod:`~memsteer_dspy.optimize.feedback` — the four feedback modes (``random30``,
   ``random30+gold``, ``random30+diagnosis``, ``stratified``);
 * :mod:`~memsteer_dspy.optimize.proposer` — :class:`DesignProposer` (the ``ProposeDesign``
-  signature, invalid proposals sent back once, duplicates re-sampled);
+  signature, invalid proposals sent back once, duplicates re-sampled), over the design space of
+  :mod:`~memsteer_dspy.optimize.design_space`;
 * :mod:`~memsteer_dspy.optimize.objectives` — ``accuracy`` / ``recall`` / ``recall-then-accuracy``
   and the strict accept rule;
-* :mod:`~memsteer_dspy.optimize.loop` — :class:`MemSteerOpt`, the resumable loop, tracked in MLflow;
+* :mod:`~memsteer_dspy.optimize.loop` — :class:`MemSteerOpt`, the resumable engine: one iteration
+  reads propose → score → decide → screen → record. Beside it, along GEPA's seams:
+  :mod:`~memsteer_dspy.optimize.types` (data types and protocols; a leaf),
+  :mod:`~memsteer_dspy.optimize.config` (settings and the same-run key),
+  :mod:`~memsteer_dspy.optimize.state` (trajectory, candidate cache, resume),
+  :mod:`~memsteer_dspy.optimize.evaluator` (scoring a candidate),
+  :mod:`~memsteer_dspy.optimize.strategies` (accept rules, parent selection, proposers, screening),
+  :mod:`~memsteer_dspy.optimize.callbacks` (MLflow and the progress line, listening to typed
+  events) and :mod:`~memsteer_dspy.optimize.summary` (``summary.md`` / ``summary.json``);
 * :mod:`~memsteer_dspy.optimize.tune` — the supervision handed to DSPy's GEPA / MIPROv2 over the
   answerer and query-rewriter prompts of a fixed design.
 """

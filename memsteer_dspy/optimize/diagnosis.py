@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
+from memsteer_dspy.evaluation import ItemResult
 from memsteer_dspy.memory.lookup import RecordLookup
+from memsteer_dspy.memory.system import MemorySystem
 from memsteer_dspy.records import QAItem, span_record_id
-
-if TYPE_CHECKING:
-    from memsteer_dspy.evaluation import ItemResult
-    from memsteer_dspy.memory.system import MemorySystem
 
 
 class FailureStage(StrEnum):

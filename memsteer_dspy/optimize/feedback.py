@@ -20,17 +20,15 @@ finite); cases that do not fit are named as left out, never silently dropped.
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
 
+from memsteer_dspy.evaluation import ItemResult
 from memsteer_dspy.memory.lookup import RecordLookup
 from memsteer_dspy.optimize.diagnosis import Diagnosis, FailureStage, is_failure
 from memsteer_dspy.records import History, QAItem
 from memsteer_dspy.tokens import count_tokens, truncate_to_tokens
-
-if TYPE_CHECKING:
-    from memsteer_dspy.evaluation import ItemResult
 
 FeedbackMode = Literal["random30", "random30+gold", "random30+diagnosis", "stratified"]
 FEEDBACK_MODES: tuple[str, ...] = get_args(FeedbackMode)

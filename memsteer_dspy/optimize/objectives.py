@@ -11,14 +11,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import get_args
 
-from pydantic import BaseModel
+from memsteer_dspy.memory.design import AnswerSpec
+from memsteer_dspy.optimize.types import Objective, Score
 
-if TYPE_CHECKING:
-    from memsteer_dspy.evaluation import MetricSummary
+__all__ = ["OBJECTIVES", "Objective", "Score", "accept", "at_ceiling", "metrics_for",
+           "passes_screen", "recall_better", "recall_not_worse", "selected_by", "unscored_fields"]
 
-Objective = Literal["accuracy", "recall", "recall-then-accuracy"]
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
 _EPS = 1e-9
 
@@ -29,47 +29,7 @@ def unscored_fields(objective: Objective) -> frozenset[str]:
     candidate."""
     if objective != "recall":
         return frozenset()
-    from memsteer_dspy.memory.design import AnswerSpec
-
     return frozenset(f"answer.{name}" for name in AnswerSpec.model_fields)
-
-
-class Score(BaseModel):
-    """A design's validation scores (None where not measured)."""
-
-    n: int = 0
-    accuracy: float | None = None
-    qs: float | None = None
-    recall_at_10: float | None = None
-    delivered_recall: float | None = None
-    errors: int = 0
-    metrics: str = "all"
-
-    @classmethod
-    def from_summary(cls, summary: MetricSummary, metrics: str) -> Score:
-        return cls(
-            n=summary.n, accuracy=summary.accuracy, qs=summary.qs, recall_at_10=summary.recall_at_10,
-            delivered_recall=summary.delivered_recall, errors=summary.errors, metrics=metrics,
-        )  # fmt: skip
-
-    def recall_key(self) -> tuple[float, float]:
-        return (self.delivered_recall or 0.0, self.recall_at_10 or 0.0)
-
-    def primary(self, objective: Objective) -> float | None:
-        """The number the objective maximizes (delivered recall, or accuracy)."""
-        return self.delivered_recall if objective == "recall" else self.accuracy
-
-    def short(self) -> str:
-        bits = []
-        if self.accuracy is not None:
-            bits.append(f"acc {self.accuracy:.3f}")
-        if self.qs is not None:
-            bits.append(f"QS {self.qs:.3f}")
-        if self.delivered_recall is not None:
-            bits.append(f"delivered recall {self.delivered_recall:.3f}")
-        if self.recall_at_10 is not None:
-            bits.append(f"R@10 {self.recall_at_10:.3f}")
-        return ", ".join(bits) or "not scored"
 
 
 def metrics_for(objective: Objective) -> str:

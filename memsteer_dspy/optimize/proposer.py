@@ -24,65 +24,51 @@ design under the full schema's grammar took tens of minutes per proposal.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any, Literal
 
 import dspy
+import json_repair
 from dspy.adapters.chat_adapter import FieldInfoWithName
-from pydantic import BaseModel, Field
+from dspy.utils.exceptions import AdapterParseError
 
 from memsteer_dspy.errors import InputError
-from memsteer_dspy.memory.design import MemoryDesign, design_json_schema
+from memsteer_dspy.memory.design import MemoryDesign
 from memsteer_dspy.memory.embedders import check_local_models
-from memsteer_dspy.signatures.propose import (
-    DESIGN_FIELDS,
-    DesignChange,
-    ProposeDesign,
-    ProposeDesignChanges,
+from memsteer_dspy.optimize.design_space import (
+    CHANGES_MAX_TOKENS,
+    MAX_RATIONALE_CHARS,
+    MAX_VALUE_CHARS,
+    apply_changes,
+    changes_signature,
+    compact_design,
+    current_value,
+    design_space_schema,
+    excluded_values,
+    field_value_schema,
 )
-from memsteer_dspy.tokens import count_tokens, truncate_to_tokens
+from memsteer_dspy.optimize.types import (
+    RATIONALE_TOKENS,
+    Proposal,
+    ProposalAttempt,
+    RevisionEntry,
+    design_diff,
+    single_change,
+)
+from memsteer_dspy.signatures.propose import DESIGN_FIELDS, ProposeDesign, ProposeDesignChanges
+from memsteer_dspy.tokens import count_tokens
+
+# Kept importable from here: the proposer's inputs and outputs, and its grammar helpers.
+__all__ = [
+    "CHANGES_MAX_TOKENS", "DESIGN_FIELDS", "HISTORY_TOKENS", "MAX_RATIONALE_CHARS", "MAX_VALUE_CHARS",
+    "MIN_UNTRIED_FIELDS", "RATIONALE_TOKENS", "DesignProposer", "Proposal", "ProposalAttempt",
+    "ProposerAdapter", "RevisionEntry", "apply_changes", "changes_signature", "compact_design",
+    "design_diff", "design_space_schema", "excluded_values", "field_value_schema", "rejected_alone",
+    "render_history", "single_change", "tried_fields",
+]  # fmt: skip
 
 HISTORY_TOKENS = 900
-RATIONALE_TOKENS = 70
-
-
-def design_space_schema() -> str:
-    """The design-space schema the proposer reads: :class:`MemoryDesign`'s JSON schema, compact
-    (no titles, no indentation) so it fits a small model's context."""
-
-    def strip(node: Any) -> Any:
-        if isinstance(node, dict):
-            return {k: strip(v) for k, v in node.items() if k != "title"}
-        if isinstance(node, list):
-            return [strip(v) for v in node]
-        return node
-
-    return json.dumps(strip(design_json_schema()), separators=(",", ":"), ensure_ascii=False)
-
-
-def compact_design(design: MemoryDesign) -> str:
-    """A design as one-line JSON (what the proposer reads as the current design)."""
-    return json.dumps(design.model_dump(mode="json"), separators=(",", ":"), ensure_ascii=False)
-
-
-def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(obj, dict):
-        out: dict[str, Any] = {}
-        for k, v in obj.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: obj}
-
-
-def design_diff(before: MemoryDesign, after: MemoryDesign) -> list[str]:
-    """What changed, one ``path: old -> new`` per field (the name is not part of a design)."""
-    a, b = _flat(before.model_dump(mode="json")), _flat(after.model_dump(mode="json"))
-    out = []
-    for k in sorted(set(a) | set(b)):
-        if k == "name" or a.get(k) == b.get(k):
-            continue
-        out.append(f"{k}: {json.dumps(a.get(k))} -> {json.dumps(b.get(k))}")
-    return out
 
 
 class ProposerAdapter(dspy.JSONAdapter):
@@ -121,43 +107,6 @@ class ProposerAdapter(dspy.JSONAdapter):
         )
 
 
-class RevisionEntry(BaseModel):
-    """One earlier proposal as the proposer sees it in the revision history."""
-
-    iteration: int
-    status: str = Field(description="baseline, accepted, rejected, invalid, duplicate or failed.")
-    changes: list[str] = Field(default_factory=list)
-    score: str = ""
-    rationale: str = ""
-    note: str = ""
-    tried_alone: list[str] | None = Field(
-        None,
-        description="Fields whose single-field sub-change was screened (a rejected multi-field "
-        "proposal); None: not screened, so every changed field counts as tried.",
-    )
-    rejected_alone: list[tuple[str, Any]] = Field(
-        default_factory=list,
-        description="(field, value) changes this entry rejected on their own: a rejected "
-        "single-change proposal, or a rejected single-field sub-change screen (the tabu list).",
-    )
-
-    def render(self) -> str:
-        head = f"- iteration {self.iteration}: {self.status.upper()}"
-        if self.score:
-            head += f" ({self.score})"
-        lines = [head]
-        if self.changes:
-            lines.append("  changes: " + "; ".join(self.changes))
-        if self.rationale:
-            lines.append(
-                "  rationale: "
-                + truncate_to_tokens(self.rationale, RATIONALE_TOKENS).replace("\n", " ")
-            )
-        if self.note:
-            lines.append("  note: " + self.note)
-        return "\n".join(lines)
-
-
 def render_history(entries: list[RevisionEntry], max_tokens: int = HISTORY_TOKENS) -> str:
     """The revision history, newest last; the oldest entries are left out to fit ``max_tokens``
     (the baseline is always kept)."""
@@ -182,35 +131,6 @@ def render_history(entries: list[RevisionEntry], max_tokens: int = HISTORY_TOKEN
     return "\n".join(out)
 
 
-class ProposalAttempt(BaseModel):
-    """One call of the proposer LM within an iteration."""
-
-    kind: Literal["ok", "invalid", "duplicate", "error"]
-    error: str | None = None
-    duplicate_of: str | None = Field(
-        None, description="The earlier candidate it equals (e.g. 'iteration 3, rejected')."
-    )
-    design_key: str | None = None
-    rollout_id: int | None = None
-    temperature: float | None = None
-    seconds: float = 0.0
-    raw: str | None = Field(None, description="The reply, when it could not be parsed as a design.")
-    notes: list[str] = Field(default_factory=list)
-
-
-class Proposal(BaseModel):
-    """What the proposer produced in one iteration."""
-
-    status: Literal["ok", "invalid", "duplicate", "failed"]
-    design: MemoryDesign | None = None
-    rationale: str = ""
-    attempts: list[ProposalAttempt] = Field(default_factory=list)
-    error: str | None = None
-    search_params: dict[str, Any] | None = Field(
-        None, description="random/tpe: the sampled parameters and their distributions."
-    )
-
-
 # Below this many untried fields, exploration starts over with every field.
 MIN_UNTRIED_FIELDS = 4
 
@@ -231,31 +151,6 @@ def tried_fields(history: list[RevisionEntry]) -> set[str]:
     return tried
 
 
-def single_change(changes: list[str]) -> tuple[str, Any] | None:
-    """The one change a ``design_diff`` list makes, as (field, new value), when it changes one
-    field or one coupled group (a switch with its settings: the switch names it, e.g.
-    ``("store.unit", "window")`` for a window of any size); None for several changes or a line
-    that does not parse."""
-    from memsteer_dspy.optimize.search import COUPLED
-
-    new: dict[str, Any] = {}
-    for line in changes:
-        field, sep, rest = line.partition(": ")
-        _, arrow, value = rest.rpartition(" -> ")
-        if not sep or not arrow:
-            return None
-        try:
-            new[field.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            return None
-    groups = {next((g for g in COUPLED if f in g), (f,)) for f in new}
-    if len(groups) != 1:
-        return None
-    (group,) = groups
-    label = next(f for f in group if f in new)
-    return label, new[label]
-
-
 def rejected_alone(history: list[RevisionEntry]) -> dict[tuple[str, str], int]:
     """The tabu list: every (field, JSON value) change rejected on its own anywhere in the run,
     with the iteration that rejected it. A proposal that only repeats one of them is re-sampled
@@ -269,181 +164,6 @@ def rejected_alone(history: list[RevisionEntry]) -> dict[tuple[str, str], int]:
     return out
 
 
-def _with_value(design: MemoryDesign, path: str, value: Any) -> MemoryDesign | None:
-    """``design`` with one field set to ``value``; None when that is not a valid design."""
-    try:
-        return apply_changes(design, [DesignChange(field=path, value=json.dumps(value))])
-    except InputError:
-        return None
-
-
-def excluded_values(
-    current: MemoryDesign,
-    fields: tuple[str, ...] | list[str],
-    seen: dict[str, str],
-    pin: Callable[[MemoryDesign], MemoryDesign] = lambda d: d,
-    check: Callable[[MemoryDesign], None] | None = None,
-) -> dict[str, dict[str, list[Any]]]:
-    """For each choice field (an enum or a bool) of ``fields``, the values a "changes" grammar
-    leaves out, by reason: ``"scored"`` — set on their own in ``current`` they give a design
-    already scored in the run (a key in ``seen``: a step back to the parent, or any earlier
-    candidate); ``"unbuildable"`` — on their own they give an invalid design, or one ``check``
-    refuses here (a reranker with no model folder, an LM at retrieval time over the run's limit,
-    a missing extra). Measured on the shared RHELM run: after the section store was accepted the
-    embedded proposer spent a call on ``store.unit = record`` (the parent), and a whole iteration
-    on ``retrieve.rerank = cross_encoder`` with no reranker model on the machine."""
-    out: dict[str, dict[str, list[Any]]] = {"scored": {}, "unbuildable": {}}
-    for f in fields:
-        for v in field_value_schema(f, _current_value(current, f)).get("enum") or ():
-            design = _with_value(current, f, v)
-            reason = "unbuildable" if design is None else None
-            if design is not None:
-                design = pin(design)
-                if design.key() in seen:
-                    reason = "scored"
-                elif check is not None:
-                    try:
-                        check(design)
-                    except InputError:
-                        reason = "unbuildable"
-            if reason:
-                out[reason].setdefault(f, []).append(v)
-    return out
-
-
-# Longest free-text value a "changes" proposal may write (a model folder path, a query instruction)
-# and its rationale: a grammar-bound small model otherwise can loop inside one string or list until
-# max_tokens (measured: 443 s on one reply repeating "date", "author" inside store.fields).
-MAX_VALUE_CHARS = 200
-MAX_RATIONALE_CHARS = 400
-# Output tokens of one "changes" reply: four changes and a 400-character rationale need ~250.
-CHANGES_MAX_TOKENS = 600
-
-
-def _bounded(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` with every array and free string given an upper bound."""
-    schema = dict(schema)
-    if "anyOf" in schema:
-        schema["anyOf"] = [_bounded(s) for s in schema["anyOf"]]
-    if schema.get("type") == "array":
-        items = schema.get("items") or {}
-        schema["maxItems"] = len(items["enum"]) if "enum" in items else 16
-        schema["uniqueItems"] = True
-    elif schema.get("type") == "string" and "enum" not in schema:
-        schema.setdefault("maxLength", MAX_VALUE_CHARS)
-    return schema
-
-
-def field_value_schema(path: str, current: Any = None, avoid: Any = ()) -> dict[str, Any]:
-    """The JSON schema of one design field's value: its type, allowed values and bounds (arrays
-    and free strings bounded). With ``current`` (the field's value in the current design) a
-    choice field leaves that value out, so a grammar-bound proposer cannot write a change that
-    changes nothing (measured: 2 of 4 calls in one iteration re-proposed the current value).
-    A choice field also leaves out the values in ``avoid`` (the tabu list); ``"enum": []`` then
-    means no value is left to offer."""
-    from typing import Annotated
-
-    from pydantic import TypeAdapter
-
-    model: Any = MemoryDesign
-    *parents, last = path.split(".")
-    for part in parents:
-        model = model.model_fields[part].annotation
-    info = model.model_fields[last]
-    annotation = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
-    schema = TypeAdapter(annotation).json_schema()
-    schema.pop("title", None)
-    if path == "store.fields":  # the record text is always indexed (apply_changes adds it)
-        items = dict(schema["items"])
-        items["enum"] = [f for f in items["enum"] if f != "text"]
-        schema = {
-            **schema,
-            "items": items,
-            "description": "metadata fields indexed beside the text",
-        }
-    schema = _bounded(schema)
-    avoid = list(avoid)
-    if current is not None and isinstance(current, bool) and schema.get("type") == "boolean":
-        return {"type": "boolean", "enum": [v for v in [not current] if v not in avoid]}
-    if current is not None and "enum" in schema and current in schema["enum"]:
-        others = [v for v in schema["enum"] if v != current]
-        if others:
-            schema["enum"] = [v for v in others if v not in avoid]
-    elif "enum" in schema and avoid:
-        schema["enum"] = [v for v in schema["enum"] if v not in avoid]
-    return schema
-
-
-def _current_value(design: MemoryDesign, path: str) -> Any:
-    node: Any = design
-    for part in path.split("."):
-        node = getattr(node, part)
-    return node
-
-
-def changes_signature(
-    allowed: tuple[str, ...],
-    current: MemoryDesign | None = None,
-    avoid: dict[str, list[Any]] | None = None,
-) -> type[dspy.Signature]:
-    """:class:`ProposeDesignChanges` whose output schema offers only the ``allowed`` fields, each
-    with the type of its own value (one alternative per field: ``{"field": "store.window_size",
-    "value": <integer>}``), and asks for at least one change. A grammar-constrained LM can then
-    neither name another field nor write a value of the wrong type (measured before this: 17 of
-    20 embedded proposals were invalid, e.g. ``window_size = "strconv(2 * 3)"``). With
-    ``current``, a choice field offers only values other than the current one, and none of
-    ``avoid``'s values for that field (the tabu list). Lists, free strings
-    and the rationale are bounded. Parsing still accepts any design field and value (an API LM
-    that strays is told what was invalid)."""
-    from memsteer_dspy.supervision.limits import bounded_type
-
-    def value(f: str) -> dict[str, Any]:
-        cur = None if current is None else _current_value(current, f)
-        return field_value_schema(f, cur, (avoid or {}).get(f, ()))
-
-    items = {
-        "anyOf": [
-            {
-                "type": "object",
-                "properties": {"field": {"const": f}, "value": value(f)},
-                "required": ["field", "value"],
-            }
-            for f in allowed
-        ]
-    }
-    changes = bounded_type(list[DesignChange], "DesignChanges", minItems=1, maxItems=4, items=items)
-    rationale = bounded_type(str, "Rationale", maxLength=MAX_RATIONALE_CHARS)
-    return ProposeDesignChanges.with_updated_fields("changes", type_=changes).with_updated_fields(
-        "rationale", type_=rationale
-    )
-
-
-def apply_changes(current: MemoryDesign, changes: list[DesignChange]) -> MemoryDesign:
-    """``current`` with each change applied (values are JSON; a bare word is taken as a string).
-    Raises :class:`InputError` naming the field when the result is not a valid design."""
-    data = current.model_dump(mode="json")
-    for ch in changes:
-        try:
-            value = json.loads(ch.value)
-        except (json.JSONDecodeError, TypeError):
-            value = ch.value
-        node = data
-        *parents, last = ch.field.split(".")
-        for part in parents:
-            node = node[part]
-        if isinstance(node.get(last), list) and isinstance(value, str):
-            # a list field written as text: "text, author" (measured: the embedded proposer wrote
-            # list values this way in 2 of 3 invalid proposals)
-            value = [v.strip().strip("'\"") for v in value.strip("[]").split(",") if v.strip()]
-        if ch.field == "store.fields" and isinstance(value, list) and "text" not in value:
-            # the record text is always indexed; the grammar offers only the metadata fields
-            # (measured: 2 of 15 iterations of the shared RHELM run listed the metadata alone and
-            # were invalid twice over)
-            value = ["text", *value]
-        node[last] = value
-    return MemoryDesign.from_dict(data)
-
-
 def _validation_error(exc: Exception) -> tuple[str, str | None]:
     """A readable validation error for an unparseable reply, and the raw reply."""
     if isinstance(exc, InputError):
@@ -451,7 +171,6 @@ def _validation_error(exc: Exception) -> tuple[str, str | None]:
     raw = getattr(exc, "lm_response", None)
     if raw is None:
         return f"{type(exc).__name__}: {exc}", None
-    import json_repair
 
     try:
         data = json_repair.loads(raw)
@@ -579,7 +298,7 @@ class DesignProposer(dspy.Module):
                 f
                 for f in fields
                 if f not in avoid
-                or field_value_schema(f, _current_value(current, f), avoid[f]).get("enum") != []
+                or field_value_schema(f, current_value(current, f), avoid[f]).get("enum") != []
             ]
             fields = open_ if len(open_) >= MIN_UNTRIED_FIELDS else fields
         untried = tuple(f for f in fields if f not in exclude)
@@ -611,8 +330,6 @@ class DesignProposer(dspy.Module):
     ) -> Proposal:
         """Propose a revision of ``current``. ``seen`` maps the key of every earlier candidate to
         a label (``"iteration 3, rejected"``); ``iteration`` numbers the rollouts."""
-        import time
-
         seen = seen or {}
         extra: list[RevisionEntry] = []
         attempts: list[ProposalAttempt] = []
@@ -781,10 +498,6 @@ def _temperature(lm: Any) -> float | None:
 
 
 def _is_parse_error(exc: Exception) -> bool:
-    from dspy.utils.exceptions import AdapterParseError
-
-    from memsteer_dspy.errors import InputError
-
     return isinstance(exc, (AdapterParseError, InputError, ValueError)) and not _is_lm_error(exc)
 
 

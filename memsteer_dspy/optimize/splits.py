@@ -18,6 +18,7 @@ import random
 from pathlib import Path
 
 from memsteer_dspy.errors import InputError
+from memsteer_dspy.loaders.jsonl import read_qa_items
 from memsteer_dspy.records import QAItem
 
 TRAIN_FRACTION = 0.4
@@ -96,8 +97,6 @@ def carve_test(
 
 def read_supervision(folder: str | Path) -> tuple[list[QAItem], list[QAItem]]:
     """Read ``train.jsonl`` and ``val.jsonl`` from a supervision folder."""
-    from memsteer_dspy.loaders.jsonl import read_qa_items
-
     folder = Path(folder)
     out = []
     for name in ("train.jsonl", "val.jsonl"):

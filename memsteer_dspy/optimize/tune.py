@@ -28,15 +28,18 @@ from pydantic import BaseModel, Field
 from memsteer_dspy.errors import ConfigError, MissingExtraError
 from memsteer_dspy.memory.design import MemoryDesign
 from memsteer_dspy.memory.retriever import date_text
+from memsteer_dspy.memory.system import MemorySystem
 from memsteer_dspy.normalize import answers_match
 from memsteer_dspy.records import History, QAItem
 from memsteer_dspy.signatures.answer import AnswerFromMemory
+from memsteer_dspy.signatures.judge import JudgeAnswer
 from memsteer_dspy.signatures.query import (
     DecomposeQuestion,
     HypotheticalRecords,
     MultiQuery,
     RewriteQuery,
 )
+from memsteer_dspy.tracking import Tracker
 
 OPTIMIZERS = ("gepa", "mipro")
 QUERY_SIGNATURES = {"rewrite": RewriteQuery, "decompose": DecomposeQuestion, "hyde": HypotheticalRecords,
@@ -129,8 +132,6 @@ class CorrectnessMetric:
     """
 
     def __init__(self, judge_lm: Any = None, *, feedback: bool = False):
-        from memsteer_dspy.signatures.judge import JudgeAnswer
-
         self.judge = dspy.Predict(JudgeAnswer)
         self.judge.lm = judge_lm
         self.feedback = feedback
@@ -225,9 +226,6 @@ def tune_prompts(
 ) -> TuneResult:  # fmt: skip
     """Tune the answerer (and query-rewriter) prompts of ``design`` with GEPA or MIPROv2 on ``train``,
     selecting on ``val``; writes ``tuned_program.json``, ``instructions.json`` and ``result.json``."""
-    from memsteer_dspy.memory.system import MemorySystem
-    from memsteer_dspy.tracking import Tracker
-
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
     out = Path(out_dir)
