@@ -305,3 +305,13 @@ def test_generate_ends_with_the_steering_panel_when_there_is_a_reference(tmp_pat
     with sqlite3.connect(out / "mlflow.db") as db:
         names = {n for (n,) in db.execute("select key from latest_metrics")}
     assert "steering.delivered_recall.kendall_tau" in names or "steering.base_r10_generated" in names
+
+
+def test_the_accepted_mix_is_reported_beside_the_reference_s(demo):
+    from memsteer_dspy.supervision.steering import question_mix
+
+    items = demo.qa_items
+    mix = question_mix(items)
+    assert sum(mix["question_type"].values()) == pytest.approx(1.0, abs=1e-3)  # rounded shares
+    multi = sum(len(set(q.evidence_ids)) >= 2 for q in items) / len(items)
+    assert mix["evidence"]["2+"] == pytest.approx(multi, abs=1e-4) and 0 < multi < 1

@@ -52,6 +52,7 @@ __all__ = [
     "format_steering",
     "load_panel",
     "merge_patch",
+    "question_mix",
     "rank_agreement",
     "save_steering",
     "steering_metrics",
@@ -162,6 +163,11 @@ class SteeringReport(BaseModel):
         description="Group of generated items (e.g. 'validation') -> distinct panel scores on it "
         "(delivered recall): 1 means the group ties every design and cannot steer a choice.",
     )
+    mix: dict[str, dict[str, dict[str, float]]] = Field(
+        default_factory=dict,
+        description="'generated' / 'reference' -> 'question_type' / 'evidence' -> share of items "
+        "(evidence: '1' or '2+' records); the accepted mix beside the reference's.",
+    )
     resamples: int = RESAMPLES
     seed: int = 0
 
@@ -180,6 +186,7 @@ class SteeringReport(BaseModel):
             "lexical_gap": self.lexical_gap,
             "separated_designs": main.separated,
             "separated_in": self.separated_in,
+            "multi_record_share": self.mix.get("generated", {}).get("evidence", {}).get("2+", 0.0),
             "metric": main.metric,
         }
 
@@ -332,8 +339,21 @@ def assess_steering(
         reference_source=reference_source, protocol=protocol, panel=rows, agreement=agreement,
         base_r10_generated=g10, base_r10_reference=r10,
         lexical_gap=None if g10 is None or r10 is None else g10 - r10, separated_in=separated_in,
+        mix={"generated": question_mix(generated), "reference": question_mix(reference)},
         resamples=resamples, seed=seed,
     )  # fmt: skip
+
+
+def question_mix(items: Sequence[QAItem]) -> dict[str, dict[str, float]]:
+    """Shares of question types and of one- vs multi-record evidence among ``items``."""
+    n = len(items) or 1
+    types: dict[str, float] = {}
+    for q in items:
+        t = q.question_type or "unknown"
+        types[t] = types.get(t, 0.0) + 1 / n
+    multi = sum(len(set(q.evidence_ids)) >= 2 for q in items) / n
+    return {"question_type": {k: round(v, 4) for k, v in sorted(types.items())},
+            "evidence": {"1": round(1 - multi, 4), "2+": round(multi, 4)}}  # fmt: skip
 
 
 def _pct(v: float | None) -> str:
@@ -375,6 +395,10 @@ def format_steering(report: SteeringReport) -> str:
     for group, n in report.separated_in.items():
         lines.append(f"{group} items: {n} distinct delivered-recall scores across the panel"
                      + (" (they tie every design: nothing to steer a choice)" if n <= 1 else ""))  # fmt: skip
+    for side in ("generated", "reference"):
+        if m := report.mix.get(side):
+            kinds = ", ".join(f"{k} {100 * v:.0f}%" for k, v in m["question_type"].items())
+            lines.append(f"{side} mix: {kinds}; evidence of 2+ records {100 * m['evidence']['2+']:.0f}%")
     gap = report.lexical_gap
     lines.append(
         f"lexical easiness: Base-BM25 R@10 {_pct(report.base_r10_generated).strip()} on the generated "
