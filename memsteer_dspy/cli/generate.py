@@ -12,6 +12,7 @@ import typer
 
 from memsteer_dspy.cli.common import HistoryArgs, cli_errors, echo_json, history_options, lm_options
 from memsteer_dspy.errors import InputError
+from memsteer_dspy.runfolder import check_not_inputs
 
 PROFILES = ("auto", "small", "full")
 
@@ -219,6 +220,7 @@ def generate(
     bundle_config, chosen = _bundle_config(
         profile, lm_config, budget, record_token_cap, steer_by_yield, yield_power, anchored
     )
+    check_not_inputs(out, [history.path])
     loaded = history.load()
     config = GenerationConfig(
         n=n, max_candidates=max_candidates, time_budget_s=time_budget, method=method, checks=checks,
@@ -300,6 +302,7 @@ def assess(
     if not supervision and not fidelity:
         raise InputError("nothing to assess", field="--supervision",
                          hint="pass --supervision <generate output folder> (repeatable) and/or --fidelity")  # fmt: skip
+    check_not_inputs(out, [history.path, *(supervision or ())])
     loaded = history.load()
     report: dict = {"user": loaded.history.user_id, "lm": lm_config.describe()}
     lines: list[str] = []

@@ -40,6 +40,7 @@ Output folder (everything needed to resume; a rerun continues from the last fini
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -1020,8 +1021,11 @@ class MemSteerOpt:
             status = "KILLED"
             raise
         finally:
-            self._save_usage()
-            self._finish(status)
+            try:
+                self._save_usage()
+                self._finish(status)
+            finally:
+                self.folder.close()
 
     def _state_for(self, entry: TrajectoryEntry) -> _TrainState:
         if entry.iteration not in self._states:
@@ -1395,6 +1399,15 @@ def _item_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+!|~])")
+
+
+def md_text(text: str) -> str:
+    """``text`` as literal Markdown inline text: its markup characters escaped, newlines folded
+    (a user id such as ``<img src=x>`` or ``*x*`` shows as written, and stays in its heading)."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
+
+
 def _pct(v: float | None) -> str:
     return "–" if v is None else f"{100 * v:.1f}"
 
@@ -1425,7 +1438,7 @@ def render_summary(
     base, best = entries[0], best_of(entries)
     total = entries[-1].cost_total
     lines = [
-        f"# MemSteer-Opt: {history.user_id}",
+        f"# MemSteer-Opt: {md_text(history.user_id)}",
         "",
         f"- history fingerprint `{history.fingerprint}`, {len(history)} records",
         f"- supervision: {settings.get('n_train')} train / {settings.get('n_val')} val items",
