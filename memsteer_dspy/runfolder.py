@@ -416,6 +416,18 @@ def _refuse_foreign(path: Path, *, restart: bool, legacy_files: Iterable[str]) -
         )  # fmt: skip
 
 
+def _same_run(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The folder's state when it holds this run (None when it holds no run yet); a run under
+    another key is a :class:`RunMismatchError`."""
+    state = _state_of(path)
+    if state is None:
+        return None
+    diffs = _differences(state["key"], key)
+    if diffs:
+        raise RunMismatchError(path, diffs)
+    return state
+
+
 def lock_folder(path: Path) -> Any:
     """Take the folder's writer lock without waiting (:class:`FolderBusyError` if another process
     holds it). Re-entrant within a process; released by ``.release()`` or when the process ends."""
@@ -471,11 +483,15 @@ class RunFolder:
         if path.exists() and not path.is_dir():
             raise InputError("the output folder is a file", file=path, field="--out",
                              hint="pass an --out folder that does not exist yet, or a run folder to resume")  # fmt: skip
-        _refuse_foreign(path, restart=restart, legacy_files=legacy_files)  # before writing anything
+        # checked before anything is written (a refusal leaves the folder as it was), and again
+        # under the lock (another run may have changed it meanwhile)
+        _refuse_foreign(path, restart=restart, legacy_files=legacy_files)
+        if not restart:
+            _same_run(path, key)
         path.mkdir(parents=True, exist_ok=True)
         lock = lock_folder(path)
         try:
-            _refuse_foreign(path, restart=restart, legacy_files=legacy_files)  # as it is now, locked
+            _refuse_foreign(path, restart=restart, legacy_files=legacy_files)
             if restart:
                 for child in path.iterdir():
                     if child.name == LOCK_FILE:
@@ -484,15 +500,7 @@ class RunFolder:
                         shutil.rmtree(child)
                     else:
                         child.unlink()
-            key_path = path / KEY_FILE
-            if key_path.exists():
-                state = _state_of(path)
-                assert state is not None  # _refuse_foreign let only a run folder through
-                diffs = _differences(state["key"], key)
-                if diffs:
-                    raise RunMismatchError(path, diffs)
-            else:
-                state = {"key": key}
+            state = _same_run(path, key) or {"key": key}
             if extra:
                 state.update({k: v for k, v in extra.items() if k not in ("key", "sessions")})
             folder = cls(path, key, state, lock)
