@@ -35,7 +35,9 @@ def _history_folder(tmp_path: Path, name: str = "hist") -> Path:
     """A copy of a small history with its official QA (records.jsonl + qa.jsonl)."""
     folder = tmp_path / name
     folder.mkdir()
-    (folder / "records.jsonl").write_text("".join(r.model_dump_json() + "\n" for r in small_history().records))
+    (folder / "records.jsonl").write_text(
+        "".join(r.model_dump_json() + "\n" for r in small_history().records)
+    )
     (folder / "qa.jsonl").write_text("".join(q.to_json() + "\n" for q in small_qa()))
     return folder
 
@@ -46,7 +48,9 @@ def _evaluate(path: Path, out: Path, *extra: str):
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,10 +236,14 @@ def test_two_identical_optimize_runs_one_proceeds_and_the_folder_resumes(tmp_pat
     assert sorted(c for c, _ in results) == [0, 2], results
     refused = next(o for c, o in results if c == 2)
     assert "is writing to this run folder" in refused and "Traceback" not in refused
-    assert [json.loads(x)["iteration"] for x in (out / "trajectory.jsonl").read_text().splitlines()] == [0, 1]
+    assert [
+        json.loads(x)["iteration"] for x in (out / "trajectory.jsonl").read_text().splitlines()
+    ] == [0, 1]
     res = _cli(*args[:-5], "--iterations", "2", "--no-cache", "--out", out)  # the folder resumes
     assert res.exit_code == 0, res.output
-    assert [json.loads(x)["iteration"] for x in (out / "trajectory.jsonl").read_text().splitlines()] == [0, 1, 2]
+    assert [
+        json.loads(x)["iteration"] for x in (out / "trajectory.jsonl").read_text().splitlines()
+    ] == [0, 1, 2]
 
 
 def test_a_busy_folder_names_the_holder_and_frees_on_close(tmp_path):
@@ -268,9 +276,24 @@ def test_folder_busy_error_reads_as_one_message():
 def test_mixed_offsets_and_naive_timestamps_ingest_as_utc(tmp_path):
     path = tmp_path / "h.jsonl"
     rows = [
-        {"id": "a", "kind": "note", "text": "A.", "timestamp": "2024-03-01T10:00:00+02:00"},  # 08:00 UTC
-        {"id": "b", "kind": "note", "text": "B.", "timestamp": "2024-03-01T09:00:00"},  # naive = UTC
-        {"id": "c", "kind": "note", "text": "C.", "timestamp": "2024-02-29T23:30:00-01:00"},  # 00:30 UTC
+        {
+            "id": "a",
+            "kind": "note",
+            "text": "A.",
+            "timestamp": "2024-03-01T10:00:00+02:00",
+        },  # 08:00 UTC
+        {
+            "id": "b",
+            "kind": "note",
+            "text": "B.",
+            "timestamp": "2024-03-01T09:00:00",
+        },  # naive = UTC
+        {
+            "id": "c",
+            "kind": "note",
+            "text": "C.",
+            "timestamp": "2024-02-29T23:30:00-01:00",
+        },  # 00:30 UTC
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     res = _cli("ingest", "--format", "jsonl", "--path", path, "--json")
@@ -395,7 +418,9 @@ def test_evaluate_reads_the_train_jsonl_generate_writes(tmp_path):
     train = tmp_path / "gen" / "train.jsonl"
     train.parent.mkdir()
     train.write_text(_generated_lines(small_qa()))
-    assert "facts" in json.loads(train.read_text().splitlines()[0])  # the top-level field generate writes
+    assert "facts" in json.loads(
+        train.read_text().splitlines()[0]
+    )  # the top-level field generate writes
     res = _cli("evaluate", "--format", "jsonl", "--path", hist, "--qa", train, "--metrics", "recall",
                "--no-cache", "--json")  # fmt: skip
     assert res.exit_code == 0, res.output

@@ -64,7 +64,9 @@ def _mutate(base: st.SearchStrategy[dict]) -> st.SearchStrategy[dict]:
                 del obj[key]
             else:
                 obj[key] = draw(json_values)
-        for key, value in draw(st.dictionaries(st.text(max_size=8), json_values, max_size=2)).items():
+        for key, value in draw(
+            st.dictionaries(st.text(max_size=8), json_values, max_size=2)
+        ).items():
             obj[key] = value
         return obj
 
@@ -240,7 +242,9 @@ def test_evaluate_recall_on_generated_inputs_exits_0_or_2(records, qa, design, o
     assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
     if res.exit_code == 2:
         assert res.output.startswith("error: ") and "Traceback" not in res.output
-        shutil.rmtree(_DIR / "cli-out", ignore_errors=True)  # a refused run may leave a foreign folder
+        shutil.rmtree(
+            _DIR / "cli-out", ignore_errors=True
+        )  # a refused run may leave a foreign folder
 
 
 # --------------------------------------------------------------------------------------------
@@ -253,7 +257,10 @@ def _system() -> MemorySystem:
 
 
 def _scores(report) -> list[tuple]:
-    return [(r.qa_id, r.recall_at_1, r.recall_at_5, r.recall_at_10, r.delivered_recall, r.error) for r in report.items]
+    return [
+        (r.qa_id, r.recall_at_1, r.recall_at_5, r.recall_at_10, r.delivered_recall, r.error)
+        for r in report.items
+    ]
 
 
 _CLEAN = None
@@ -262,13 +269,19 @@ _CLEAN = None
 def _clean():
     global _CLEAN
     if _CLEAN is None:
-        _CLEAN = _scores(evaluate_design(_system(), small_qa(), metrics="recall", out_dir=_DIR / "clean"))
+        _CLEAN = _scores(
+            evaluate_design(_system(), small_qa(), metrics="recall", out_dir=_DIR / "clean")
+        )
     return _CLEAN
 
 
 @SLOW
-@given(stop_after=st.integers(0, len(small_qa())), torn=st.integers(0, 400), drop_summary=st.booleans())
-def test_a_run_stopped_anywhere_resumes_to_the_clean_result(monkeypatch_module, stop_after, torn, drop_summary):
+@given(
+    stop_after=st.integers(0, len(small_qa())), torn=st.integers(0, 400), drop_summary=st.booleans()
+)
+def test_a_run_stopped_anywhere_resumes_to_the_clean_result(
+    monkeypatch_module, stop_after, torn, drop_summary
+):
     import memsteer_dspy.evaluation as ev
 
     out = _DIR / "resumed"
@@ -297,7 +310,9 @@ def test_a_run_stopped_anywhere_resumes_to_the_clean_result(monkeypatch_module, 
         (out / "summary.json").unlink(missing_ok=True)
     resumed = evaluate_design(_system(), small_qa(), metrics="recall", out_dir=out)
     assert _scores(resumed) == _clean()
-    assert [json.loads(x)["qa_id"] for x in log.read_text().splitlines()] == [q.id for q in small_qa()]
+    assert [json.loads(x)["qa_id"] for x in log.read_text().splitlines()] == [
+        q.id for q in small_qa()
+    ]
 
 
 @pytest.fixture(scope="module")
