@@ -88,7 +88,7 @@ def evaluate(
     ] = None,
     restart: Annotated[
         bool,
-        typer.Option("--restart", help="Empty the --out folder and start over instead of resuming."),
+        typer.Option("--restart", help="Empty the --out run folder (never a folder of your own: it is refused) and start over instead of resuming."),
     ] = False,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (the summary) instead of a table.")

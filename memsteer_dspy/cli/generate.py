@@ -191,7 +191,7 @@ def generate(
         bool,
         typer.Option(
             "--restart",
-            help="Empty the --out folder and start over (a rerun otherwise resumes, and only with the "
+            help="Empty the --out run folder (never a folder of your own: it is refused) and start over (a rerun otherwise resumes, and only with the "
             "same history, method, seed, checks, bundle settings and LMs).",
         ),
     ] = False,

@@ -219,7 +219,7 @@ def optimize(
         bool,
         typer.Option(
             "--restart",
-            help="Empty the --out folder and start over (a rerun otherwise resumes, and only with the same "
+            help="Empty the --out run folder (never a folder of your own: it is refused) and start over (a rerun otherwise resumes, and only with the same "
             "history, protocol, initial design, train/val/test items, LMs, objective, search, accept rule, "
             "seed and other options; --iterations and --threads may change).",
         ),
