@@ -171,19 +171,26 @@ _CONTENDER = textwrap.dedent(
     from memsteer_dspy.runfolder import FolderBusyError, RunFolder, run_key
 
     folder, go, ready = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+    side, other = sys.argv[4], {"a": "b", "b": "a"}[sys.argv[4]]
+    tried = lambda s: ready.with_name(ready.name.rsplit("-", 1)[0].replace("ready", "tried") + "-" + s)
     ready.write_text("")
     while not go.exists():
         time.sleep(0.005)
     try:
-        run = RunFolder.open(folder, run_key("evaluate", options={"design": sys.argv[4]}))
+        run = RunFolder.open(folder, run_key("evaluate", options={"design": side}))
     except FolderBusyError as exc:
+        tried(side).write_text("")
         print(json.dumps({"busy": str(exc)}))
         sys.exit(3)
     except Exception as exc:
+        tried(side).write_text("")
         print(json.dumps({"other": f"{type(exc).__name__}: {exc}"}))
         sys.exit(4)
+    tried(side).write_text("")
     run.log("items.jsonl").append({"writer": os.getpid()})
-    time.sleep(1.5)  # hold the folder while the other starts
+    deadline = time.monotonic() + 60
+    while not tried(other).exists() and time.monotonic() < deadline:
+        time.sleep(0.005)  # hold the folder until the other has tried, however slow the machine
     run.close()
     print(json.dumps({"ok": os.getpid()}))
     """
