@@ -49,6 +49,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -58,6 +59,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from memsteer_dspy.errors import InputError
 
@@ -363,8 +365,34 @@ def check_not_inputs(
             )  # fmt: skip
 
 
+_SECRET_FLAG = re.compile(r"key|token|secret|passw", re.I)
+
+
+def _redacted(arg: str, after: str) -> str:
+    """One command-line word as the lock file may show it: a value of a secret-looking flag
+    hidden, a URL's ``user:password@`` removed."""
+    flag, eq, value = arg.partition("=")
+    if eq and flag.startswith("-") and _SECRET_FLAG.search(flag):
+        return f"{flag}=***"
+    if after.startswith("-") and "=" not in after and _SECRET_FLAG.search(after):
+        return "***"
+    if "://" in arg and "@" in arg:
+        try:
+            parts = urlsplit(value if eq else arg)
+        except ValueError:
+            return "***"
+        if parts.username is not None or parts.password is not None:
+            host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+            url = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+            return f"{flag}={url}" if eq else url
+    return arg
+
+
 def _command_line() -> str:
-    argv = [Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python", *sys.argv[1:]]
+    """This process's command line for the lock file and a refused writer's message (no secrets)."""
+    args = sys.argv[1:]
+    argv = [Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python",
+            *(_redacted(a, args[i - 1] if i else "") for i, a in enumerate(args))]  # fmt: skip
     text = shlex.join(argv)
     return text if len(text) <= 300 else text[:297] + "..."
 

@@ -269,6 +269,19 @@ def test_a_busy_folder_names_the_holder_and_frees_on_close(tmp_path):
     assert res.returncode == 0, res.stderr
 
 
+def test_the_lock_file_holds_no_secret_of_the_command_line(monkeypatch):
+    from memsteer_dspy.runfolder import _command_line
+
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/memsteer", "evaluate", "--api-base", "http://me:s3cret@host:8080/v1",
+                                      "--api-key", "sk-live-123", "--token=abc", "--out", "runs/x"])  # fmt: skip
+    line = _command_line()
+    assert "s3cret" not in line and "sk-live-123" not in line and "abc" not in line
+    assert (
+        line.startswith("memsteer evaluate --api-base http://host:8080/v1")
+        and "--out runs/x" in line
+    )
+
+
 def test_folder_busy_error_reads_as_one_message():
     exc = FolderBusyError(Path("runs/x"), {"pid": 42, "command": "memsteer optimize --out runs/x"})
     assert isinstance(exc, InputError)
