@@ -258,7 +258,8 @@ class EvaluationSummary(MetricSummary):
         0, description="Items with at least one unresolved evidence id (recall uses the rest)."
     )
     no_evidence: int = Field(
-        0, description="Items with no evidence ids: counted in n (and in accuracy), left out of "
+        0,
+        description="Items with no evidence ids: counted in n (and in accuracy), left out of "
         "the recall means, which are over the items with evidence.",
     )
     seconds: float = 0.0
@@ -538,7 +539,9 @@ def _finished_items(folder: RunFolder, items: list[QAItem]) -> dict[str, ItemRes
             others.setdefault(r.qa_id, None)
             continue
         if r.qa_hash != hashes[r.qa_id]:
-            raise RunMismatchError(folder.path, [(f"qa[{r.qa_id}]", r.qa_hash or "(no hash)", hashes[r.qa_id])])
+            raise RunMismatchError(
+                folder.path, [(f"qa[{r.qa_id}]", r.qa_hash or "(no hash)", hashes[r.qa_id])]
+            )
         if r.error is None:
             done[r.qa_id] = r
     if others:

@@ -436,7 +436,11 @@ def _refuse_foreign(path: Path, *, restart: bool, legacy_files: Iterable[str]) -
         )  # fmt: skip
     names = _contents(path)
     if names:
-        what = "--restart empties only a run folder" if restart else "a run starts only in a new or empty folder, or resumes a run folder"
+        what = (
+            "--restart empties only a run folder"
+            if restart
+            else "a run starts only in a new or empty folder, or resumes a run folder"
+        )
         raise InputError(
             f"{path} is not a memsteer run folder ({reason}) and holds {_listing(names)}; {what}, "
             "so nothing was deleted or written", file=path, field="--out",

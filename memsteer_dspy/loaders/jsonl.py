@@ -161,7 +161,9 @@ def _qa_item(obj: Any, path: Path, n: int, fields: set[str]) -> QAItem:
     if extra:
         meta = core.get("metadata")
         if meta is not None and not isinstance(meta, dict):
-            raise InputError("metadata must be a JSON object", file=path, line=n, field="metadata", record=qa_id)
+            raise InputError(
+                "metadata must be a JSON object", file=path, line=n, field="metadata", record=qa_id
+            )
         core["metadata"] = {**extra, **(meta or {})}
     try:
         return QAItem.model_validate(core)

@@ -92,7 +92,9 @@ def instance_loaded(inst: dict[str, Any], path: Path, on_error: str = "raise") -
                          field="haystack_sessions")  # fmt: skip
     dates = inst.get("haystack_dates") or [None] * len(session_ids)
     if not isinstance(dates, list):
-        raise InputError("haystack_dates must be a list", file=path, record=qid, field="haystack_dates")
+        raise InputError(
+            "haystack_dates must be a list", file=path, record=qid, field="haystack_dates"
+        )
     if not (len(sessions) == len(session_ids) == len(dates)):
         raise InputError(
             f"{len(session_ids)} session ids, {len(sessions)} sessions and {len(dates)} dates: they must match",
