@@ -388,7 +388,9 @@ def evaluation_key(
     """The same-run key of an evaluation (see :mod:`memsteer_dspy.runfolder`): history, protocol,
     design, metrics and the LMs whose answers enter the scores. QA content is checked per item
     (each result carries its item's ``qa_hash``), so a run resumed with more items (a larger
-    ``--limit``) continues, and an item whose content changed is an error, never reused."""
+    ``--limit``) continues, one with fewer items is refused (``qa_items``: it would rewrite
+    ``items.jsonl`` without the others), and an item whose content changed is an error, never
+    reused."""
     design = system.design
     lms: dict[str, Any] = {}
     if design.lm_uses(answering=metrics == "all"):
