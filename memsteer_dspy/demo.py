@@ -528,11 +528,12 @@ class _Progress:
         )
 
 
-def _check_folder(out: Path, identity: dict[str, Any], *, restart: bool = False) -> None:
+def _check_folder(out: Path, identity: dict[str, Any], *, restart: bool = False) -> RunFolder:
     """The demo's same-run check, through the run-folder layer: a folder holding a demo with
-    other settings (size, LMs, history) is a RunMismatchError naming them; ``restart`` empties it."""
-    RunFolder.open(out, run_key("demo", options=identity), restart=restart,
-                   legacy_files=(SETTINGS_FILE,)).save()  # fmt: skip
+    other settings (size, LMs, history) is a RunMismatchError naming them; ``restart`` empties it.
+    The returned folder holds the writer lock until it is closed."""
+    return RunFolder.open(out, run_key("demo", options=identity), restart=restart,
+                          legacy_files=(SETTINGS_FILE,))  # fmt: skip
 
 
 def run_demo(
@@ -578,7 +579,7 @@ def run_demo(
     history = loaded.history
     described = lm_config.describe()
     identity = {**settings.identity(), "lm": described, "history_fingerprint": history.fingerprint}
-    _check_folder(out, identity, restart=restart)
+    folder = _check_folder(out, identity, restart=restart)  # held (one writer) until the demo ends
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(cache_dir).expanduser() if cache_dir is not None else out / "indexes"
     if tracking:
@@ -641,6 +642,7 @@ def run_demo(
     result.seconds = round(time.perf_counter() - t_start, 1)
     _save(out, identity, result)
     write_atomic(out / RESULTS_FILE, _results_md(result))
+    folder.close()
     return result
 
 

@@ -31,7 +31,6 @@ history are left out of recall and listed in the summary's ``unresolved_evidence
 from __future__ import annotations
 
 import contextvars
-import json
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -258,6 +257,11 @@ class EvaluationSummary(MetricSummary):
     unresolved_items: int = Field(
         0, description="Items with at least one unresolved evidence id (recall uses the rest)."
     )
+    no_evidence: int = Field(
+        0,
+        description="Items with no evidence ids: counted in n (and in accuracy), left out of "
+        "the recall means, which are over the items with evidence.",
+    )
     seconds: float = 0.0
 
 
@@ -384,7 +388,9 @@ def evaluation_key(
     """The same-run key of an evaluation (see :mod:`memsteer_dspy.runfolder`): history, protocol,
     design, metrics and the LMs whose answers enter the scores. QA content is checked per item
     (each result carries its item's ``qa_hash``), so a run resumed with more items (a larger
-    ``--limit``) continues, and an item whose content changed is an error, never reused."""
+    ``--limit``) continues, one with fewer items is refused (``qa_items``: it would rewrite
+    ``items.jsonl`` without the others), and an item whose content changed is an error, never
+    reused."""
     design = system.design
     lms: dict[str, Any] = {}
     if design.lm_uses(answering=metrics == "all"):
@@ -462,13 +468,11 @@ def evaluate_design(
             evaluation_key(system, metrics=metrics, protocol=protocol, judge_lm=judge_lm, options=key_options),
             restart=restart or not resume, legacy_files=("items.jsonl", "summary.json"),
         )  # fmt: skip
-        hashes = {q.id: qa_content_hash([q]) for q in items}
-        for obj in folder.log("items.jsonl").read():
-            r = ItemResult.model_validate(obj)
-            if r.qa_id in hashes and r.qa_hash != hashes[r.qa_id]:
-                raise RunMismatchError(folder.path, [(f"qa[{r.qa_id}]", r.qa_hash or "(no hash)", hashes[r.qa_id])])
-            if r.error is None and r.qa_id in hashes:
-                done[r.qa_id] = r
+        try:
+            done = _finished_items(folder, items)
+        except BaseException:
+            folder.close()
+            raise
     todo = [q for q in items if q.id not in done]
     lock = threading.Lock()
     results: dict[str, ItemResult] = dict(done)
@@ -484,14 +488,19 @@ def evaluate_design(
     def run(q: QAItem) -> ItemResult:
         return evaluate_item(system, q, metrics=metrics, judge=judge, protocol=protocol)
 
-    if threads <= 1:
-        for q in todo:
-            finish(run(q))
-    else:
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            futures = [pool.submit(contextvars.copy_context().run, run, q) for q in todo]
-            for fut in as_completed(futures):
-                finish(fut.result())
+    try:
+        if threads <= 1:
+            for q in todo:
+                finish(run(q))
+        else:
+            with ThreadPoolExecutor(max_workers=threads) as pool:
+                futures = [pool.submit(contextvars.copy_context().run, run, q) for q in todo]
+                for fut in as_completed(futures):
+                    finish(fut.result())
+    except BaseException:
+        if folder is not None:
+            folder.close()
+        raise
 
     ordered = [results[q.id] for q in items]
     overall = summarize_items(ordered, metrics)
@@ -504,6 +513,7 @@ def evaluate_design(
         by_type={t: summarize_items(rs, metrics) for t, rs in sorted(by_type.items())},
         unresolved_evidence=unresolved_evidence(system.user_history, items),
         unresolved_items=sum(bool(r.unresolved_evidence) for r in ordered),
+        no_evidence=sum(not r.evidence_ids for r in ordered),
         seconds=round(time.perf_counter() - t0, 3),
     )  # fmt: skip
     report = EvaluationReport(summary=summary, items=ordered)
@@ -513,8 +523,37 @@ def evaluate_design(
         folder.write_text("design.json", system.design.to_json() + "\n")
         if usage is not None:
             folder.add_usage(usage())
-        folder.save()
+        folder.close()
     return report
+
+
+def _finished_items(folder: RunFolder, items: list[QAItem]) -> dict[str, ItemResult]:
+    """The folder's finished results for ``items`` (failed ones are retried). A result whose item
+    changed is a :class:`RunMismatchError` (``qa[<id>]``); so is a folder holding results for items
+    this run does not have (a smaller ``--limit``, a shorter QA file): finishing would rewrite
+    ``items.jsonl`` without them, so such a run is a different run, refused with nothing changed."""
+    hashes = {q.id: qa_content_hash([q]) for q in items}
+    done: dict[str, ItemResult] = {}
+    others: dict[str, None] = {}
+    for obj in folder.log("items.jsonl").read():
+        r = ItemResult.model_validate(obj)
+        if r.qa_id not in hashes:
+            others.setdefault(r.qa_id, None)
+            continue
+        if r.qa_hash != hashes[r.qa_id]:
+            raise RunMismatchError(
+                folder.path, [(f"qa[{r.qa_id}]", r.qa_hash or "(no hash)", hashes[r.qa_id])]
+            )
+        if r.error is None:
+            done[r.qa_id] = r
+    if others:
+        names = list(others)
+        shown = ", ".join(repr(n) for n in names[:3]) + (" ..." if len(names) > 3 else "")
+        raise RunMismatchError(folder.path, [(
+            "qa_items", f"results for {len(names)} item(s) this run does not have ({shown})",
+            f"{len(items)} item(s); a smaller --limit or a shorter QA file is a different run",
+        )])  # fmt: skip
+    return done
 
 
 # --------------------------------------------------------------------------------------------
@@ -522,39 +561,19 @@ def evaluate_design(
 # --------------------------------------------------------------------------------------------
 
 
-def read_qa_jsonl(path: str | Path) -> list[QAItem]:
-    """QA items from a JSONL file written by ``QAItem.model_dump_json()`` (one item a line)."""
+def read_qa_jsonl(
+    path: str | Path, *, on_error: str = "raise", skipped: list[Any] | None = None
+) -> list[QAItem]:
+    """QA items of a JSONL file: plain QAItem lines or the train/val.jsonl ``memsteer generate``
+    writes; the one QA reader, :func:`memsteer_dspy.loaders.jsonl.read_qa_items`."""
+    from memsteer_dspy.loaders.jsonl import read_qa_items
+
     path = Path(path)
     if not path.is_file():
         raise InputError(
             "QA file not found", file=path, hint="pass --qa official or the path of a QA JSONL file"
         )
-    items = []
-    seen: set[str] = set()
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"not valid JSON: {exc.msg}", file=path, line=n) from None
-            try:
-                item = QAItem.model_validate(obj)
-            except Exception as exc:
-                errs = getattr(exc, "errors", lambda: [])()
-                field = ".".join(str(p) for p in errs[0]["loc"]) if errs else None
-                msg = errs[0]["msg"] if errs else str(exc)
-                raise InputError(
-                    msg, file=path, line=n, field=field,
-                    record=obj.get("id") if isinstance(obj, dict) else None,
-                    hint="each line must be one QAItem as QAItem.model_dump_json() writes it",
-                ) from None  # fmt: skip
-            if item.id in seen:
-                raise InputError(f"duplicate QA id {item.id!r}", file=path, line=n, record=item.id)
-            seen.add(item.id)
-            items.append(item)
-    return items
+    return read_qa_items(path, on_error=on_error, skipped=skipped)
 
 
 # --------------------------------------------------------------------------------------------
@@ -618,7 +637,7 @@ def evaluate_instances(
         by_type.setdefault(r.question_type or "unknown", []).append(r)
     summary = EvaluationSummary(
         **overall.model_dump(), design_key=design.key(), design_name=design.name, metrics=metrics,
-        protocol=protocol, user=f"{users} instances",
+        protocol=protocol, user=f"{users} instances", no_evidence=sum(not r.evidence_ids for r in pooled),
         by_type={t: summarize_items(rs, metrics) for t, rs in sorted(by_type.items())},
         seconds=round(time.perf_counter() - t0, 3),
     )  # fmt: skip

@@ -17,7 +17,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from enum import StrEnum
 from functools import cached_property
 from typing import Any, Literal
@@ -216,16 +216,23 @@ class Record(BaseModel):
         return None
 
 
+def utc_naive(ts: datetime) -> datetime:
+    """The one rule for comparing times: a naive timestamp is UTC, and one with an offset is
+    converted to UTC; both are then compared as naive UTC. A history may mix the two (sorting,
+    ``as_of`` cut-offs, date ranges and question dates all go through here); the record keeps its
+    timestamp as given."""
+    return ts.astimezone(UTC).replace(tzinfo=None) if ts.tzinfo else ts
+
+
 def _as_datetime(value: date | datetime | str) -> datetime:
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
     if isinstance(value, datetime):
-        return value.replace(tzinfo=None) if value.tzinfo else value
+        return utc_naive(value)
     return datetime(value.year, value.month, value.day)
 
 
-def _naive(ts: datetime) -> datetime:
-    return ts.replace(tzinfo=None) if ts.tzinfo else ts
+_naive = utc_naive
 
 
 class History:
@@ -361,7 +368,7 @@ class History:
         return self._fingerprint
 
     def stats(self) -> dict[str, Any]:
-        dated = [r.timestamp for r in self._records if r.timestamp is not None]
+        dated = [utc_naive(r.timestamp) for r in self._records if r.timestamp is not None]
         return {
             "user": self.user_id,
             "records": len(self._records),

@@ -15,7 +15,16 @@ It provides, once:
   that changes a result (history fingerprint, protocol, design key, metrics, QA content hash, the
   LM identities of LM-using stages, code-relevant options). Opening a folder whose key differs
   raises :class:`RunMismatchError` naming each differing field with both values; it never reuses
-  another run's results. ``restart=True`` (CLI ``--restart``) empties the folder and starts over;
+  another run's results. ``restart=True`` (CLI ``--restart``) empties the folder and starts over
+  — only a folder that is a run folder (its ``run.json`` holds a run's key: :func:`is_run_folder`);
+  a folder holding anything else is refused, never emptied, and so is a run into a non-empty folder
+  that is not a run folder;
+* **one writer per folder**: :meth:`RunFolder.open` takes an OS lock (``filelock``, ``flock`` on
+  POSIX) on ``.memsteer.lock`` in the folder and holds it until :meth:`RunFolder.close` (or the
+  process ends, however it ends); a second process opening the folder meanwhile gets a
+  :class:`FolderBusyError` naming the holder's PID and command line;
+* **inputs are never outputs** (:func:`check_not_inputs`): an output folder that is, holds or lies
+  inside one of the command's inputs is refused before anything is written;
 * **a usage ledger**: each session (one invocation) is appended to ``run.json`` with its start
   time, wall seconds and LM usage by role, so a resumed run's cost is the sum over its sessions.
 
@@ -40,21 +49,29 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shlex
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from memsteer_dspy.errors import InputError
 
 __all__ = [
     "KEY_FILE",
+    "LOCK_FILE",
+    "FolderBusyError",
     "JsonlLog",
     "RunFolder",
     "RunMismatchError",
+    "check_not_inputs",
+    "is_run_folder",
     "lm_identity",
     "qa_content_hash",
     "run_key",
@@ -63,6 +80,7 @@ __all__ = [
 ]
 
 KEY_FILE = "run.json"
+LOCK_FILE = ".memsteer.lock"
 
 
 # --------------------------------------------------------------------------------------------
@@ -266,10 +284,200 @@ def _differences(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, A
     return [] if old == new else [(prefix or "key", old, new)]
 
 
+# --------------------------------------------------------------------------------------------
+# what may be written, and by whom
+# --------------------------------------------------------------------------------------------
+
+
+class FolderBusyError(InputError):
+    """Another process holds the run folder's lock: one writer per run folder."""
+
+    def __init__(self, folder: Path, holder: Mapping[str, Any] | None):
+        self.holder = dict(holder or {})
+        who = "another process"
+        if self.holder.get("pid"):
+            who = f"process {self.holder['pid']}"
+            if self.holder.get("command"):
+                who += f" ({self.holder['command']})"
+            if self.holder.get("started"):
+                who += f", started {self.holder['started']},"
+        super().__init__(
+            f"{who} is writing to this run folder; one run writes a folder at a time, so this one "
+            "did not start", file=folder, field="--out",
+            hint="wait for that run to finish (rerun this command then to resume or reuse it), or "
+            "use a new --out folder",
+        )  # fmt: skip
+
+
+def _state_of(folder: Path) -> dict[str, Any] | None:
+    """The folder's ``run.json`` if it is a run's (a JSON object with a ``key`` naming a stage)."""
+    try:
+        state = json.loads((folder / KEY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(state, dict) and isinstance(state.get("key"), dict) and state["key"].get("stage"):
+        return state
+    return None
+
+
+def is_run_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a memsteer run folder: its ``run.json`` holds a run's key (the marker
+    :meth:`RunFolder.open` writes first). Only such a folder may be emptied by ``--restart``."""
+    return _state_of(Path(path)) is not None
+
+
+def _contents(folder: Path) -> list[str]:
+    """The folder's entries (sorted, folders with a trailing ``/``), the run's lock left out."""
+    try:
+        entries = sorted(folder.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [p.name + ("/" if p.is_dir() else "") for p in entries if p.name != LOCK_FILE]
+
+
+def _listing(names: list[str], most: int = 5) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def check_not_inputs(
+    out: str | Path | None, inputs: Iterable[str | Path | None], *, option: str = "--out"
+) -> None:
+    """Refuse an output folder that is one of ``inputs``, lies inside one, or holds one: a command
+    never writes inside or over what it reads. Inputs that are not local paths (a dataset name,
+    ``official``) are passed over."""
+    if out is None:
+        return
+    target = Path(out).expanduser().resolve()
+    for given in inputs:
+        if given is None or str(given) in ("", "official", "base-bm25"):
+            continue
+        src = Path(given).expanduser()
+        if not src.exists():
+            continue
+        src = src.resolve()
+        if target == src or target.is_relative_to(src) or src.is_relative_to(target):
+            where = ("is" if target == src else "lies inside" if target.is_relative_to(src)
+                     else "holds")  # fmt: skip
+            raise InputError(
+                f"the output folder {where} this command's input {given}; nothing was written, so "
+                "the input cannot be overwritten or deleted", file=out, field=option,
+                hint=f"pass an {option} folder apart from the inputs (e.g. runs/<name>)",
+            )  # fmt: skip
+
+
+_SECRET_FLAG = re.compile(r"key|token|secret|passw", re.I)
+
+
+def _redacted(arg: str, after: str) -> str:
+    """One command-line word as the lock file may show it: a value of a secret-looking flag
+    hidden, a URL's ``user:password@`` removed."""
+    flag, eq, value = arg.partition("=")
+    if eq and flag.startswith("-") and _SECRET_FLAG.search(flag):
+        return f"{flag}=***"
+    if after.startswith("-") and "=" not in after and _SECRET_FLAG.search(after):
+        return "***"
+    if "://" in arg and "@" in arg:
+        try:
+            parts = urlsplit(value if eq else arg)
+        except ValueError:
+            return "***"
+        if parts.username is not None or parts.password is not None:
+            host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+            url = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+            return f"{flag}={url}" if eq else url
+    return arg
+
+
+def _command_line() -> str:
+    """This process's command line for the lock file and a refused writer's message (no secrets)."""
+    args = sys.argv[1:]
+    argv = [Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python",
+            *(_redacted(a, args[i - 1] if i else "") for i, a in enumerate(args))]  # fmt: skip
+    text = shlex.join(argv)
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _write_holder(fd: int) -> None:
+    """Into the lock file, while holding it: who holds it (read by a refused second writer)."""
+    info = {"pid": os.getpid(), "command": _command_line(),
+            "started": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, (json.dumps(info) + "\n").encode("utf-8"))
+
+
+def _holder(lock_path: Path) -> dict[str, Any] | None:
+    for _ in range(20):  # the holder writes its name just after taking the lock
+        try:
+            info = json.loads(lock_path.read_text(encoding="utf-8") or "null")
+        except (OSError, ValueError):
+            info = None
+        if isinstance(info, dict):
+            return info
+        time.sleep(0.01)
+    return None
+
+
+def _refuse_foreign(path: Path, *, restart: bool, legacy_files: Iterable[str]) -> None:
+    """Refuse a non-empty folder that is not a run folder (``--restart`` or not): its files are
+    the user's, and a run would write over them or, restarted, delete them."""
+    if is_run_folder(path):
+        return
+    if (path / KEY_FILE).exists():
+        reason = "its run.json is not a run's (not JSON, or no run key in it)"
+    else:
+        reason = "it has no run.json"
+    present = [n for n in legacy_files if (path / n).exists()]
+    if present:
+        raise InputError(
+            f"{path} holds results ({', '.join(present)}) but {reason.removeprefix('it ')}, so it "
+            "cannot be checked to be the same run; it was left as it is", file=path, field="--out",
+            hint="use a new --out folder, or delete the folder yourself if its contents are not needed",
+        )  # fmt: skip
+    names = _contents(path)
+    if names:
+        what = (
+            "--restart empties only a run folder"
+            if restart
+            else "a run starts only in a new or empty folder, or resumes a run folder"
+        )
+        raise InputError(
+            f"{path} is not a memsteer run folder ({reason}) and holds {_listing(names)}; {what}, "
+            "so nothing was deleted or written", file=path, field="--out",
+            hint="pass an --out folder that does not exist yet (e.g. runs/<name>)",
+        )  # fmt: skip
+
+
+def _same_run(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The folder's state when it holds this run (None when it holds no run yet); a run under
+    another key is a :class:`RunMismatchError`."""
+    state = _state_of(path)
+    if state is None:
+        return None
+    diffs = _differences(state["key"], key)
+    if diffs:
+        raise RunMismatchError(path, diffs)
+    return state
+
+
+def lock_folder(path: Path) -> Any:
+    """Take the folder's writer lock without waiting (:class:`FolderBusyError` if another process
+    holds it). Re-entrant within a process; released by ``.release()`` or when the process ends."""
+    from filelock import FileLock, Timeout
+
+    lock_path = path.resolve() / LOCK_FILE
+    lock = FileLock(lock_path, thread_local=False, is_singleton=True, on_acquired=_write_holder)
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        raise FolderBusyError(path, _holder(lock_path)) from None
+    return lock
+
+
 class RunFolder:
     """One resumable run's output folder, checked against its same-run key (see module doc)."""
 
-    def __init__(self, path: Path, key: dict[str, Any], state: dict[str, Any]):
+    def __init__(self, path: Path, key: dict[str, Any], state: dict[str, Any], lock: Any = None):
         self.path = path
         self.key = key
         self.state = state
@@ -279,6 +487,7 @@ class RunFolder:
         self.state.setdefault("sessions", []).append(self.session)
         self._t0 = time.perf_counter()
         self._logs: dict[str, JsonlLog] = {}
+        self._lock = lock
 
     @classmethod
     def open(
@@ -289,56 +498,72 @@ class RunFolder:
         restart: bool = False,
         legacy_files: Iterable[str] = (),
         extra: Mapping[str, Any] | None = None,
+        inputs: Iterable[str | Path | None] = (),
     ) -> RunFolder:
-        """Open (creating) the run folder for ``key``.
+        """Open (creating) the run folder for ``key``, holding its writer lock until :meth:`close`.
 
         An existing folder resumes only if its ``run.json`` key equals ``key``; otherwise
         :class:`RunMismatchError`. ``legacy_files``: files that mean "a run was here" even without
         ``run.json`` (folders from before the key existed) — they cannot be checked, so they are an
-        error too. ``restart`` deletes the folder's contents first. ``extra`` is stored in
-        ``run.json`` beside the key (descriptive, not compared)."""
+        error too, and so is any other non-empty folder that is not a run folder. ``restart``
+        deletes a run folder's contents first (never a folder that is not one). ``inputs``: paths
+        the run reads, which the folder must not be, hold or lie in (:func:`check_not_inputs`).
+        ``extra`` is stored in ``run.json`` beside the key (descriptive, not compared)."""
         path = Path(path)
         key = json.loads(json.dumps(dict(key), sort_keys=True, default=str))
-        if restart and path.exists():
-            for child in path.iterdir():
-                if child.is_dir() and not child.is_symlink():
-                    shutil.rmtree(child)
-                else:
-                    child.unlink()
+        check_not_inputs(path, inputs)
+        if path.exists() and not path.is_dir():
+            raise InputError("the output folder is a file", file=path, field="--out",
+                             hint="pass an --out folder that does not exist yet, or a run folder to resume")  # fmt: skip
+        # checked before anything is written (a refusal leaves the folder as it was), and again
+        # under the lock (another run may have changed it meanwhile)
+        _refuse_foreign(path, restart=restart, legacy_files=legacy_files)
+        if not restart:
+            _same_run(path, key)
         path.mkdir(parents=True, exist_ok=True)
-        key_path = path / KEY_FILE
-        if key_path.exists():
-            try:
-                state = json.loads(key_path.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise InputError(f"run.json is not valid JSON ({exc})", file=key_path,
-                                 hint="pass --restart to start this run over, or use a new --out folder") from None  # fmt: skip
-            old = state.get("key")
-            if old is None:
-                raise RunMismatchError(path, [("key", None, "(this run)")])
-            diffs = _differences(old, key)
-            if diffs:
-                raise RunMismatchError(path, diffs)
-        else:
-            present = [n for n in legacy_files if (path / n).exists()]
-            if present:
-                raise InputError(
-                    f"{path} holds results ({', '.join(present)}) but no run.json, so it cannot be "
-                    "checked to be the same run", file=path,
-                    hint="pass --restart to start over in this folder, or use a new --out folder",
-                )  # fmt: skip
-            state = {"key": key}
-        if extra:
-            state.update({k: v for k, v in extra.items() if k not in ("key", "sessions")})
-        folder = cls(path, key, state)
-        folder.save()
+        lock = lock_folder(path)
+        try:
+            _refuse_foreign(path, restart=restart, legacy_files=legacy_files)
+            if restart:
+                for child in path.iterdir():
+                    if child.name == LOCK_FILE:
+                        continue
+                    if child.is_dir() and not child.is_symlink():
+                        shutil.rmtree(child)
+                    else:
+                        child.unlink()
+            state = _same_run(path, key) or {"key": key}
+            if extra:
+                state.update({k: v for k, v in extra.items() if k not in ("key", "sessions")})
+            folder = cls(path, key, state, lock)
+            folder.save()
+        except BaseException:
+            lock.release()
+            raise
         return folder
+
+    def close(self) -> None:
+        """Save ``run.json`` and let another process write the folder (idempotent)."""
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            try:
+                self.save()
+            finally:
+                lock.release()
+
+    def __del__(self) -> None:
+        lock = self.__dict__.get("_lock")
+        if lock is not None:
+            try:
+                lock.release()
+            except Exception:  # noqa: BLE001 - a finalizer cannot report; the OS lock dies with the process
+                pass
 
     def __enter__(self) -> RunFolder:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.save()
+        self.close()
 
     @property
     def resumed(self) -> bool:

@@ -338,9 +338,14 @@ def test_export_errors_name_the_option(setup, tmp_path):
     res = runner.invoke(app, ["export", "--to", "letta", "--format", "jsonl", "--path", str(hist),
                               "--supervision", str(sup), "--out", str(tmp_path / "x")])  # fmt: skip
     assert res.exit_code != 0 and "choose one of mstar, memevolve" in res.output
+    (tmp_path / "empty").mkdir()
+    res = runner.invoke(app, ["export", "--to", "mstar", "--format", "jsonl", "--path", str(hist),
+                              "--supervision", str(tmp_path / "empty"), "--out", str(tmp_path / "x")])  # fmt: skip
+    assert res.exit_code == 2 and "has no train.jsonl" in res.output
+    # an --out inside an input folder is refused before anything is read or written
     res = runner.invoke(app, ["export", "--to", "mstar", "--format", "jsonl", "--path", str(hist),
                               "--supervision", str(tmp_path), "--out", str(tmp_path / "x")])  # fmt: skip
-    assert res.exit_code == 2 and "has no train.jsonl" in res.output
+    assert res.exit_code == 2 and "lies inside this command's input" in res.output
     res = runner.invoke(app, ["export", "--to", "mstar", "--format", "jsonl", "--path", str(hist),
                               "--supervision", "official", "--out", str(tmp_path / "x")])  # fmt: skip
     assert res.exit_code == 2 and "no official QA items" in res.output

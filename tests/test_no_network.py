@@ -110,7 +110,9 @@ def test_every_command_runs_without_network(no_network, tmp_path, monkeypatch):
     sup = tmp_path / "sup"
     sup.mkdir()
     (sup / "train.jsonl").write_text("".join(q.to_json() + "\n" for q in small_qa()))
-    (sup / "val.jsonl").write_text("".join(q.to_json() + "\n" for q in small_qa()[:3]))
+    # validation items under ids of their own (a train/val overlap is refused)
+    val = [q.model_copy(update={"id": f"{q.id}-val"}) for q in small_qa()[:3]]
+    (sup / "val.jsonl").write_text("".join(q.to_json() + "\n" for q in val))
     design = tmp_path / "narrow.json"
     MemoryDesign.from_dict(NARROW).save(design)
     res = runner.invoke(app, ["optimize", "--format", "jsonl", "--path", str(folder), "--supervision", str(sup),

@@ -24,7 +24,9 @@ def history_dir(tmp_path):
     sup.mkdir()
     qa = small_qa()
     (sup / "train.jsonl").write_text("".join(q.to_json() + "\n" for q in qa))
-    (sup / "val.jsonl").write_text("".join(q.to_json() + "\n" for q in qa[:3]))
+    # validation: the first three questions again under their own ids (train and val share no id)
+    val = [q.model_copy(update={"id": f"{q.id}-val"}) for q in qa[:3]]
+    (sup / "val.jsonl").write_text("".join(q.to_json() + "\n" for q in val))
     design = tmp_path / "narrow.json"
     NARROW.save(design)
     return folder, sup, design

@@ -380,13 +380,15 @@ def test_no_build_call_limit_by_default():
 
 def test_a_saved_proposal_over_the_new_build_budget_is_proposed_again(tmp_path):
     facts = changed(NARROW, store__unit="facts")
-    opt, _ = run(tmp_path, [proposal(facts)], iterations=1)
-    opt._iter_dir(1).mkdir(parents=True, exist_ok=True)
     from memsteer_dspy.optimize.proposer import Proposal
+    from memsteer_dspy.runfolder import RunFolder
 
-    saved = Proposal(status="ok", design=MemoryDesign.from_dict(facts))
-    (opt._iter_dir(1) / "proposal.json").write_text(saved.model_dump_json())
     resumed, lm = run(tmp_path, [proposal(wide(2))], iterations=1, max_build_calls=0)
+    # a session of this run that stopped right after saving its proposal
+    RunFolder.open(resumed.out, resumed.run_key()).close()
+    resumed._iter_dir(1).mkdir(parents=True, exist_ok=True)
+    saved = Proposal(status="ok", design=MemoryDesign.from_dict(facts))
+    (resumed._iter_dir(1) / "proposal.json").write_text(saved.model_dump_json())
     res = resumed.run()
     assert [e.status for e in res.entries] == ["baseline", "accepted"]
     assert res.entries[1].design["store"]["unit"] == "record" and len(lm.calls) == 1

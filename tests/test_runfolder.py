@@ -79,11 +79,15 @@ def test_run_folder_key_mismatch_names_each_field_and_restart_starts_over(tmp_pa
     assert json.loads((tmp_path / "run.json").read_text())["key"]["protocol"] == "full"
 
 
-def test_a_folder_with_results_but_no_key_cannot_be_resumed(tmp_path):
+def test_a_folder_with_results_but_no_key_cannot_be_resumed_nor_emptied(tmp_path):
     (tmp_path / "items.jsonl").write_text('{"qa_id": "q1"}\n')
-    with pytest.raises(InputError) as exc:
-        RunFolder.open(tmp_path, run_key("evaluate"), legacy_files=("items.jsonl",))
-    assert "no run.json" in exc.value.message and "--restart" in exc.value.hint
+    for restart in (False, True):  # no run.json: not provably a run folder, so never emptied
+        with pytest.raises(InputError) as exc:
+            RunFolder.open(
+                tmp_path, run_key("evaluate"), legacy_files=("items.jsonl",), restart=restart
+            )
+        assert "no run.json" in exc.value.message and "new --out folder" in exc.value.hint
+    assert [p.name for p in tmp_path.iterdir()] == ["items.jsonl"]
 
 
 # --------------------------------------------------------------------------------------------

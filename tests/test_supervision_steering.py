@@ -163,18 +163,19 @@ def _supervision_folder(folder: Path, items) -> Path:
     return folder
 
 
-def test_assess_steering_command_writes_the_report_and_the_summary(demo, tmp_path):
+def test_assess_steering_command_reports_and_leaves_the_supervision_folder_as_it_was(demo, tmp_path):
     sup = _supervision_folder(tmp_path / "gen", echo_items(demo.qa_items))
     args = ["assess", "--format", "jsonl", "--path", str(demo_path()), "--supervision", str(sup),
             "--steering", "--panel", str(_bm25_panel(tmp_path)), "--json"]  # fmt: skip
-    res = CliRunner().invoke(app, args)
+    before = {p.name: p.read_bytes() for p in sup.iterdir()}
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "steering.json")])
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout[res.stdout.index("{") :])["steering"][str(sup)]
     assert report["n_generated"] == 34 and [r["name"] for r in report["panel"]] == list(BM25_PANEL)
-    assert json.loads((sup / "steering.json").read_text())["n_reference"] == 34
-    head = json.loads((sup / "summary.json").read_text())["steering"]
-    assert head["base_r10_generated"] == report["base_r10_generated"]
-    assert head["separated_in"]["validation"] >= 1
+    assert report["separated_in"]["validation"] >= 1
+    saved = json.loads((tmp_path / "steering.json").read_text())["steering"][str(sup)]
+    assert saved["n_reference"] == 34
+    assert {p.name: p.read_bytes() for p in sup.iterdir()} == before  # an input is only read
     # a reference file instead of the format's own QA; a missing folder is a located error
     ref = tmp_path / "ref.jsonl"
     ref.write_text("\n".join(q.model_dump_json() for q in demo.qa_items[:10]) + "\n")
@@ -294,7 +295,9 @@ def test_generate_ends_with_the_steering_panel_when_there_is_a_reference(tmp_pat
     assert first.exit_code == 0, first.output
     assert not (out / "steering.json").exists()
     # the run's own items as the reference (resumed: nothing generated again)
-    res = CliRunner().invoke(app, [*args, "--reference", str(out / "train.jsonl")])
+    ref = tmp_path / "reference.jsonl"
+    ref.write_bytes((out / "train.jsonl").read_bytes())
+    res = CliRunner().invoke(app, [*args, "--reference", str(ref)])
     assert res.exit_code == 0, res.output
     report = json.loads((out / "steering.json").read_text())
     assert [r["name"] for r in report["panel"]] == list(BM25_PANEL)

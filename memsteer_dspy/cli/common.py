@@ -137,19 +137,28 @@ def cli_errors(func):
             typer.secho("interrupted: finished work is on disk; rerun the same command to resume.", err=True)
             raise typer.Exit(130) from None
         except OSError as exc:
-            if exc.errno not in _WRITE_ERRNOS:
-                raise
-            # disk full, file too large, read-only: one message; every file written so far is whole
-            where = f" writing {exc.filename}" if exc.filename else ""
-            typer.secho(f"error{where}: {exc.strerror or exc}. Finished work is on disk (whole files and "
-                        "log lines only); make room and rerun the same command to resume.",
-                        fg=typer.colors.RED, err=True)  # fmt: skip
-            raise typer.Exit(1) from None
+            if exc.errno in _WRITE_ERRNOS:
+                # disk full, file too large, read-only: one message; every file written so far is whole
+                where = f" writing {exc.filename}" if exc.filename else ""
+                typer.secho(f"error{where}: {exc.strerror or exc}. Finished work is on disk (whole files and "
+                            "log lines only); make room and rerun the same command to resume.",
+                            fg=typer.colors.RED, err=True)  # fmt: skip
+                raise typer.Exit(1) from None
+            if exc.errno in _PATH_ERRNOS and exc.filename:
+                # a path that cannot be used as given (a file where a folder goes, no permission)
+                typer.secho(f"error: {exc.filename}: {exc.strerror or exc}\n  hint: {_PATH_HINT}",
+                            fg=typer.colors.RED, err=True)  # fmt: skip
+                raise typer.Exit(2) from None
+            raise
 
     return wrapper
 
 
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS}
+_PATH_ERRNOS = {errno.EACCES, errno.EPERM, errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.ENOENT,
+                errno.ENAMETOOLONG, errno.ELOOP}  # fmt: skip
+_PATH_HINT = ("check that the path exists where it should, that --out names a folder (not a file) "
+              "and that you may read and write there; nothing else was changed")  # fmt: skip
 
 
 def echo_json(obj: Any) -> None:

@@ -65,7 +65,7 @@ def demo(
         bool,
         typer.Option(
             "--restart",
-            help="Empty the --out folder and start over (a rerun otherwise resumes, and only with the same size, LMs and history).",
+            help="Empty the --out run folder (never a folder of your own: it is refused) and start over (a rerun otherwise resumes, and only with the same size, LMs and history).",
         ),
     ] = False,
 ) -> None:

@@ -12,6 +12,7 @@ import typer
 
 from memsteer_dspy.cli.common import HistoryArgs, cli_errors, echo_json, history_options, lm_options
 from memsteer_dspy.errors import InputError
+from memsteer_dspy.runfolder import check_not_inputs
 
 
 def default_cache_dir() -> Path:
@@ -87,7 +88,7 @@ def evaluate(
     ] = None,
     restart: Annotated[
         bool,
-        typer.Option("--restart", help="Empty the --out folder and start over instead of resuming."),
+        typer.Option("--restart", help="Empty the --out run folder (never a folder of your own: it is refused) and start over instead of resuming."),
     ] = False,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (the summary) instead of a table.")
@@ -150,6 +151,7 @@ def evaluate(
         raise typer.BadParameter("choose 'all' or 'recall'", param_hint="--metrics")
     if protocol is not None and protocol not in ("as_of", "full"):
         raise typer.BadParameter("choose 'as_of' or 'full'", param_hint="--protocol")
+    check_not_inputs(out, [history.path, qa, design, *(compare or ())])
     d = MemoryDesign.base_bm25() if design == "base-bm25" else MemoryDesign.load(design)
     if all_instances:
         return _evaluate_all(history, lm_config, d, metrics, out, json_out, threads, protocol, limit,
@@ -163,7 +165,10 @@ def evaluate(
                 hint="pass --qa <path to a QA JSONL file> (e.g. the train.jsonl or val.jsonl `memsteer generate` writes)",
             )  # fmt: skip
     else:
-        items = read_qa_jsonl(qa)
+        skipped: list = []
+        items = read_qa_jsonl(qa, on_error=history.on_error, skipped=skipped)
+        for s in skipped:
+            typer.echo(f"skipped {s.file}:{s.line}: {s.reason}", err=True)
     if limit is not None:
         items = items[:limit]
     protocol = protocol or ("as_of" if history.format == "rhelm" else "full")
@@ -212,6 +217,9 @@ def evaluate(
             + ", ".join(f"{u['qa_id']}: {u['evidence_id']!r}" for u in s.unresolved_evidence[:5])
             + (" ..." if len(s.unresolved_evidence) > 5 else "")
         )
+    if s.no_evidence:
+        notes.append(f"{s.no_evidence} of {s.n} item(s) have no evidence ids: counted in n, left out of "
+                     "the recall columns (their means are over the items with evidence)")  # fmt: skip
     if s.errors:
         notes.append(f"{s.errors} item(s) failed (scored 0; see 'error' in items.jsonl)")
     if out is not None:

@@ -10,6 +10,7 @@ import typer
 
 from memsteer_dspy.cli.common import HistoryArgs, cli_errors, echo_json, history_options
 from memsteer_dspy.errors import InputError
+from memsteer_dspy.runfolder import check_not_inputs
 
 TARGETS = ("mstar", "memevolve")
 
@@ -33,6 +34,7 @@ def export(
 
     if to not in TARGETS:
         raise typer.BadParameter(f"choose one of {', '.join(TARGETS)}", param_hint="--to")
+    check_not_inputs(out, [history.path, supervision, design])
     loaded = history.load()
     if supervision == "official":
         if not loaded.qa_items:
@@ -50,6 +52,12 @@ def export(
 
         d = MemoryDesign.base_bm25() if design == "base-bm25" else MemoryDesign.load(design)
         summary = export_memevolve(loaded.history, d, items, out)
+    unresolved = summary.get("unresolved_evidence") or []
+    if unresolved:
+        shown = ", ".join(f"{u['qa_id']}: {u['evidence_id']!r}" for u in unresolved[:5])
+        typer.secho(f"warning: {len(unresolved)} evidence id(s) are not records of the history and were "
+                    f"exported as they are: {shown}{' ...' if len(unresolved) > 5 else ''}",
+                    fg=typer.colors.YELLOW, err=True)  # fmt: skip
     if json_out:
         echo_json(summary)
         return

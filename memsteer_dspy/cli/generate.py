@@ -12,6 +12,7 @@ import typer
 
 from memsteer_dspy.cli.common import HistoryArgs, cli_errors, echo_json, history_options, lm_options
 from memsteer_dspy.errors import InputError
+from memsteer_dspy.runfolder import check_not_inputs
 
 PROFILES = ("auto", "small", "full")
 # The steering panel's options, shared by `generate` (at its end) and `assess --steering`.
@@ -218,7 +219,7 @@ def generate(
         bool,
         typer.Option(
             "--restart",
-            help="Empty the --out folder and start over (a rerun otherwise resumes, and only with the "
+            help="Empty the --out run folder (never a folder of your own: it is refused) and start over (a rerun otherwise resumes, and only with the "
             "same history, method, seed, checks, bundle settings and LMs).",
         ),
     ] = False,
@@ -247,6 +248,7 @@ def generate(
     bundle_config, chosen = _bundle_config(
         profile, lm_config, budget, record_token_cap, steer_by_yield, yield_power, anchored
     )
+    check_not_inputs(out, [history.path])
     loaded = history.load()
     config = GenerationConfig(
         n=n, max_candidates=max_candidates, time_budget_s=time_budget, method=method, checks=checks,
@@ -269,7 +271,7 @@ def generate(
     report = None
     if steering and summary.get("accepted"):
         say = None if as_json else (lambda line: typer.echo(line, err=True))
-        report = _steering(loaded, out, reference, panel, history.format, track=True, say=say)
+        report = _steering(loaded, out, reference, panel, history.format, own_folder=True, say=say)
         if report is not None:
             summary["steering"] = report.headline()
     if as_json:
@@ -294,10 +296,11 @@ def _reference_items(loaded, reference: Path | None) -> tuple[list, str]:
 
 
 def _steering(loaded, folder: Path, reference: Path | None, panel: Path | None, fmt: str,
-              *, track: bool, say=None):  # fmt: skip
-    """Score the steering panel on ``folder``'s accepted items against the reference; write
-    ``steering.json`` and ``summary.json`` ``steering``, log one MLflow run when ``track``. None
-    when there is no reference to measure against."""
+              *, own_folder: bool, say=None):  # fmt: skip
+    """Score the steering panel on ``folder``'s accepted items against the reference. In the
+    command's own output folder (``own_folder``: generate's ``--out``) also write ``steering.json``
+    and ``summary.json`` ``steering`` and log one MLflow run; never into a folder that is only an
+    input (``assess``). None when there is no reference to measure against."""
     from memsteer_dspy.cli.evaluate import default_cache_dir
     from memsteer_dspy.supervision.steering import (
         load_panel,
@@ -314,11 +317,12 @@ def _steering(loaded, folder: Path, reference: Path | None, panel: Path | None, 
         loaded.history, folder, items, protocol="as_of" if fmt == "rhelm" else "full",
         panel=load_panel(panel), cache_dir=default_cache_dir(), reference_source=source, progress=say,
     )  # fmt: skip
+    if not own_folder:
+        return report
     save_steering(folder, report)
-    if track:
-        tracker = Tracker.for_history(folder, loaded.history.user_id, loaded.history.fingerprint)
-        track_steering(tracker, report, run_name=f"steering {folder.name}",
-                       tags={"memsteer.supervision": str(folder)})  # fmt: skip
+    tracker = Tracker.for_history(folder, loaded.history.user_id, loaded.history.fingerprint)
+    track_steering(tracker, report, run_name=f"steering {folder.name}",
+                   tags={"memsteer.supervision": str(folder)})  # fmt: skip
     return report
 
 
@@ -350,7 +354,8 @@ def assess(
             help="Score a fixed panel of memory designs (LM-free) on each --supervision folder's "
             "items and on the reference, and report how well the two rankings agree (Kendall tau, "
             "Spearman rho with bootstrap intervals), the headroom over Base-BM25 on each, and how "
-            "lexically easy the generated questions are. Writes steering.json into the folder.",
+            "lexically easy the generated questions are. LM-free; --out writes the report (the "
+            "supervision folder is only read).",
         ),
     ] = False,
     reference: ReferenceOption = None,
@@ -392,6 +397,7 @@ def assess(
     if steering and not supervision:
         raise InputError("--steering needs the generated items", field="--supervision",
                          hint="pass --supervision <generate output folder>")  # fmt: skip
+    check_not_inputs(out, [history.path, *(supervision or ())])
     loaded = history.load()
     report: dict = {"user": loaded.history.user_id, "lm": lm_config.describe()}
     lines: list[str] = []
@@ -404,7 +410,7 @@ def assess(
         say = None if as_json else (lambda line: typer.echo(line, err=True))
         report["steering"] = {}
         for folder in supervision:
-            rep = _steering(loaded, folder, reference, panel, history.format, track=False, say=say)
+            rep = _steering(loaded, folder, reference, panel, history.format, own_folder=False, say=say)
             report["steering"][str(folder)] = rep.model_dump(mode="json")
             lines.append(f"{folder}:\n{format_steering(rep)}")
         if not fidelity:

@@ -11,6 +11,7 @@ import typer
 
 from memsteer_dspy.cli.common import HistoryArgs, cli_errors, echo_json, history_options, lm_options
 from memsteer_dspy.errors import InputError
+from memsteer_dspy.runfolder import check_not_inputs
 
 SUPERVISION_HELP = (
     "'official' (the benchmark's own QA split per persona: 40% train, 20% validation, seeded) or a "
@@ -218,7 +219,7 @@ def optimize(
         bool,
         typer.Option(
             "--restart",
-            help="Empty the --out folder and start over (a rerun otherwise resumes, and only with the same "
+            help="Empty the --out run folder (never a folder of your own: it is refused) and start over (a rerun otherwise resumes, and only with the same "
             "history, protocol, initial design, train/val/test items, LMs, objective, search, accept rule, "
             "seed and other options; --iterations and --threads may change).",
         ),
@@ -384,6 +385,7 @@ def optimize(
                                  *((g, GUARD_METRICS, "--guard") for g in guard or ())):  # fmt: skip
         if value not in allowed:
             raise typer.BadParameter(f"choose one of {', '.join(allowed)}", param_hint=hint)
+    check_not_inputs(out, [history.path, supervision, test, init_design])
     d0 = MemoryDesign.load(init_design) if init_design is not None else MemoryDesign.base_bm25()
     loaded = history.load()
     train, val, source = load_supervision(supervision, loaded, seed=seed)
@@ -518,6 +520,7 @@ def tune_prompts(
         raise typer.BadParameter(f"choose one of {', '.join(OPTIMIZERS)}", param_hint="--optimizer")
     if auto not in ("light", "medium", "heavy"):
         raise typer.BadParameter("choose light, medium or heavy", param_hint="--auto")
+    check_not_inputs(out, [history.path, supervision, design])
     d = MemoryDesign.base_bm25() if design == "base-bm25" else MemoryDesign.load(design)
     loaded = history.load()
     train, val, source = load_supervision(supervision, loaded, seed=seed)

@@ -7,7 +7,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from memsteer_dspy.records import QAItem, Record
+from memsteer_dspy.errors import InputError
+from memsteer_dspy.records import History, QAItem, Record
 
 
 def record_raw_text(record: Record) -> str:
@@ -47,6 +48,33 @@ class ExportItem:
 def qa_export_items(train: list[QAItem], val: list[QAItem]) -> list[ExportItem]:
     """The supervision's items in order, train first, each tagged with its split."""
     return [ExportItem(q, "train") for q in train] + [ExportItem(q, "val") for q in val]
+
+
+EXPORT_MARKER = "export.json"
+
+
+def check_export_folder(out: Path) -> None:
+    """Refuse to export into a file, or into a non-empty folder that is not an earlier export
+    (it has no ``export.json``): the export replaces its own files (``records.jsonl``,
+    ``README.md``, ...), which in another folder would be the user's."""
+    if out.exists() and not out.is_dir():
+        raise InputError("the output folder is a file", file=out, field="--out",
+                         hint="pass an --out folder that does not exist yet")  # fmt: skip
+    if out.is_dir() and not (out / EXPORT_MARKER).is_file():
+        names = sorted(p.name for p in out.iterdir())
+        if names:
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            raise InputError(
+                f"the folder is not an earlier export (no {EXPORT_MARKER}) and holds {shown}; an "
+                "export replaces its files, so nothing was written", file=out, field="--out",
+                hint="pass an --out folder that does not exist yet, or an earlier export's folder",
+            )  # fmt: skip
+
+
+def unresolved_evidence(history: History, items: list[ExportItem]) -> list[dict[str, str]]:
+    """Evidence ids of the exported items that are no record of ``history``."""
+    return [{"qa_id": e.item.id, "evidence_id": rid} for e in items
+            for rid in e.item.evidence_ids if rid not in history]  # fmt: skip
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -31,7 +31,13 @@ import json
 from pathlib import Path
 
 from memsteer_dspy.errors import InputError
-from memsteer_dspy.export.common import ExportItem, jsonl, write_atomic
+from memsteer_dspy.export.common import (
+    ExportItem,
+    check_export_folder,
+    jsonl,
+    unresolved_evidence,
+    write_atomic,
+)
 from memsteer_dspy.memory.design import MemoryDesign
 from memsteer_dspy.records import History
 
@@ -169,6 +175,7 @@ def export_memevolve(
 ) -> dict:
     """Write the MemEvolve provider, its data and the tasks into ``out``; returns a summary."""
     out = Path(out).resolve()
+    check_export_folder(out)
     if not items:
         raise InputError("no QA items to export", field="--supervision",
                          hint="pass a folder `memsteer generate` wrote, or --supervision official")  # fmt: skip
@@ -194,6 +201,7 @@ def export_memevolve(
     ))  # fmt: skip
     summary = {"to": "memevolve", "provider": str(out / "memsteer_design_provider.py"), "design": design.name,
                "records": len(records), "qa_items": len(tasks), "out": str(out),
-               "follows": f"bionicbutterfly13/MemEvolve@{MEMEVOLVE_COMMIT} (fork of bingreeky/MemEvolve)"}  # fmt: skip
+               "follows": f"bionicbutterfly13/MemEvolve@{MEMEVOLVE_COMMIT} (fork of bingreeky/MemEvolve)",
+               "unresolved_evidence": unresolved_evidence(history, items)}  # fmt: skip
     write_atomic(out / "export.json", json.dumps(summary, indent=2) + "\n")
     return summary

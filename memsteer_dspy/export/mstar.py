@@ -29,7 +29,14 @@ import re
 from pathlib import Path
 
 from memsteer_dspy.errors import InputError
-from memsteer_dspy.export.common import ExportItem, jsonl, record_raw_text, write_atomic
+from memsteer_dspy.export.common import (
+    ExportItem,
+    check_export_folder,
+    jsonl,
+    record_raw_text,
+    unresolved_evidence,
+    write_atomic,
+)
 from memsteer_dspy.records import History
 
 MSTAR_COMMIT = "d5b5a6ffeeb129feaf312fcf32d711fdcbc83254"
@@ -130,6 +137,7 @@ def export_mstar(
     """Write the M* files for ``history`` and ``items`` into ``out`` (see the module docstring);
     returns a summary (paths and counts)."""
     out = Path(out).resolve()
+    check_export_folder(out)
     name = name or f"memsteer_{history.user_id}"
     ident = _identifier(name)
     module = ident if ident.startswith("memsteer") else f"memsteer_{ident}"
@@ -155,6 +163,7 @@ def export_mstar(
     write_atomic(out / f"{module}.py", LOADER_TEMPLATE.format(**fill))
     write_atomic(out / "README.md", README_TEMPLATE.format(**fill))
     summary = {"to": "mstar", "dataset": name, "loader": str(out / f"{module}.py"), "records": len(records),
-               "qa_items": len(qa), "out": str(out), "follows": f"wbopan/mstar@{MSTAR_COMMIT}"}  # fmt: skip
+               "qa_items": len(qa), "out": str(out), "follows": f"wbopan/mstar@{MSTAR_COMMIT}",
+               "unresolved_evidence": unresolved_evidence(history, items)}  # fmt: skip
     write_atomic(out / "export.json", json.dumps(summary, indent=2) + "\n")
     return summary

@@ -28,7 +28,7 @@ from typing import Any
 
 from memsteer_dspy.errors import InputError
 from memsteer_dspy.loaders.base import Loaded, SkippedInput, UnresolvedEvidence, read_json_file
-from memsteer_dspy.records import AnswerType, History, QAItem, Record, RecordKind
+from memsteer_dspy.records import AnswerType, History, QAItem, Record, RecordKind, utc_naive
 
 __all__ = ["MEMORY_ID", "atm_qa_files", "load_atm", "parse_atm_timestamp"]
 
@@ -49,7 +49,7 @@ def parse_atm_timestamp(value: Any) -> datetime | None:
         ts = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return ts.replace(tzinfo=None) if ts.tzinfo else ts
+    return utc_naive(ts)
 
 
 def atm_qa_files(root: Path) -> dict[str, Path]:
@@ -176,7 +176,7 @@ def _qa_items(path: Path, history: History, on_error: str, skipped: list[Skipped
                 )
                 continue
             raise InputError("QA entry lacks 'id', 'question' or 'answer'", file=path, field=f"[{i}]",
-                             record=str(q.get("id")) if isinstance(q, dict) else None)  # fmt: skip
+                             record=str(q["id"]) if isinstance(q, dict) and q.get("id") else None)  # fmt: skip
         qid = str(q["id"])
         if qid in seen:
             raise InputError(f"duplicate QA id {qid!r}", file=path, record=qid, field=f"[{i}].id")

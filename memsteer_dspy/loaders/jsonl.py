@@ -55,13 +55,13 @@ def iter_json_lines(
             try:
                 yield n, json.loads(line)
             except json.JSONDecodeError as exc:
+                # json's own messages may end in "at" ("Unterminated string starting at")
+                reason = f"invalid JSON: {exc.msg.removesuffix(' at')} at column {exc.colno}"
                 if on_error == "skip":
-                    skipped.append(
-                        SkippedInput(str(path), n, f"invalid JSON: {exc.msg} at column {exc.colno}")
-                    )
+                    skipped.append(SkippedInput(str(path), n, reason))
                     continue
                 raise InputError(
-                    f"invalid JSON: {exc.msg} at column {exc.colno}", file=path, line=n,
+                    reason, file=path, line=n,
                     hint="each line must be one JSON object; use --on-error skip to skip bad lines",
                 ) from None  # fmt: skip
 
@@ -101,42 +101,80 @@ def read_records(
     return records
 
 
-def read_qa_items(
-    path: Path, *, on_error: str = "raise", skipped: list[SkippedInput]
-) -> list[QAItem]:
-    """Read QAItems (one JSON object a line, the shape ``QAItem.model_dump_json`` writes).
+# Top-level keys that QA files written by this project carry beside the QAItem fields: a
+# generated item's facts (``memsteer generate`` writes them at the top level), and its plan, audit
+# and provenance (kept in ``metadata``; accepted at the top level too). They are kept in metadata.
+QA_EXTRA_FIELDS = ("facts", "plan", "audit", "provenance")
 
-    Keys that are not QAItem fields (e.g. ``facts`` written beside generated items) are moved
-    into ``metadata`` rather than rejected.
+
+def read_qa_items(
+    path: str | Path, *, on_error: str = "raise", skipped: list[SkippedInput] | None = None
+) -> list[QAItem]:
+    """The one reader of QA files: official ``qa.jsonl``, the ``train.jsonl`` / ``val.jsonl``
+    ``memsteer generate`` writes, a ``--qa`` or ``--test`` file. One QAItem object a line, read
+    as the records are (:func:`iter_json_lines`): a problem raises an :class:`InputError` naming
+    the file, line, field and item id, or with ``on_error='skip'`` is recorded in ``skipped`` and
+    the line left out.
+
+    The keys of :data:`QA_EXTRA_FIELDS` are moved into ``metadata``; any other key that is not a
+    QAItem field is an error naming it (a misspelt ``evidence_id`` would otherwise leave the item
+    without evidence). A QA id already seen is an error naming both lines (skip keeps the first).
     """
-    items = []
+    path = Path(path)
+    skipped = skipped if skipped is not None else []
     fields = set(QAItem.model_fields)
+    items: list[QAItem] = []
+    first_line: dict[str, int] = {}
     for n, obj in iter_json_lines(path, on_error, skipped):
         try:
-            if not isinstance(obj, dict):
+            item = _qa_item(obj, path, n, fields)
+            if item.id in first_line:
                 raise InputError(
-                    f"expected a JSON object, got {type(obj).__name__}", file=path, line=n
-                )
-            extra = {k: obj[k] for k in obj if k not in fields}
-            core = {k: v for k, v in obj.items() if k in fields}
-            if extra:
-                core["metadata"] = {**extra, **core.get("metadata", {})}
-            items.append(QAItem.model_validate(core))
-        except InputError:
+                    f"duplicate QA id {item.id!r} (first at {path}:{first_line[item.id]})", file=path,
+                    line=n, record=item.id, hint="QA ids must be unique within one file",
+                )  # fmt: skip
+        except InputError as exc:
             if on_error == "skip":
-                skipped.append(SkippedInput(str(path), n, "not a JSON object"))
+                where = f" (field {exc.field!r})" if exc.field else ""
+                skipped.append(SkippedInput(str(path), n, exc.message + where))
                 continue
             raise
-        except Exception as exc:  # pydantic.ValidationError
-            err = exc.errors()[0] if hasattr(exc, "errors") else {"msg": str(exc), "loc": ()}
-            field = ".".join(str(p) for p in err.get("loc", ())) or None
-            if on_error == "skip":
-                skipped.append(SkippedInput(str(path), n, f"{err['msg']} (field {field!r})"))
-                continue
-            raise InputError(
-                err["msg"], file=path, line=n, field=field, record=obj.get("id")
-            ) from None
+        first_line[item.id] = n
+        items.append(item)
     return items
+
+
+def _qa_item(obj: Any, path: Path, n: int, fields: set[str]) -> QAItem:
+    if not isinstance(obj, dict):
+        raise InputError(f"expected a JSON object, got {type(obj).__name__}", file=path, line=n,
+                         hint="each line must be one QA item object")  # fmt: skip
+    qa_id = obj.get("id") if isinstance(obj.get("id"), str) else None
+    unknown = [k for k in obj if k not in fields and k not in QA_EXTRA_FIELDS]
+    if unknown:
+        raise InputError(
+            "not a QA item field", file=path, line=n, field=str(unknown[0]), record=qa_id,
+            hint=f"a QA line holds {', '.join(QAItem.model_fields)} (and {', '.join(QA_EXTRA_FIELDS)}, "
+            "kept in metadata); put anything else inside metadata",
+        )  # fmt: skip
+    core = {k: v for k, v in obj.items() if k in fields}
+    extra = {k: obj[k] for k in QA_EXTRA_FIELDS if k in obj}
+    if extra:
+        meta = core.get("metadata")
+        if meta is not None and not isinstance(meta, dict):
+            raise InputError(
+                "metadata must be a JSON object", file=path, line=n, field="metadata", record=qa_id
+            )
+        core["metadata"] = {**extra, **(meta or {})}
+    try:
+        return QAItem.model_validate(core)
+    except Exception as exc:  # pydantic.ValidationError
+        errs = exc.errors() if hasattr(exc, "errors") else []
+        err = errs[0] if errs else {"msg": str(exc), "loc": ()}
+        field = ".".join(str(p) for p in err.get("loc", ())) or None
+        raise InputError(
+            err["msg"], file=path, line=n, field=field, record=qa_id,
+            hint="a QA line needs id, question and answer (see QAItem; `memsteer generate` writes them)",
+        ) from None  # fmt: skip
 
 
 def load_jsonl(path: str | Path, *, user: str | None = None, on_error: str = "raise") -> Loaded:

@@ -155,12 +155,14 @@ def load_locomo(path: str | Path, *, user: str | None = None, on_error: str = "r
     unresolved: list[UnresolvedEvidence] = []
     for i, q in enumerate(sample.get("qa") or []):
         qid = f"{user}:qa{i}"
-        if not isinstance(q, dict) or not q.get("question"):
+        if not isinstance(q, dict) or not q.get("question") or not isinstance(q["question"], str):
             if on_error == "skip":
                 skipped.append(SkippedInput(str(path), None, f"qa[{i}]: no question"))
                 continue
             raise InputError("QA item has no question", file=path, record=qid, field=f"qa[{i}]")
         category = q.get("category")
+        if not isinstance(category, int | str) or isinstance(category, bool):
+            category = None if category is None else str(category)
         adversarial = category == 5 or ("answer" not in q and "adversarial_answer" in q)
         answer = q.get("adversarial_answer") if adversarial else q.get("answer")
         if answer is None or isinstance(answer, bool) or not isinstance(answer, str | int | float):
@@ -174,7 +176,8 @@ def load_locomo(path: str | Path, *, user: str | None = None, on_error: str = "r
             )
             continue
         evidence: list[str] = []
-        raw_evidence = [str(e) for e in (q.get("evidence") or [])]
+        given = q.get("evidence") or []
+        raw_evidence = [str(e) for e in (given if isinstance(given, list) else [given])]
         for raw in raw_evidence:
             ids = normalize_dia_ids(raw)
             if not ids:

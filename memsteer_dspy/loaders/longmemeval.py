@@ -87,10 +87,14 @@ def instance_loaded(inst: dict[str, Any], path: Path, on_error: str = "raise") -
     """One instance (an element of :func:`read_instances`) as a ``Loaded``."""
     qid = str(inst["question_id"])
     sessions, session_ids = inst["haystack_sessions"], inst["haystack_session_ids"]
-    dates = inst.get("haystack_dates") or [None] * len(session_ids)
     if not isinstance(sessions, list) or not isinstance(session_ids, list):
         raise InputError("haystack_sessions and haystack_session_ids must be lists", file=path, record=qid,
                          field="haystack_sessions")  # fmt: skip
+    dates = inst.get("haystack_dates") or [None] * len(session_ids)
+    if not isinstance(dates, list):
+        raise InputError(
+            "haystack_dates must be a list", file=path, record=qid, field="haystack_dates"
+        )
     if not (len(sessions) == len(session_ids) == len(dates)):
         raise InputError(
             f"{len(session_ids)} session ids, {len(sessions)} sessions and {len(dates)} dates: they must match",
@@ -147,7 +151,12 @@ def instance_loaded(inst: dict[str, Any], path: Path, on_error: str = "raise") -
     qdate = parse_longmemeval_date(
         inst.get("question_date"), file=path, record=qid, field="question_date"
     )
-    answer_sessions = [str(a) for a in inst.get("answer_session_ids") or []]
+    given = inst.get("answer_session_ids") or []
+    answer_sessions = [str(a) for a in (given if isinstance(given, list) else [given])]
+    qtype = inst.get("question_type")
+    if qtype is not None and not isinstance(qtype, str | int | float):
+        raise InputError(f"question_type is a {type(qtype).__name__}, not a string", file=path,
+                         record=qid, field="question_type")  # fmt: skip
     unresolved = [
         UnresolvedEvidence(qid, a, "answer session not in the haystack")
         for a in answer_sessions if a not in set(map(str, session_ids))
@@ -155,7 +164,7 @@ def instance_loaded(inst: dict[str, Any], path: Path, on_error: str = "raise") -
     item = QAItem(
         id=qid, question=str(inst["question"]), answer=str(answer), answer_type=answer_type,
         evidence_ids=evidence, question_date=qdate.date() if qdate else None,
-        question_type=inst.get("question_type"), source="official",
+        question_type=None if qtype is None else str(qtype), source="official",
         metadata={"answer_session_ids": answer_sessions, "abstention": qid.endswith("_abs"),
                   "question_date": inst.get("question_date"), "sessions": len(session_ids)},
     )  # fmt: skip

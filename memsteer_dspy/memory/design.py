@@ -485,7 +485,12 @@ class MemoryDesign(_Spec):
                 "design file not found", file=path,
                 hint="pass --design base-bm25 or the path of a design JSON (see `MemoryDesign.base_bm25().to_json()`)",
             )  # fmt: skip
-        return cls.from_json(path.read_text(encoding="utf-8"), source=path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"not UTF-8 text (byte {exc.start}: {exc.reason})", file=path,
+                             hint="a design is a UTF-8 JSON file; re-encode it (e.g. iconv -t utf-8)") from None  # fmt: skip
+        return cls.from_json(text, source=path)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n", encoding="utf-8")

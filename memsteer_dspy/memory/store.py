@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from memsteer_dspy.memory.design import StoreSpec
-from memsteer_dspy.records import History, Record
+from memsteer_dspy.records import History, Record, utc_naive
 from memsteer_dspy.tokens import count_tokens
 
 # The day of an undated part: always visible under a time filter (as History.as_of keeps them).
@@ -114,7 +114,8 @@ class StoreReport:
 
 
 def record_day(record: Record) -> int | None:
-    return record.timestamp.date().toordinal() if record.timestamp is not None else None
+    # the day History.as_of compares (records.utc_naive: naive = UTC, offsets converted)
+    return utc_naive(record.timestamp).date().toordinal() if record.timestamp is not None else None
 
 
 def render_date(ts: datetime | date | None, fmt: str) -> str | None:

@@ -568,8 +568,11 @@ class MemSteerOpt:
             status = "KILLED"
             raise
         finally:
-            self._save_usage()
-            self.callbacks.on_run_end({"status": status, "out": self.out})
+            try:
+                self._save_usage()
+                self.callbacks.on_run_end({"status": status, "out": self.out})
+            finally:
+                self.folder.close()
 
     def _loop(self, entries: list[TrajectoryEntry]) -> OptimizeResult:
         if not entries:

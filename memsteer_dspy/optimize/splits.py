@@ -96,7 +96,8 @@ def carve_test(
 
 
 def read_supervision(folder: str | Path) -> tuple[list[QAItem], list[QAItem]]:
-    """Read ``train.jsonl`` and ``val.jsonl`` from a supervision folder."""
+    """Read ``train.jsonl`` and ``val.jsonl`` from a supervision folder (the two must not share
+    an item id)."""
     folder = Path(folder)
     out = []
     for name in ("train.jsonl", "val.jsonl"):
@@ -114,6 +115,15 @@ def read_supervision(folder: str | Path) -> tuple[list[QAItem], list[QAItem]]:
                 hint="generate supervision first (memsteer generate)",
             )
         out.append(items)
+    train_ids = {q.id for q in out[0]}
+    shared = [q.id for q in out[1] if q.id in train_ids]
+    if shared:
+        shown = ", ".join(repr(i) for i in shared[:5]) + (" ..." if len(shared) > 5 else "")
+        raise InputError(
+            f"{len(shared)} item id(s) are in both train.jsonl and val.jsonl ({shown}): selecting on "
+            "items the feedback was drawn from would overstate every design", file=folder / "val.jsonl",
+            record=shared[0], hint="keep each item in one split (memsteer generate writes disjoint ones)",
+        )  # fmt: skip
     return out[0], out[1]
 
 

@@ -3,6 +3,7 @@ iterations and the accepted path), ``summary.json`` and ``best_design.json``."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,14 @@ from memsteer_dspy.optimize.types import OptimizeResult, TrajectoryEntry
 from memsteer_dspy.records import History
 from memsteer_dspy.runfolder import write_atomic, write_json
 from memsteer_dspy.stats import PairedComparison, points, points_ci
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+!|~])")
+
+
+def md_text(text: str) -> str:
+    """``text`` as literal Markdown inline text: its markup characters escaped, newlines folded
+    (a user id such as ``<img src=x>`` or ``*x*`` shows as written, and stays in its heading)."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
 
 
 def _pct(v: float | None) -> str:
@@ -45,7 +54,7 @@ def render_summary(
     base, best = entries[0], best_of(entries)
     total = entries[-1].cost_total
     lines = [
-        f"# MemSteer-Opt: {history.user_id}",
+        f"# MemSteer-Opt: {md_text(history.user_id)}",
         "",
         f"- history fingerprint `{history.fingerprint}`, {len(history)} records",
         f"- supervision: {settings.get('n_train')} train / {settings.get('n_val')} val items",

@@ -54,7 +54,7 @@ from memsteer_dspy.bundles import (
 from memsteer_dspy.errors import InputError
 from memsteer_dspy.graph import GraphParams, RecordGraph
 from memsteer_dspy.normalize import normalize_text
-from memsteer_dspy.records import AnswerType, History, QAItem
+from memsteer_dspy.records import AnswerType, History, QAItem, utc_naive
 from memsteer_dspy.runfolder import JsonlLog, RunFolder, run_key, write_atomic
 from memsteer_dspy.supervision.program import (
     ANCHORED_VERSION,
@@ -253,36 +253,13 @@ def item_line(item: QAItem) -> dict[str, Any]:
 
 
 def load_qa_jsonl(path: str | Path) -> list[QAItem]:
-    """Read QA items from a JSONL file written by ``memsteer generate`` (or any QAItem JSONL).
+    """Read QA items from a JSONL file written by ``memsteer generate`` (or any QAItem JSONL):
+    the one QA reader, :func:`memsteer_dspy.loaders.jsonl.read_qa_items` (a top-level ``facts``
+    list is kept in ``metadata["facts"]``; an unknown top-level key is an error naming the line
+    and field)."""
+    from memsteer_dspy.loaders.jsonl import read_qa_items
 
-    A top-level ``facts`` list is kept in ``metadata["facts"]``; other unknown top-level keys are an
-    error naming the line and field.
-    """
-    path = Path(path)
-    items: list[QAItem] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"not valid JSON: {exc.msg}", file=path, line=lineno,
-                                 hint="each line must be one JSON object") from None  # fmt: skip
-            if not isinstance(obj, dict):
-                raise InputError("expected a JSON object", file=path, line=lineno)
-            facts = obj.pop("facts", None)
-            if facts is not None:
-                obj.setdefault("metadata", {}).setdefault("facts", facts)
-            try:
-                items.append(QAItem.model_validate(obj))
-            except Exception as exc:
-                errors = getattr(exc, "errors", lambda: [])()
-                field_name = ".".join(str(p) for p in errors[0]["loc"]) if errors else None
-                msg = errors[0]["msg"] if errors else str(exc)
-                raise InputError(msg, file=path, line=lineno, field=field_name, record=obj.get("id"),
-                                 hint="a QA line needs id, question, answer, answer_type, evidence_ids") from None  # fmt: skip
-    return items
+    return read_qa_items(Path(path))
 
 
 @dataclass
@@ -378,8 +355,9 @@ def _question_date(history: History, evidence_ids: list[str]) -> date | None:
     """The day after the latest evidence record: asked then, every evidence record is in the past
     (RHELM's protocol answers from records strictly before the question date)."""
     days = [
-        history[rid].timestamp for rid in evidence_ids if rid in history and history[rid].timestamp
-    ]
+        utc_naive(history[rid].timestamp)
+        for rid in evidence_ids if rid in history and history[rid].timestamp
+    ]  # fmt: skip
     return (max(days).date() + timedelta(days=1)) if days else None
 
 
@@ -947,6 +925,8 @@ def generate_supervision(
                 raise
             # the error already propagating (e.g. disk full) is the one reported; every derived file
             # is rebuilt from the log on the next run, and atomic writes left none half-written
+        finally:
+            folder.close()
     return summary
 
 
