@@ -81,7 +81,8 @@ class BatchEngine(DemoEngine):
         texts = dict((label, text) for label, text in LABEL.findall(field_value(user, "records")))
         fact_labels = re.findall(r"R\d+\.\d+", field_value(user, "facts"))
         holder = next((t for t in texts.values() if _contains(t, answer)), "")
-        hint = [w for w in WORD.findall(holder) if not _contains(w, answer)][:4]
+        # three words: a question quoting more of its sentence is re-written (own words)
+        hint = [w for w in WORD.findall(holder) if not _contains(w, answer)][:3]
         question = f"Which word did I note beside '{' '.join(hint)}'?"
         sentences = [holder] + [texts[f] for f in fact_labels if f in texts and texts[f] != holder]
         self.planned[question] = (answer, sentences)

@@ -106,7 +106,8 @@ class World:
 
     def _question(self, answer: str, texts: list[str]) -> str:
         others = [w for t in texts for w in words(t) if normalize_text(w) != normalize_text(answer)]
-        picked = list(dict.fromkeys(others))[:6] or ["something"]
+        # three of them: a question copying more of its evidence is re-written (own words)
+        picked = list(dict.fromkeys(others))[:3] or ["something"]
         question = f"Which detail did I mention together with {', '.join(picked)}?"
         self.known[normalize_text(question)] = answer
         self.texts[normalize_text(question)] = texts
