@@ -154,3 +154,37 @@ def test_a_folder_written_before_resumes_with_its_flags(history_dir, lm_where, t
     lm_where["in_process"] = True
     res = CliRunner().invoke(app, [*_args(history_dir, out), "--objective", "recall"])
     assert res.exit_code != 0 and "options.proposer_output: folder has 'design'" in res.output
+
+
+class _Where:
+    """An LM config that only says whether its roles run in-process."""
+
+    def __init__(self, in_process: bool):
+        self._in_process = in_process
+
+    def in_process(self, *roles: str) -> bool:
+        return self._in_process
+
+
+def test_the_demo_resolves_its_optimization_by_the_lms():
+    from memsteer_dspy.demo import SIZES, demo_settings
+
+    full, r = SIZES["full"].resolve(_Where(True))
+    assert full.objective == "recall" and r.setting == "small-proposer"
+    assert r.values["feedback_tokens"] == 3000  # the size's own budget is given, not auto
+    full, r = SIZES["full"].resolve(_Where(False))
+    assert (
+        full.objective == "accuracy"
+        and r.setting == "paper"
+        and full.identity()
+        == {
+            **SIZES["full"].identity(),
+            "objective": "accuracy",
+        }
+    )
+    small, r = SIZES["small"].resolve(_Where(True))
+    assert small.objective == "recall" and r.values["val_from"] == "train+val"
+    # a demo folder written before `paper` existed has no such field in its identity
+    assert "paper" not in SIZES["small"].identity()
+    paper = demo_settings("small", paper=True)
+    assert paper.identity()["paper"] is True and paper.resolve(_Where(True))[1].setting == "paper"
