@@ -143,12 +143,10 @@ class Budgets(_Table):
     context_tokens: int = Field(
         4000, ge=64, description="The fixed context budget of every design (cl100k tokens)."
     )
-    feedback_tokens: int | None = Field(
-        None,
-        ge=200,
-        description="Token budget of the proposer's feedback (None: by the LMs, 1,200 for an "
-        "in-process proposer, else the paper's 3,000; memsteer_dspy.optimize.defaults).",
-    )
+    # The next three are None (False) by default: memsteer_dspy.optimize.defaults resolves them by
+    # where the LMs run, as `memsteer optimize` does.
+    feedback_tokens: int | None = Field(None, ge=200, description="Token budget of the proposer's feedback "
+                                        "(None: 1,200 for an in-process proposer, else the paper's 3,000).")  # fmt: skip
     objective: Objective | None = Field(
         None,
         description="MemSteer-Opt's objective (None: by the LMs, recall when the answerer runs "
