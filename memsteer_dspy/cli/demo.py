@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from memsteer_dspy.cli.common import cli_errors, echo_json, lm_options
+from memsteer_dspy.demo import SIZES, demo_settings, run_demo
 
 
 @cli_errors
@@ -81,8 +82,6 @@ def demo(
     """The main job out of the box: generate supervision from the demo history, optimize the memory
     design from Base-BM25, and compare Base-BM25 with the best design on the hand-written QA set
     (accuracy, QS, R@10, LM calls, tokens, wall time), tracked in MLflow."""
-    from memsteer_dspy.demo import SIZES, demo_settings, run_demo
-
     if size not in SIZES:
         raise typer.BadParameter(f"choose one of {', '.join(SIZES)}", param_hint="--size")
     overrides = {} if accuracy_items is None else {"accuracy_items": accuracy_items}

@@ -10,8 +10,29 @@ from typing import Annotated
 import typer
 
 from memsteer_dspy.cli.common import HistoryArgs, cli_errors, echo_json, history_options, lm_options
+from memsteer_dspy.cli.evaluate import default_cache_dir
 from memsteer_dspy.errors import InputError
+from memsteer_dspy.evaluation import read_qa_jsonl
+from memsteer_dspy.memory import MemoryDesign
+from memsteer_dspy.optimize import (
+    FEEDBACK_MODES,
+    OBJECTIVES,
+    MemSteerOpt,
+    OptimizeConfig,
+    progress_line,
+)
+from memsteer_dspy.optimize.defaults import resolve_defaults
+from memsteer_dspy.optimize.search import ACCEPT_RULES, GUARD_METRICS, PARENT_STRATEGIES, SEARCHES
+from memsteer_dspy.optimize.splits import (
+    carve_test,
+    official_test,
+    read_supervision,
+    split_official,
+)
+from memsteer_dspy.optimize.tune import OPTIMIZERS
+from memsteer_dspy.optimize.tune import tune_prompts as run_tuning
 from memsteer_dspy.runfolder import check_not_inputs
+from memsteer_dspy.tracking import Tracker
 
 SUPERVISION_HELP = (
     "'official' (the benchmark's own QA split per persona: 40% train, 20% validation, seeded) or a "
@@ -21,8 +42,6 @@ SUPERVISION_HELP = (
 
 def load_supervision(spec: str, loaded, *, seed: int):
     """(train, val, description) for ``--supervision``."""
-    from memsteer_dspy.optimize.splits import read_supervision, split_official
-
     if spec == "official":
         if not loaded.qa_items:
             raise InputError(
@@ -41,9 +60,6 @@ def load_test_split(
     """(train, val, test, test source) for ``memsteer optimize``: with official supervision the
     items the official split leaves out; otherwise ``--test PATH`` or a seeded share carved out by
     bundle (``--test-fraction``, 0 for none)."""
-    from memsteer_dspy.evaluation import read_qa_jsonl
-    from memsteer_dspy.optimize.splits import carve_test, official_test
-
     if test is not None:
         return train, val, read_qa_jsonl(test), str(Path(test).resolve())
     if spec == "official":
@@ -60,8 +76,6 @@ def load_test_split(
 
 
 def _tracker(out: Path, loaded, tracking_uri: str | None, no_tracking: bool):
-    from memsteer_dspy.tracking import Tracker
-
     if no_tracking:
         return Tracker.disabled()
     return Tracker.for_history(
@@ -74,8 +88,6 @@ def _pct(v) -> str:
 
 
 def _progress(event: dict) -> None:
-    from memsteer_dspy.optimize import progress_line
-
     typer.echo(progress_line(event), err=True)
 
 
@@ -375,11 +387,6 @@ def optimize(
     accepting a revision only when it scores better on validation (strictly, or significantly with
     --accept paired); scores the initial and the best design on held-out items at the end, with a
     paired 95% interval and a verdict; tracked in MLflow."""
-    from memsteer_dspy.cli.evaluate import default_cache_dir
-    from memsteer_dspy.memory import MemoryDesign
-    from memsteer_dspy.optimize import FEEDBACK_MODES, OBJECTIVES, MemSteerOpt, OptimizeConfig
-    from memsteer_dspy.optimize.defaults import resolve_defaults
-
     resolved = resolve_defaults(
         {"objective": objective, "proposer_output": proposer_output, "feedback_tokens": feedback_tokens,
          "accept": accept_rule, "guard": guard or None, "guard_margin": guard_margin, "val_from": val_from,
@@ -402,13 +409,6 @@ def optimize(
         raise typer.BadParameter("choose 'as_of' or 'full'", param_hint="--protocol")
     if proposer_output not in ("design", "changes"):
         raise typer.BadParameter("choose 'design' or 'changes'", param_hint="--proposer-output")
-    from memsteer_dspy.optimize.search import (
-        ACCEPT_RULES,
-        GUARD_METRICS,
-        PARENT_STRATEGIES,
-        SEARCHES,
-    )
-
     for value, allowed, hint in ((search, SEARCHES, "--search"), (parents, PARENT_STRATEGIES, "--parents"),
                                  (accept_rule, ACCEPT_RULES, "--accept"), (accept_test, ("bootstrap", "sign"), "--accept-test"),
                                  (val_from, ("val", "train+val"), "--val-from"),
@@ -542,11 +542,6 @@ def tune_prompts(
 ) -> None:
     """Hand the supervision to DSPy's GEPA or MIPROv2: tune the answerer and query-rewriter
     prompts of a fixed design on train, select on validation; logged to the same MLflow experiment."""
-    from memsteer_dspy.cli.evaluate import default_cache_dir
-    from memsteer_dspy.memory import MemoryDesign
-    from memsteer_dspy.optimize.tune import OPTIMIZERS
-    from memsteer_dspy.optimize.tune import tune_prompts as run_tuning
-
     if optimizer not in OPTIMIZERS:
         raise typer.BadParameter(f"choose one of {', '.join(OPTIMIZERS)}", param_hint="--optimizer")
     if auto not in ("light", "medium", "heavy"):
