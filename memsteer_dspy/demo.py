@@ -626,6 +626,7 @@ def run_demo(
     )
     for line in result.sized_down:
         say(f"  sized down: {line}")
+    say(f"  MemSteer-Opt {resolved.line()}")
 
     # 1. supervision ----------------------------------------------------------------------------
     train, val = _supervision(history, lm_config, out / "supervision", settings, say, result)
@@ -897,7 +898,6 @@ def _optimize(
         f"{config.objective}, on {len(train)} train / {len(val)} val items -> {folder}"
         + (f"  [{done - 1} iterations already done]" if done else "")
     )
-    say(f"  {resolved.line()}")
     res = opt.run()
     best = res.best_design
     best_entry = next(e for e in reversed(res.entries) if e.accepted)
