@@ -68,7 +68,9 @@ from memsteer_dspy.evaluation import (
 from memsteer_dspy.loaders.base import Loaded
 from memsteer_dspy.memory import MemoryDesign, MemorySystem
 from memsteer_dspy.memory.lookup import RecordLookup
+from memsteer_dspy.optimize.defaults import resolve_defaults
 from memsteer_dspy.optimize.loop import MemSteerOpt, OptimizeConfig, OptimizeResult, progress_line
+from memsteer_dspy.optimize.objectives import Objective
 from memsteer_dspy.optimize.search import HistoryEvaluator
 from memsteer_dspy.optimize.splits import split_official
 from memsteer_dspy.records import History, QAItem, Record
@@ -141,8 +143,19 @@ class Budgets(_Table):
     context_tokens: int = Field(
         4000, ge=64, description="The fixed context budget of every design (cl100k tokens)."
     )
-    feedback_tokens: int = Field(
-        3000, ge=200, description="Token budget of the proposer's feedback."
+    # The next three are None (False) by default: memsteer_dspy.optimize.defaults resolves them by
+    # where the LMs run, as `memsteer optimize` does.
+    feedback_tokens: int | None = Field(None, ge=200, description="Token budget of the proposer's feedback "
+                                        "(None: 1,200 for an in-process proposer, else the paper's 3,000).")  # fmt: skip
+    objective: Objective | None = Field(
+        None,
+        description="MemSteer-Opt's objective (None: by the LMs, recall when the answerer runs "
+        "in-process, which cannot carry accuracy, else the paper's accuracy).",
+    )
+    paper: bool = Field(
+        False,
+        description="MemSteer-Opt's options left unset take the paper's setting whatever LMs run "
+        "(otherwise an in-process proposer gets the small-proposer setting).",
     )
     max_resamples: int = Field(
         3,
@@ -243,7 +256,7 @@ PRESET_VALUES: dict[str, dict[str, dict[str, Any]]] = {
         "dataset": {"personas": ["Elena_Morales"], "eval_items": 8},
         "budgets": {"supervision": 4, "max_candidates": 24, "train_fraction": 0.6, "official_train": 2,
                     "official_val": 2, "iterations": 1, "context_tokens": 1000, "quality_items": 4,
-                    "bundle_profile": "small", "batch_size": 4, "feedback_tokens": 1500, "max_resamples": 1},
+                    "bundle_profile": "small", "batch_size": 4, "max_resamples": 1},
         "transfer": {"source_train": ["Elena_Morales"], "source_val": ["Elena_Morales"], "held_out": [],
                      "targets": ["Jonas_Richter"], "target_supervision": 4},
         "budget": {"sizes": [2, 3]},
@@ -872,9 +885,13 @@ class Study:
         persona's history, or with one design shared by several (:func:`shared_optimizer`).
         The optimization's MLflow run is nested under the study's."""
         b = self.cfg.budgets
+        resolved = resolve_defaults({"objective": b.objective, "feedback_tokens": b.feedback_tokens},
+                                    proposer_in_process=self.lm.in_process("proposer"),
+                                    answerer_in_process=self.lm.in_process("answerer"), paper=b.paper)  # fmt: skip
         config = OptimizeConfig(iterations=b.iterations, feedback=feedback, seed=self.cfg.dataset.seed,
-                                protocol="as_of", threads=b.threads, feedback_tokens=b.feedback_tokens,
-                                max_resamples=b.max_resamples)  # fmt: skip
+                                protocol="as_of", threads=b.threads, max_resamples=b.max_resamples,
+                                resolved=resolved.line(), **resolved.values)  # fmt: skip
+        self.log(f"  optimize {label or folder.name}: {resolved.line()}")
         kwargs = dict(config=config, lms=self.lm.lm, init_design=init_design or self.base_design(), tracker=self.tracker,
                       cache_dir=self.cache_dir, usage=self.lm.usage_by_role,
                       run_params={"study": self.name, "condition": label, "lm": self.lm.describe()},
@@ -1002,19 +1019,22 @@ def optimization_dict(result: OptimizeResult, n_train: int, n_val: int) -> dict[
     from memsteer_dspy.optimize.proposer import design_diff
 
     d0 = MemoryDesign.from_dict(result.entries[0].design)
+    # a recall-objective run answers nothing: its validation score is delivered recall
+    metric = "accuracy" if result.baseline_score.accuracy is not None else "delivered_recall"
     return {
-        "n_train": n_train, "n_val": n_val, "iterations": len(result.entries) - 1,
-        "accepted_path": result.accepted_path, "val_initial": result.baseline_score.accuracy,
-        "val_best": result.best_score.accuracy, "best_design_key": result.best_design.key(),
+        "n_train": n_train, "n_val": n_val, "iterations": len(result.entries) - 1, "val_metric": metric,
+        "accepted_path": result.accepted_path, "val_initial": getattr(result.baseline_score, metric),
+        "val_best": getattr(result.best_score, metric), "best_design_key": result.best_design.key(),
         "changes": design_diff(d0, result.best_design), "out_dir": result.out_dir,
         "statuses": [e.status for e in result.entries[1:]],
     }  # fmt: skip
 
 
 def optimization_lines(label: str, opt: Mapping[str, Any]) -> list[str]:
-    """One bullet per optimization: sizes, validation accuracy, accepted path, final changes."""
+    """One bullet per optimization: sizes, validation score, accepted path, final changes."""
     changes = "; ".join(opt["changes"]) or "none (the initial design stayed best)"
-    return [f"- **{label}**: {opt['n_train']} train / {opt['n_val']} val items; validation accuracy "
+    metric = opt.get("val_metric", "accuracy").replace("_", " ")
+    return [f"- **{label}**: {opt['n_train']} train / {opt['n_val']} val items; validation {metric} "
             f"{pct(opt['val_initial'])} → {pct(opt['val_best'])} over {opt['iterations']} iteration(s) "
             f"({', '.join(opt['statuses']) or 'none'}); best design `{opt['best_design_key']}`: {changes}"]  # fmt: skip
 

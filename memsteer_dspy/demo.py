@@ -48,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from memsteer_dspy.errors import ConfigError
 from memsteer_dspy.memory.design import DEFAULT_CONTEXT_BUDGET, MemoryDesign
+from memsteer_dspy.optimize.defaults import ResolvedDefaults, resolve_defaults
 from memsteer_dspy.optimize.objectives import Objective
 from memsteer_dspy.records import QAItem
 from memsteer_dspy.runfolder import RunFolder, run_key, write_atomic
@@ -92,7 +93,16 @@ class DemoSettings(BaseModel):
         "auto", description="Bundle profile: 'small' for a local LM, 'full' for an API LM, or auto."
     )
     iterations: int = Field(ge=0, description="MemSteer-Opt proposals after Base-BM25.")
-    objective: Objective = "accuracy"
+    objective: Objective | None = Field(
+        None,
+        description="MemSteer-Opt's objective; None: by the LMs (recall when the answerer runs "
+        "in-process, else accuracy; memsteer_dspy.optimize.defaults). A run resolves it at start.",
+    )
+    paper: bool = Field(
+        False,
+        description="MemSteer-Opt's options left unset take the paper's setting whatever LMs run "
+        "(otherwise the small-proposer setting when the proposer runs in-process).",
+    )
     feedback_tokens: int = Field(
         3000, ge=200, description="Token budget of the proposer's feedback."
     )
@@ -114,8 +124,21 @@ class DemoSettings(BaseModel):
     threads: int = Field(1, ge=1, description="Items / candidates run concurrently (API LMs).")
 
     def identity(self) -> dict[str, Any]:
-        """What a resumed run must share with the run it continues (``threads`` may change)."""
-        return self.model_dump(mode="json", exclude={"threads"})
+        """What a resumed run must share with the run it continues (``threads`` may change;
+        ``paper`` is left out when off, as demos written before it behaved)."""
+        return self.model_dump(
+            mode="json", exclude={"threads"} | ({"paper"} if not self.paper else set())
+        )
+
+    def resolve(self, lm_config: Any) -> tuple[DemoSettings, ResolvedDefaults]:
+        """These settings with the objective resolved for ``lm_config``'s LMs, and MemSteer-Opt's
+        LM-dependent options (the size's objective and feedback budget given, the rest auto)."""
+        resolved = resolve_defaults(
+            {"objective": self.objective, "feedback_tokens": self.feedback_tokens},
+            proposer_in_process=lm_config.in_process("proposer"),
+            answerer_in_process=lm_config.in_process("answerer"), paper=self.paper,
+        )  # fmt: skip
+        return self.model_copy(update={"objective": resolved.values["objective"]}), resolved
 
     def sized_down(self, reference: DemoSettings | None = None) -> list[str]:
         """What this size changes relative to ``reference`` (default: the full size), in words."""
@@ -136,7 +159,7 @@ class DemoSettings(BaseModel):
             out.append(f"optimization: {self.iterations} iterations (full: {ref.iterations})")
         if self.objective != ref.objective:
             out.append(
-                f"optimization objective: {self.objective} (full: {ref.objective}; "
+                f"optimization objective: {self.objective} (full: {ref.objective or 'by the LMs'}; "
                 + (
                     "candidates are scored by delivered recall, no answering during optimization)"
                     if self.objective == "recall"
@@ -208,14 +231,16 @@ SIZES: dict[str, DemoSettings] = {
         answer_max_tokens=128,
         max_resamples=1,
     ),
-    # The paper-sized run: meant for an API LM or a GPU (hours on the embedded model on a CPU).
+    # The paper-sized run: meant for an API LM or a GPU (hours on the embedded model on a CPU). Its
+    # objective follows the LMs: the embedded answerer answers "I don't know" to the RHELM items
+    # tried, so accuracy would select on zeros; an API answerer keeps the paper's accuracy.
     "full": DemoSettings(
         size="full",
         n_supervision=100,
         max_candidates=500,
         bundle_profile="auto",
         iterations=20,
-        objective="accuracy",
+        objective=None,
         feedback_tokens=3000,
         per_stage=10,
         accuracy_items=None,
@@ -572,7 +597,7 @@ def run_demo(
     from memsteer_dspy.tracking import Tracker
 
     t_start = time.perf_counter()
-    settings = settings or demo_settings(size)
+    settings, resolved = (settings or demo_settings(size)).resolve(lm_config)
     out = Path(out_dir).expanduser()
     say = _Progress(progress)
     loaded = load_demo()
@@ -601,6 +626,7 @@ def run_demo(
     )
     for line in result.sized_down:
         say(f"  sized down: {line}")
+    say(f"  MemSteer-Opt {resolved.line()}")
 
     # 1. supervision ----------------------------------------------------------------------------
     train, val = _supervision(history, lm_config, out / "supervision", settings, say, result)
@@ -611,9 +637,8 @@ def run_demo(
         _save(out, identity, result)
 
     # 2. optimization ---------------------------------------------------------------------------
-    best = _optimize(
-        history, train, val, d0, lm_config, out / "optimize", settings, tracker, cache, say, result
-    )
+    best = _optimize(history, train, val, d0, lm_config, out / "optimize", settings, resolved, tracker, cache,
+                     say, result)  # fmt: skip
     _save(out, identity, result)
 
     # 3. evaluation on the hand-written set -----------------------------------------------------
@@ -818,8 +843,8 @@ def _steering(history, reference, folder: Path, d0: MemoryDesign, panel: Path | 
 
 
 def _optimize(
-    history, train, val, d0: MemoryDesign, lm_config, folder: Path, settings: DemoSettings, tracker, cache: Path,
-    say, result: DemoResult,
+    history, train, val, d0: MemoryDesign, lm_config, folder: Path, settings: DemoSettings,
+    resolved: ResolvedDefaults, tracker, cache: Path, say, result: DemoResult,
 ) -> MemoryDesign:  # fmt: skip
     """Stage 2: MemSteer-Opt from Base-BM25 (resumable); returns the best design."""
     from memsteer_dspy.optimize.loop import MemSteerOpt, OptimizeConfig
@@ -838,10 +863,13 @@ def _optimize(
         result.optimization = {"ran": False, "reason": reason}
         result.stages.append(StageReport(name="optimization", status="skipped", detail=reason))
         return d0
+    v = resolved.values
     config = OptimizeConfig(
-        iterations=settings.iterations, objective=settings.objective, feedback="stratified", seed=settings.seed,
-        per_stage=settings.per_stage, feedback_tokens=settings.feedback_tokens, protocol="full",
+        iterations=settings.iterations, objective=v["objective"], feedback="stratified", seed=settings.seed,
+        per_stage=settings.per_stage, feedback_tokens=v["feedback_tokens"], protocol="full",
         threads=settings.threads, max_resamples=settings.max_resamples, stop_at_max=True,
+        proposer_output=v["proposer_output"], accept=v["accept"], guard=v["guard"], guard_margin=v["guard_margin"],
+        val_from=v["val_from"], max_eval_lm_calls=v["max_eval_lm_calls"], resolved=resolved.line(),
     )  # fmt: skip
 
     def on_event(event: dict[str, Any]) -> None:
@@ -879,7 +907,7 @@ def _optimize(
         "accepted_path": res.accepted_path, "baseline": res.baseline_score.short(), "best": res.best_score.short(),
         "best_design_key": best.key(), "best_iteration": best_entry.iteration, "changes": changes,
         "statuses": [e.status for e in res.entries], "cost": res.entries[-1].cost_total.model_dump(),
-        "parent_run_id": res.parent_run_id, "stopped": res.stopped,
+        "parent_run_id": res.parent_run_id, "stopped": res.stopped, "resolved": resolved.line(),
     }  # fmt: skip
     status = "reused" if done and done > config.iterations else ("resumed" if done else "ran")
     result.stages.append(StageReport(

@@ -267,6 +267,10 @@ def test_every_stage_runs_and_is_reported(demo_run):
     for tag in ("[1/4] supervision", "[2/4] optimization", "[3/4] evaluation", "[4/4] evaluation"):
         assert any(line.startswith(tag) for line in lines), tag
     assert any(line.startswith("  iteration 2/2") for line in lines)
+    # the optimizer's LM-dependent options, resolved once at the start (an API proposer: the paper's)
+    resolved = "  MemSteer-Opt resolved: paper setting, --proposer-output design"
+    assert any(line.startswith(resolved) for line in lines)
+    assert result.optimization["resolved"].startswith(resolved.strip().removeprefix("MemSteer-Opt "))
 
 
 def test_table_comes_from_real_computation(demo_run):

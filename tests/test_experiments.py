@@ -365,6 +365,18 @@ def test_every_example_config_loads_for_every_preset():
         assert set(lm.describe()) == set(ROLES), path
 
 
+def test_presets_leave_the_lm_dependent_optimize_options_to_the_resolver(tmp_path):
+    """Objective and feedback budget resolve by the LMs (memsteer_dspy.optimize.defaults) unless
+    a config sets them; ``paper = true`` under [budgets] forces the paper's setting."""
+    for preset in _common.PRESETS:
+        b = _common.load_config(None, preset).budgets
+        assert b.objective is None and b.feedback_tokens is None and not b.paper
+    path = tmp_path / "paper.toml"
+    path.write_text("[budgets]\npaper = true\nfeedback_tokens = 1500\n")
+    b = _common.load_config(path, "small").budgets
+    assert b.paper and b.feedback_tokens == 1500
+
+
 def test_presets_and_file_values_combine(tmp_path):
     full = _common.load_config(None, "full")
     assert full.budgets.iterations == 20 and full.budgets.context_tokens == 4000

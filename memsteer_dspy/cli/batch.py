@@ -9,7 +9,9 @@ from typing import Annotated
 
 import typer
 
+from memsteer_dspy.batch import build_tasks, make_executor, resolve_users, run_batch
 from memsteer_dspy.cli.common import FORMATS, cli_errors, echo_json
+from memsteer_dspy.tracking import Tracker
 
 batch_app = typer.Typer(
     help=(
@@ -30,8 +32,6 @@ def _run(ctx: typer.Context, command: str, *, users: str, out: Path, format: str
          external: bool, on_error: str, executor: str, workers: int, ray_address: str | None,
          ray_retries: int, ray_setup_hook: str | None, max_concurrent_lm: int | None, json_out: bool,
          tracking_uri: str | None = None, experiment: str | None = None) -> None:  # fmt: skip
-    from memsteer_dspy.batch import build_tasks, make_executor, resolve_users, run_batch
-
     if format not in FORMATS:
         raise typer.BadParameter(f"choose one of {', '.join(FORMATS)}", param_hint="--format")
     if executor not in ("local", "ray"):
@@ -66,8 +66,6 @@ def _run(ctx: typer.Context, command: str, *, users: str, out: Path, format: str
 
 def _open_tracking(uri: str, experiment: str, out: Path) -> None:
     """Create the store and the experiment once, before the users' runs open it in parallel."""
-    from memsteer_dspy.tracking import Tracker
-
     out.mkdir(parents=True, exist_ok=True)
     if not Tracker(uri, experiment).connect():
         typer.echo(

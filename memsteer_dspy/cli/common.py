@@ -23,7 +23,9 @@ from typing import Annotated, Any
 
 import typer
 
+import memsteer_dspy.lm as lm_package
 from memsteer_dspy.errors import MemsteerError
+from memsteer_dspy.loaders import load_history
 
 FORMATS = ("jsonl", "rhelm", "locomo", "hf", "longmemeval", "atm")
 ROLE_NAMES = (
@@ -45,8 +47,6 @@ class HistoryArgs:
     split: str | None = None
 
     def load(self):
-        from memsteer_dspy.loaders import load_history
-
         return load_history(
             self.format, self.path, user=self.user, external=self.external,
             on_error=self.on_error, columns=self.columns, split=self.split,
@@ -114,11 +114,10 @@ def lm_options(func):
     params.append(_kw("api_base", Annotated[str | None, typer.Option("--api-base", help="Endpoint of an OpenAI-compatible server (vLLM, llama-server, ...; e.g. http://127.0.0.1:8080/v1) for every openai/<name> LM given by --lm / --lm-<role>.")], None))  # fmt: skip
 
     def build(config=None, lm=None, api_base=None, **roles):
-        from memsteer_dspy.lm import load_lm_config
-
         role_lms = {k.removeprefix("lm_"): v for k, v in roles.items() if v}
         extra = {"api_base": api_base} if api_base else {}
-        return load_lm_config(config, lm=lm, role_lms=role_lms, **extra)
+        # looked up on the package at call time: tests stand a scripted config in for it there
+        return lm_package.load_lm_config(config, lm=lm, role_lms=role_lms, **extra)
 
     return _with_params(func, params, "lm_config", build)
 

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from memsteer_dspy.cli.common import cli_errors, echo_json, lm_options
+from memsteer_dspy.demo import SIZES, demo_settings, run_demo
 
 
 @cli_errors
@@ -68,15 +69,24 @@ def demo(
             help="Empty the --out run folder (never a folder of your own: it is refused) and start over (a rerun otherwise resumes, and only with the same size, LMs and history).",
         ),
     ] = False,
+    paper: Annotated[
+        bool,
+        typer.Option(
+            "--paper",
+            help="Optimize with the paper's setting (whole-design proposals, strict accept, no guard; "
+            "accuracy under --size full) whatever LMs run; by default an in-process proposer gets "
+            "the small-proposer setting (`memsteer optimize --help`).",
+        ),
+    ] = False,
 ) -> None:
     """The main job out of the box: generate supervision from the demo history, optimize the memory
     design from Base-BM25, and compare Base-BM25 with the best design on the hand-written QA set
     (accuracy, QS, R@10, LM calls, tokens, wall time), tracked in MLflow."""
-    from memsteer_dspy.demo import SIZES, demo_settings, run_demo
-
     if size not in SIZES:
         raise typer.BadParameter(f"choose one of {', '.join(SIZES)}", param_hint="--size")
     overrides = {} if accuracy_items is None else {"accuracy_items": accuracy_items}
+    if paper:
+        overrides["paper"] = True
     settings = demo_settings(size, threads=threads, **overrides)
     result = run_demo(
         out, lm_config, settings=settings, tracking_uri=tracking_uri, tracking=not no_tracking,

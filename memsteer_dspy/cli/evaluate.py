@@ -12,7 +12,11 @@ import typer
 
 from memsteer_dspy.cli.common import HistoryArgs, cli_errors, echo_json, history_options, lm_options
 from memsteer_dspy.errors import InputError
+from memsteer_dspy.evaluation import evaluate_design, evaluate_instances, read_qa_jsonl
+from memsteer_dspy.loaders.longmemeval import instance_loaded, read_instances
+from memsteer_dspy.memory import MemoryDesign, MemorySystem
 from memsteer_dspy.runfolder import check_not_inputs
+from memsteer_dspy.stats import compare_item_results, points, points_ci
 
 
 def default_cache_dir() -> Path:
@@ -144,9 +148,6 @@ def evaluate(
     """Evaluate a memory design on QA items: accuracy A(d), QS, R@1/5/10 and delivered recall,
     overall and by question type, with per-item results and traces; or compare two designs with
     --compare A.json B.json (the same paired comparison `memsteer optimize` reports on held-out items)."""
-    from memsteer_dspy.evaluation import evaluate_design, read_qa_jsonl
-    from memsteer_dspy.memory import MemoryDesign, MemorySystem
-
     if metrics not in ("all", "recall"):
         raise typer.BadParameter("choose 'all' or 'recall'", param_hint="--metrics")
     if protocol is not None and protocol not in ("as_of", "full"):
@@ -229,8 +230,6 @@ def evaluate(
 
 
 def _load_design(spec: str):
-    from memsteer_dspy.memory import MemoryDesign
-
     return MemoryDesign.base_bm25() if spec == "base-bm25" else MemoryDesign.load(spec)
 
 
@@ -250,10 +249,6 @@ def _compare(
     source,
 ):
     """``--compare A B``: both designs on the same items, then :func:`memsteer_dspy.stats.compare_item_results`."""
-    from memsteer_dspy.evaluation import evaluate_design
-    from memsteer_dspy.memory import MemorySystem
-    from memsteer_dspy.stats import compare_item_results, points, points_ci
-
     designs = [_load_design(s) for s in specs]
     judge_lm = lm_config.lm("judge") if metrics == "all" else None
     reports = []
@@ -295,9 +290,6 @@ def _evaluate_all(
     history: HistoryArgs, lm_config, d, metrics, out, json_out, threads, protocol, limit, cache
 ) -> None:
     """``evaluate --all``: every LongMemEval instance over its own haystack, pooled."""
-    from memsteer_dspy.evaluation import evaluate_instances
-    from memsteer_dspy.loaders.longmemeval import instance_loaded, read_instances
-
     if history.format != "longmemeval":
         raise typer.BadParameter(
             "--all is for --format longmemeval (one history per instance)", param_hint="--all"

@@ -10,6 +10,10 @@ import typer
 
 from memsteer_dspy.cli.common import HistoryArgs, cli_errors, echo_json, history_options
 from memsteer_dspy.errors import InputError
+from memsteer_dspy.export import export_memevolve, export_mstar, qa_export_items
+from memsteer_dspy.export.common import ExportItem
+from memsteer_dspy.memory import MemoryDesign
+from memsteer_dspy.optimize.splits import read_supervision
 from memsteer_dspy.runfolder import check_not_inputs
 
 TARGETS = ("mstar", "memevolve")
@@ -29,9 +33,6 @@ def export(
     """Export the history and its supervision for another memory optimizer: M* (train items =
     records, val items = QA) or MemEvolve (a provider serving a MemoryDesign, QA as tasks). The
     folder's README.md says how to plug it in."""
-    from memsteer_dspy.export import export_memevolve, export_mstar, qa_export_items
-    from memsteer_dspy.export.common import ExportItem
-
     if to not in TARGETS:
         raise typer.BadParameter(f"choose one of {', '.join(TARGETS)}", param_hint="--to")
     check_not_inputs(out, [history.path, supervision, design])
@@ -42,14 +43,10 @@ def export(
                              hint="pass a folder with train.jsonl and val.jsonl (memsteer generate writes one)")  # fmt: skip
         items = [ExportItem(q, "official") for q in loaded.qa_items]
     else:
-        from memsteer_dspy.optimize.splits import read_supervision
-
         items = qa_export_items(*read_supervision(supervision))
     if to == "mstar":
         summary = export_mstar(loaded.history, items, out, name=name)
     else:
-        from memsteer_dspy.memory import MemoryDesign
-
         d = MemoryDesign.base_bm25() if design == "base-bm25" else MemoryDesign.load(design)
         summary = export_memevolve(loaded.history, d, items, out)
     unresolved = summary.get("unresolved_evidence") or []

@@ -6,6 +6,7 @@ from typing import Annotated
 import typer
 
 from memsteer_dspy.cli.common import cli_errors, echo_json, lm_options
+from memsteer_dspy.lm.check import check_lms, format_check_table
 
 lm_app = typer.Typer(help="Inspect and test the LM of each role.", no_args_is_help=True)
 
@@ -18,8 +19,6 @@ def check(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Print the LM of each role and make one tiny structured call per distinct LM (latency, tokens)."""
-    from memsteer_dspy.lm.check import check_lms, format_check_table
-
     results = check_lms(lm_config)
     if json_out:
         echo_json({"roles": lm_config.describe(), "checks": [r.model_dump() if hasattr(r, "model_dump") else r.__dict__ for r in results]})

@@ -10,8 +10,29 @@ from typing import Annotated
 import typer
 
 from memsteer_dspy.cli.common import HistoryArgs, cli_errors, echo_json, history_options, lm_options
+from memsteer_dspy.cli.evaluate import default_cache_dir
 from memsteer_dspy.errors import InputError
+from memsteer_dspy.evaluation import read_qa_jsonl
+from memsteer_dspy.memory import MemoryDesign
+from memsteer_dspy.optimize import (
+    FEEDBACK_MODES,
+    OBJECTIVES,
+    MemSteerOpt,
+    OptimizeConfig,
+    progress_line,
+)
+from memsteer_dspy.optimize.defaults import resolve_defaults
+from memsteer_dspy.optimize.search import ACCEPT_RULES, GUARD_METRICS, PARENT_STRATEGIES, SEARCHES
+from memsteer_dspy.optimize.splits import (
+    carve_test,
+    official_test,
+    read_supervision,
+    split_official,
+)
+from memsteer_dspy.optimize.tune import OPTIMIZERS
+from memsteer_dspy.optimize.tune import tune_prompts as run_tuning
 from memsteer_dspy.runfolder import check_not_inputs
+from memsteer_dspy.tracking import Tracker
 
 SUPERVISION_HELP = (
     "'official' (the benchmark's own QA split per persona: 40% train, 20% validation, seeded) or a "
@@ -21,8 +42,6 @@ SUPERVISION_HELP = (
 
 def load_supervision(spec: str, loaded, *, seed: int):
     """(train, val, description) for ``--supervision``."""
-    from memsteer_dspy.optimize.splits import read_supervision, split_official
-
     if spec == "official":
         if not loaded.qa_items:
             raise InputError(
@@ -41,9 +60,6 @@ def load_test_split(
     """(train, val, test, test source) for ``memsteer optimize``: with official supervision the
     items the official split leaves out; otherwise ``--test PATH`` or a seeded share carved out by
     bundle (``--test-fraction``, 0 for none)."""
-    from memsteer_dspy.evaluation import read_qa_jsonl
-    from memsteer_dspy.optimize.splits import carve_test, official_test
-
     if test is not None:
         return train, val, read_qa_jsonl(test), str(Path(test).resolve())
     if spec == "official":
@@ -60,8 +76,6 @@ def load_test_split(
 
 
 def _tracker(out: Path, loaded, tracking_uri: str | None, no_tracking: bool):
-    from memsteer_dspy.tracking import Tracker
-
     if no_tracking:
         return Tracker.disabled()
     return Tracker.for_history(
@@ -74,8 +88,6 @@ def _pct(v) -> str:
 
 
 def _progress(event: dict) -> None:
-    from memsteer_dspy.optimize import progress_line
-
     typer.echo(progress_line(event), err=True)
 
 
@@ -105,12 +117,13 @@ def optimize(
         ),
     ] = 20,
     objective: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--objective",
-            help="'accuracy' (validation accuracy A(d), the paper's), 'recall' (delivered recall, R@10 tie-break; no answering LM) or 'recall-then-accuracy'.",
+            help="'accuracy' (validation accuracy A(d), the paper's), 'recall' (delivered recall, R@10 tie-break; no answering LM) or 'recall-then-accuracy'. "
+            "Default: recall when the answerer runs in-process, else accuracy (see --paper).",
         ),
-    ] = "accuracy",
+    ] = None,
     feedback: Annotated[
         str,
         typer.Option(
@@ -129,20 +142,22 @@ def optimize(
         int, typer.Option("--seed", help="Seeds the official split and the feedback sampling.")
     ] = 0,
     feedback_tokens: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--feedback-tokens",
             min=200,
-            help="Token budget of the feedback given to the proposer (keep the proposer's context in mind).",
+            help="Token budget of the feedback given to the proposer (keep the proposer's context in mind). "
+            "Default: 1200 when the proposer runs in-process, else 3000.",
         ),
-    ] = 3000,
+    ] = None,
     proposer_output: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--proposer-output",
-            help="'design' (the whole revised design as structured output) or 'changes' (only the fields to change: a much shorter output, for small local proposers).",
+            help="'design' (the whole revised design as structured output) or 'changes' (only the fields to change: a much shorter output, for small local proposers). "
+            "Default: changes when the proposer runs in-process, else design.",
         ),
-    ] = "design",
+    ] = None,
     max_build_calls: Annotated[
         int | None,
         typer.Option(
@@ -160,7 +175,8 @@ def optimize(
             min=0,
             help="Most retrieval-time LM calls one scoring of a candidate may take (query rewrite, "
             "HyDE, decomposition, multi-query, LM rerank: one per question each); a design over it "
-            "is sent back to the proposer. 0 keeps the search LM-free at retrieval. Default: no limit.",
+            "is sent back to the proposer. 0 keeps the search LM-free at retrieval. Default: 0 when the "
+            "proposer runs in-process, else no limit.",
         ),
     ] = None,
     max_embed_units: Annotated[
@@ -261,13 +277,14 @@ def optimize(
         ),
     ] = "softmax",
     accept_rule: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--accept",
             help="'strict' (strictly better on validation; the paper's) or 'paired' (a "
-            "significant paired gain on the validation items: one-sided p < --accept-alpha).",
+            "significant paired gain on the validation items: one-sided p < --accept-alpha). "
+            "Default: paired when the proposer runs in-process, else strict.",
         ),
-    ] = "strict",
+    ] = None,
     accept_alpha: Annotated[
         float,
         typer.Option(
@@ -294,7 +311,8 @@ def optimize(
             metavar="METRIC",
             help="Non-inferiority guard (repeatable): reject a candidate significantly below the current "
             "design in this metric (recall_at_1/5/10, delivered_recall, accuracy), paired over the "
-            "selecting items, one-sided at --accept-alpha with --accept-test; applies to both accept rules.",
+            "selecting items, one-sided at --accept-alpha with --accept-test; applies to both accept rules. "
+            "Default: recall_at_10 when the proposer runs in-process, else none.",
         ),
     ] = None,
     guard_margin: Annotated[
@@ -305,17 +323,18 @@ def optimize(
             max=0.5,
             help="Make each --guard a non-inferiority test: a candidate passes only when the paired "
             "bootstrap shows it above the current design minus this margin (p < --accept-alpha); "
-            "default: reject only a significant loss.",
+            "default: 0.02 when the proposer runs in-process, else none (reject only a significant loss).",
         ),
     ] = None,
     val_from: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--val-from",
             help="Items that select (accept rule, guards, parents, best design): 'val', or 'train+val' "
-            "(--objective recall only; feedback still comes from the training items alone).",
+            "(--objective recall only; feedback still comes from the training items alone). "
+            "Default: train+val when the proposer runs in-process and the objective is recall, else val.",
         ),
-    ] = "val",
+    ] = None,
     proposals: Annotated[
         int,
         typer.Option(
@@ -353,15 +372,33 @@ def optimize(
             "LM-free design found so far by this much on the primary metric (0-1).",
         ),
     ] = 0.02,
+    paper: Annotated[
+        bool,
+        typer.Option(
+            "--paper",
+            help="The paper's setting for every option above left unset (--objective accuracy "
+            "--proposer-output design --feedback-tokens 3000 --accept strict, no guard, --val-from val, "
+            "no retrieval LM-call limit), whatever LMs run. Without it those options default by the "
+            "LMs: the small-proposer setting when the proposer runs in-process.",
+        ),
+    ] = False,
 ) -> None:
     """MemSteer-Opt: optimize the memory design for this history with evidence-guided feedback,
     accepting a revision only when it scores better on validation (strictly, or significantly with
     --accept paired); scores the initial and the best design on held-out items at the end, with a
     paired 95% interval and a verdict; tracked in MLflow."""
-    from memsteer_dspy.cli.evaluate import default_cache_dir
-    from memsteer_dspy.memory import MemoryDesign
-    from memsteer_dspy.optimize import FEEDBACK_MODES, OBJECTIVES, MemSteerOpt, OptimizeConfig
-
+    resolved = resolve_defaults(
+        {"objective": objective, "proposer_output": proposer_output, "feedback_tokens": feedback_tokens,
+         "accept": accept_rule, "guard": guard or None, "guard_margin": guard_margin, "val_from": val_from,
+         "max_eval_lm_calls": max_eval_lm_calls},
+        proposer_in_process=lm_config.in_process("proposer"),
+        answerer_in_process=lm_config.in_process("answerer"), paper=paper,
+    )  # fmt: skip
+    v = resolved.values
+    objective, proposer_output, feedback_tokens, accept_rule = (v["objective"], v["proposer_output"],
+                                                                v["feedback_tokens"], v["accept"])  # fmt: skip
+    guard, guard_margin, val_from, max_eval_lm_calls = (v["guard"], v["guard_margin"], v["val_from"],
+                                                        v["max_eval_lm_calls"])  # fmt: skip
     if objective not in OBJECTIVES:
         raise typer.BadParameter(f"choose one of {', '.join(OBJECTIVES)}", param_hint="--objective")
     if feedback not in FEEDBACK_MODES:
@@ -372,13 +409,6 @@ def optimize(
         raise typer.BadParameter("choose 'as_of' or 'full'", param_hint="--protocol")
     if proposer_output not in ("design", "changes"):
         raise typer.BadParameter("choose 'design' or 'changes'", param_hint="--proposer-output")
-    from memsteer_dspy.optimize.search import (
-        ACCEPT_RULES,
-        GUARD_METRICS,
-        PARENT_STRATEGIES,
-        SEARCHES,
-    )
-
     for value, allowed, hint in ((search, SEARCHES, "--search"), (parents, PARENT_STRATEGIES, "--parents"),
                                  (accept_rule, ACCEPT_RULES, "--accept"), (accept_test, ("bootstrap", "sign"), "--accept-test"),
                                  (val_from, ("val", "train+val"), "--val-from"),
@@ -399,11 +429,12 @@ def optimize(
         search=search, parents=parents, accept=accept_rule, accept_alpha=accept_alpha, accept_margin=accept_margin,
         accept_test=accept_test, lm_retrieval_margin=lm_retrieval_margin, proposals=proposals,
         guard=list(guard or []), guard_margin=guard_margin, val_from=val_from, tabu=tabu,
-        stop_at_max=stop_at_max,
+        stop_at_max=stop_at_max, resolved=resolved.line(),
     )  # fmt: skip
     tracker = _tracker(out, loaded, tracking_uri, no_tracking)
     if dspy_autolog:
         tracker.enable_dspy_autolog()
+    typer.echo(resolved.line(), err=True)
     typer.echo(
         f"MemSteer-Opt on {loaded.history.user_id}: {len(train)} train / {len(val)} val / {len(test_items)} test "
         f"items ({source}); objective {objective}, search {search}, accept {accept_rule}, {iterations} iterations -> {out}",
@@ -421,7 +452,7 @@ def optimize(
     best, base = result.best_score, result.baseline_score
     summary = {
         "user": loaded.history.user_id, "objective": objective, "feedback": feedback, "search": search,
-        "accept": accept_rule, **result.summary(), "baseline": base.model_dump(),
+        "accept": accept_rule, "resolved": resolved.line(), **result.summary(), "baseline": base.model_dump(),
         "lm_usage": lm_config.usage_by_role(),
     }  # fmt: skip
     if json_out:
@@ -511,11 +542,6 @@ def tune_prompts(
 ) -> None:
     """Hand the supervision to DSPy's GEPA or MIPROv2: tune the answerer and query-rewriter
     prompts of a fixed design on train, select on validation; logged to the same MLflow experiment."""
-    from memsteer_dspy.cli.evaluate import default_cache_dir
-    from memsteer_dspy.memory import MemoryDesign
-    from memsteer_dspy.optimize.tune import OPTIMIZERS
-    from memsteer_dspy.optimize.tune import tune_prompts as run_tuning
-
     if optimizer not in OPTIMIZERS:
         raise typer.BadParameter(f"choose one of {', '.join(OPTIMIZERS)}", param_hint="--optimizer")
     if auto not in ("light", "medium", "heavy"):

@@ -6,6 +6,7 @@ from typing import Annotated
 import typer
 
 from memsteer_dspy.cli.common import cli_errors, echo_json
+from memsteer_dspy.report import log_report, write_report
 
 
 @cli_errors
@@ -37,8 +38,6 @@ def report(
     path, the design diff of each accepted step, training failures by stage, the held-out verdict,
     LM cost by role) with the figures as PNGs beside it, and add them to the run's MLflow parent
     run under report/."""
-    from memsteer_dspy.report import log_report, write_report
-
     rep = write_report(run_dir, out)
     tracked = None if no_tracking else log_report(rep, run_dir, tracking_uri=tracking_uri)
     if json_out:

@@ -20,8 +20,9 @@ PARENT_STRATEGIES = ("softmax", "pareto")
 GUARD_METRICS = ("recall_at_1", "recall_at_5", "recall_at_10", "delivered_recall", "accuracy")
 Search = Literal["hill", "population", "random", "tpe"]
 # OptimizeConfig fields left out of the same-run key: how far the run goes and how parallel it
-# is change no finished iteration's result (a resume with more --iterations continues).
-KEY_EXCLUDED = ("iterations", "threads", "stop_at_max")
+# is change no finished iteration's result (a resume with more --iterations continues); `resolved`
+# only describes how the other options got their values (those values are in the key).
+KEY_EXCLUDED = ("iterations", "threads", "stop_at_max", "resolved")
 # Options added after runs were written: left out of the key at the value those runs behaved as
 # (no limit; no tabu list), so those runs stay resumable.
 KEY_LATER_NONE = ("max_eval_lm_calls", "max_embed_units")
@@ -135,6 +136,11 @@ class OptimizeConfig(BaseModel):
         "that changes several fields has each single-field sub-change scored before its fields are "
         "given up (the random/TPE baselines never screen: they keep their evaluation budget).",
     )
+    resolved: str | None = Field(
+        None,
+        description="How the options left unset were resolved (memsteer_dspy.optimize.defaults), "
+        "in words; descriptive: the resolved values themselves are in the same-run key.",
+    )
 
 
 def val_items(train: list[QAItem], val: list[QAItem], config: Any) -> list[QAItem]:
@@ -189,5 +195,5 @@ def run_settings(config: OptimizeConfig, history: History, init_design_key: str,
         "init_design_key": init_design_key, "protocol": c.protocol, "n_train": len(train), "n_val": len(val),
         "search": c.search, "parents": c.parents, "accept": c.accept, "guard": c.guard, "guard_margin": c.guard_margin,
         "val_from": c.val_from, "n_test": len(test), "test_ids": ids_digest(test) if test else None,
-        "test_source": test_source,
+        "test_source": test_source, "resolved": c.resolved,
     }  # fmt: skip

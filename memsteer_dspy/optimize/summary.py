@@ -69,6 +69,7 @@ def render_summary(
             else ""
         )
         + f", LM-retrieval margin {config.lm_retrieval_margin}",
+        *([f"- {md_text(config.resolved)}"] if config.resolved else []),
         f"- initial design `{base.design_key}`; best design `{best.design_key}` (iteration {best.iteration})",
         f"- validation: initial {base.score.short() if base.score else '-'}; best {best.score.short() if best.score else '-'}",
         f"- cost: {total.short()}",
@@ -122,5 +123,5 @@ def write_outputs(out: Path, entries: list[TrajectoryEntry], config: OptimizeCon
         data = {"user": history.user_id, "objective": c.objective, "search": c.search,
                 "parents": c.parents if c.search == "population" else None, "accept": c.accept,
                 "feedback": c.feedback, "n_train": settings.get("n_train"), "n_val": settings.get("n_val"),
-                **result.summary()}  # fmt: skip
+                "resolved": c.resolved, **result.summary()}  # fmt: skip
         write_json(out / "summary.json", data)
