@@ -162,6 +162,29 @@ def _mean(v: list) -> float:
     return sum(vals) / len(vals) if vals else 0.0
 
 
+def tables_from_items(path: Path, against: str | None, seed: int = 0, root: Path | None = None) -> str:
+    """The tables of a run's ``items.jsonl`` — also of a run stopped part-way: only personas every
+    row finished are compared (the paired intervals need the same items under every row)."""
+    per_item: dict[str, dict[str, dict]] = {}
+    personas: dict[str, set[str]] = {}
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        per_item.setdefault(r["row"], {})[f"{r['persona']}/{r['qa_id']}"] = r
+        personas.setdefault(r["persona"], set()).add(r["row"])
+    names = list(per_item)
+    done = [p for p, rows in personas.items() if rows == set(names)]
+    ids = [i for i in per_item[BASE] if i.split("/", 1)[0] in done]
+    test: list[str] = []
+    for p in done:
+        loaded = load_rhelm(root, p, external=True)
+        test += [f"{p}/{q.id}" for q in official_test(loaded.qa_items, seed=seed)]
+    costs = {n: {"build_s": 0.0, "score_s": 0.0, "lm_calls": 0, "tokens": 0} for n in names}
+    out = [f"Personas: {', '.join(done)}\n"]
+    for title, sub in (("all official items", ids), ("held-out test split", test)):
+        out += [f"\n## {title}\n", _table(_rows(per_item, sub, names, costs, against), against), ""]
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -179,9 +202,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-reference", action="store_true", help="leave out the RAG/Hybrid rows")
     ap.add_argument("--seed", type=int, default=0, help="the official split's seed (test items)")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tables-only", action="store_true",
+                    help="only print the tables of --out/items.jsonl (a run stopped part-way)")  # fmt: skip
     add_rhelm_args(ap)
     args = ap.parse_args(argv)
     root = resolve_rhelm_args(ap, args)
+    if args.tables_only:
+        against = args.against or (MemoryDesign.load(args.design[0]).name if args.design else None)
+        print(tables_from_items(args.out / "items.jsonl", against, args.seed, root))
+        return 0
     _share_embedders()
     designs = [MemoryDesign.load(p) for p in args.design]
     against = args.against or (designs[0].name if designs else None)
