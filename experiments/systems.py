@@ -131,10 +131,16 @@ def _table(rows: list[dict[str, Any]], against: str | None) -> str:
         if against:
             va = r["vs_against"]
             cells += [f"{points(va['diff'][m])} {points_ci(va['ci95'][m])}" for m in METRICS]
-        cells += [f"{r['context_tokens']:,.0f}", f"{r['build_s']:,.0f}", f"{r['score_s']:,.0f}",
-                  str(r["lm_calls"]), str(r["tokens"])]  # fmt: skip
+        cells += [
+            f"{r['context_tokens']:,.0f}",
+            *(_num(r[c]) for c in ("build_s", "score_s", "lm_calls", "tokens")),
+        ]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
+
+
+def _num(x: float | None) -> str:
+    return "–" if x is None else f"{x:,.0f}"
 
 
 def _rows(per_item: dict[str, dict[str, dict]], ids: list[str], names: list[str], costs, against):
@@ -162,7 +168,9 @@ def _mean(v: list) -> float:
     return sum(vals) / len(vals) if vals else 0.0
 
 
-def tables_from_items(path: Path, against: str | None, seed: int = 0, root: Path | None = None) -> str:
+def tables_from_items(
+    path: Path, against: str | None, seed: int = 0, root: Path | None = None
+) -> str:
     """The tables of a run's ``items.jsonl`` — also of a run stopped part-way: only personas every
     row finished are compared (the paired intervals need the same items under every row)."""
     per_item: dict[str, dict[str, dict]] = {}
@@ -178,7 +186,9 @@ def tables_from_items(path: Path, against: str | None, seed: int = 0, root: Path
     for p in done:
         loaded = load_rhelm(root, p, external=True)
         test += [f"{p}/{q.id}" for q in official_test(loaded.qa_items, seed=seed)]
-    costs = {n: {"build_s": 0.0, "score_s": 0.0, "lm_calls": 0, "tokens": 0} for n in names}
+    costs = {
+        n: dict.fromkeys(("build_s", "score_s", "lm_calls", "tokens")) for n in names
+    }  # not logged per item
     out = [f"Personas: {', '.join(done)}\n"]
     for title, sub in (("all official items", ids), ("held-out test split", test)):
         out += [f"\n## {title}\n", _table(_rows(per_item, sub, names, costs, against), against), ""]
