@@ -42,14 +42,18 @@ def matrix(means: list[float], n: int = 6) -> np.ndarray:
     return np.tile(np.array(means, dtype=float), (n, 1))
 
 
+def agree(generated: list[float], reference: list[float], metric: str = "recall_at_10"):
+    """The agreement of two exact per-design means (every item equal)."""
+    return rank_agreement(NAMES, matrix(generated), matrix(reference), metric=metric, resamples=50)
+
+
 def test_the_same_order_agrees_and_the_reverse_disagrees():
-    same = rank_agreement(NAMES, matrix([0.2, 0.4, 0.6, 0.8]), matrix([0.1, 0.3, 0.5, 0.9]),
-                          metric="recall_at_10", resamples=50)  # fmt: skip
+    same = agree([0.2, 0.4, 0.6, 0.8], [0.1, 0.3, 0.5, 0.9])
     assert same.kendall_tau == pytest.approx(1.0) and same.spearman_rho == pytest.approx(1.0)
     assert same.generated_best == ["c"] and same.best_in_reference_top
-    assert same.headroom_generated == pytest.approx(0.6) and same.headroom_reference == pytest.approx(0.8)
-    rev = rank_agreement(NAMES, matrix([0.8, 0.6, 0.4, 0.2]), matrix([0.1, 0.3, 0.5, 0.9]),
-                         metric="recall_at_10", resamples=50)  # fmt: skip
+    assert same.headroom_generated == pytest.approx(0.6)
+    assert same.headroom_reference == pytest.approx(0.8)
+    rev = agree([0.8, 0.6, 0.4, 0.2], [0.1, 0.3, 0.5, 0.9])
     assert rev.kendall_tau == pytest.approx(-1.0)
     assert rev.generated_best == ["base-bm25"] and not rev.best_in_reference_top
     assert rev.headroom_generated == 0.0
@@ -57,8 +61,7 @@ def test_the_same_order_agrees_and_the_reverse_disagrees():
 
 def test_a_set_that_ties_every_design_has_no_agreement_and_no_best():
     """Today's failure: every design finds every generated item's evidence."""
-    tied = rank_agreement(NAMES, matrix([1.0, 1.0, 1.0, 1.0]), matrix([0.6, 0.8, 0.7, 0.5]),
-                          metric="delivered_recall", resamples=50)  # fmt: skip
+    tied = agree([1.0, 1.0, 1.0, 1.0], [0.6, 0.8, 0.7, 0.5], "delivered_recall")
     assert tied.kendall_tau is None and tied.spearman_rho is None and tied.kendall_ci95 is None
     assert tied.undefined_share == 1.0 and tied.separated == 1
     assert tied.generated_best == NAMES and not tied.best_in_reference_top  # a tie picks nothing
@@ -87,9 +90,14 @@ def test_the_package_panel_is_fixed_lm_free_and_patches_base_bm25():
     assert {d.retrieve.index for d in panel.values()} == {"bm25", "dense", "hybrid"}
     # on another base (the demo's smaller budget) every patch keeps what it does not change
     small = MemoryDesign.base_bm25()
-    small = small.model_copy(update={"context": small.context.model_copy(update={"budget_tokens": 1000})})
+    small = small.model_copy(
+        update={"context": small.context.model_copy(update={"budget_tokens": 1000})}
+    )
     on_small = load_panel(base=small)
-    assert on_small["dense"].context.budget_tokens == 1000 and on_small["dense"].retrieve.index == "dense"
+    assert (
+        on_small["dense"].context.budget_tokens == 1000
+        and on_small["dense"].retrieve.index == "dense"
+    )
 
 
 def test_a_bad_panel_names_its_file_line_and_design(tmp_path):
@@ -131,8 +139,15 @@ def echo_items(items):
 def test_questions_in_their_evidence_words_are_lexically_easy(demo, tmp_path):
     panel = load_panel(_bm25_panel(tmp_path))
     ref = demo.qa_items
-    rep = assess_steering(demo.history, echo_items(ref), ref, panel=panel, cache_dir=tmp_path / "idx",
-                          resamples=100, groups={"validation": [q.id + "-echo" for q in ref[:3]]})  # fmt: skip
+    rep = assess_steering(
+        demo.history,
+        echo_items(ref),
+        ref,
+        panel=panel,
+        cache_dir=tmp_path / "idx",
+        resamples=100,
+        groups={"validation": [q.id + "-echo" for q in ref[:3]]},
+    )
     assert rep.n_generated == rep.n_reference == 34
     assert rep.base_r10_generated > rep.base_r10_reference + 0.15  # the echo is easier
     assert rep.lexical_gap == pytest.approx(rep.base_r10_generated - rep.base_r10_reference)
@@ -142,7 +157,9 @@ def test_questions_in_their_evidence_words_are_lexically_easy(demo, tmp_path):
     metrics = steering_metrics(rep)
     assert metrics["panel.base-bm25.reference.recall_at_10"] == rep.base_r10_reference
     # the same items on both sides rank the panel the same way
-    same = assess_steering(demo.history, ref, ref, panel=panel, cache_dir=tmp_path / "idx", resamples=100)
+    same = assess_steering(
+        demo.history, ref, ref, panel=panel, cache_dir=tmp_path / "idx", resamples=100
+    )
     assert same.agreement["delivered_recall"].kendall_tau == pytest.approx(1.0)
     assert same.lexical_gap == 0.0
 
@@ -163,10 +180,23 @@ def _supervision_folder(folder: Path, items) -> Path:
     return folder
 
 
-def test_assess_steering_command_reports_and_leaves_the_supervision_folder_as_it_was(demo, tmp_path):
+def test_assess_steering_command_reports_and_leaves_the_supervision_folder_as_it_was(
+    demo, tmp_path
+):
     sup = _supervision_folder(tmp_path / "gen", echo_items(demo.qa_items))
-    args = ["assess", "--format", "jsonl", "--path", str(demo_path()), "--supervision", str(sup),
-            "--steering", "--panel", str(_bm25_panel(tmp_path)), "--json"]  # fmt: skip
+    args = [
+        "assess",
+        "--format",
+        "jsonl",
+        "--path",
+        str(demo_path()),
+        "--supervision",
+        str(sup),
+        "--steering",
+        "--panel",
+        str(_bm25_panel(tmp_path)),
+        "--json",
+    ]
     before = {p.name: p.read_bytes() for p in sup.iterdir()}
     res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "steering.json")])
     assert res.exit_code == 0, res.output
@@ -187,13 +217,26 @@ def test_assess_steering_command_reports_and_leaves_the_supervision_folder_as_it
 
 
 def test_steering_needs_supervision_and_a_reference(tmp_path, demo):
-    res = CliRunner().invoke(app, ["assess", "--format", "jsonl", "--path", str(demo_path()), "--steering"])
+    res = CliRunner().invoke(
+        app, ["assess", "--format", "jsonl", "--path", str(demo_path()), "--steering"]
+    )
     assert res.exit_code == 2 and "--supervision" in res.output
     history = tmp_path / "h.jsonl"  # records only: no QA to measure against
     history.write_text((demo_path() / "records.jsonl").read_text())
     sup = _supervision_folder(tmp_path / "gen", demo.qa_items)
-    res = CliRunner().invoke(app, ["assess", "--format", "jsonl", "--path", str(history), "--supervision",
-                                   str(sup), "--steering"])  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        [
+            "assess",
+            "--format",
+            "jsonl",
+            "--path",
+            str(history),
+            "--supervision",
+            str(sup),
+            "--steering",
+        ],
+    )
     assert res.exit_code == 2 and "--reference" in res.output
 
 
@@ -209,32 +252,46 @@ def test_save_steering_without_a_summary_writes_only_the_report(demo, tmp_path):
 # -- own words ----------------------------------------------------------------------------
 
 
-SENTENCE = "I woke up early, feeling excited about taking Oliver for our usual nature walk in Forest Park."
+SENTENCE = (
+    "I woke up early, feeling excited about taking Oliver for our usual nature walk in Forest Park."
+)
 
 
 def test_a_question_copied_from_its_sentence_echoes_and_one_in_own_words_does_not():
-    copied = "When did I wake up early, feeling excited about taking Oliver for our usual nature walk?"
-    assert echoes(copied, SENTENCE) == ["up early feeling excited about taking oliver for our usual nature walk"]
+    copied = (
+        "When did I wake up early, feeling excited about taking Oliver for our usual nature walk?"
+    )
+    assert echoes(copied, SENTENCE) == [
+        "up early feeling excited about taking oliver for our usual nature walk"
+    ]
     assert echoes("When did I take Oliver to Forest Park?", SENTENCE) is None
     # names, numbers and the answer are not echo; four distinctive words are
     assert echoed_words("When did Oliver and I walk in Forest Park?", SENTENCE) == ["walk"]
     assert echoes("When was I excited about our usual nature walk?", SENTENCE) == [
-        "excited", "usual", "nature", "walk",
-    ]  # fmt: skip
+        "excited",
+        "usual",
+        "nature",
+        "walk",
+    ]
     # a quoted email subject is words a user would not recall verbatim
     subject = "Subject: Thank You for a Wonderful Birthday Brunch!"
     assert echoes("When was the email 'Thank You for a Wonderful Birthday Brunch!' sent?", subject)
     assert echoes("When did I thank Sofia for the birthday brunch?", subject) is None
     assert copied_run("Who is watching Biscuit?", "Lena is watching Biscuit while we travel") == [
-        "is", "watching", "biscuit",
-    ]  # fmt: skip
+        "is",
+        "watching",
+        "biscuit",
+    ]
 
 
 def test_no_hand_written_demo_question_echoes_its_evidence(demo):
     """The thresholds' calibration: a user's own questions pass."""
     recs = {r.id: r for r in demo.history}
-    copied = [q.question for q in demo.qa_items
-              if echoes(q.question, "\n".join(recs[e].text for e in q.evidence_ids), q.answer)]  # fmt: skip
+    copied = [
+        q.question
+        for q in demo.qa_items
+        if echoes(q.question, "\n".join(recs[e].text for e in q.evidence_ids), q.answer)
+    ]
     assert copied == []
 
 
@@ -242,19 +299,21 @@ def _own_words_candidate(*questions: str):
     """The MacBook Air candidate of the anchored pipeline with the own-words check on, its writer
     answering ``questions`` in turn; the DummyLM records every writer request."""
     from supervision_helpers import audit_reply, blind_reply, question_reply, role_lms, small_bundle
+    from test_supervision_anchored import FACT, _plan  # the anchored tests' MacBook Air plan
 
-    from memsteer_dspy.bundles import Task, answer_options
+    from memsteer_dspy.bundles import answer_options
     from memsteer_dspy.supervision.program import MemSteerGenerator
 
     bundle = small_bundle()
     options = answer_options(bundle.records, "Elena", "entity")
     n = next(i for i, o in enumerate(options, 1) if o.answer == "MacBook Air")
-    plan = {"answer_option": n, "evidence": [{"record_id": "R1", "contribution": "names it"}],
-            "fact_span_ids": ["R1.1"], "operations": ["lookup"], "ask": "which laptop I wrote from"}  # fmt: skip
-    lms = role_lms([plan], [question_reply(q) for q in questions], [audit_reply()], [blind_reply()])
-    gen = MemSteerGenerator(lms, max_retries=0, lean=True, anchored=True, own_words=True, user_name="Elena")
-    task = Task(question_type="fact", evidence_count=1, answer_type="entity")
-    return gen(bundle=bundle, task=task, shuffle_seed=0).outcome, lms["question_writer"]
+    lms = role_lms(
+        [_plan(n)], [question_reply(q) for q in questions], [audit_reply()], [blind_reply()]
+    )
+    gen = MemSteerGenerator(
+        lms, max_retries=0, lean=True, anchored=True, own_words=True, user_name="Elena"
+    )
+    return gen(bundle=bundle, task=FACT, shuffle_seed=0).outcome, lms["question_writer"]
 
 
 COPIED = "Which device did I use this morning to send a quick note to Lila from, on March 2?"
@@ -289,8 +348,23 @@ def test_generate_ends_with_the_steering_panel_when_there_is_a_reference(tmp_pat
 
     hist = scripted_generate_cli(tmp_path, monkeypatch, in_process=False)
     out = tmp_path / "out"
-    args = ["generate", "--format", "jsonl", "--path", str(hist), "--out", str(out), "--n", "3",
-            "--max-candidates", "4", "--profile", "full", "--panel", str(_bm25_panel(tmp_path))]  # fmt: skip
+    args = [
+        "generate",
+        "--format",
+        "jsonl",
+        "--path",
+        str(hist),
+        "--out",
+        str(out),
+        "--n",
+        "3",
+        "--max-candidates",
+        "4",
+        "--profile",
+        "full",
+        "--panel",
+        str(_bm25_panel(tmp_path)),
+    ]
     first = CliRunner().invoke(app, args)  # no reference: no steering
     assert first.exit_code == 0, first.output
     assert not (out / "steering.json").exists()
@@ -301,13 +375,17 @@ def test_generate_ends_with_the_steering_panel_when_there_is_a_reference(tmp_pat
     assert res.exit_code == 0, res.output
     report = json.loads((out / "steering.json").read_text())
     assert [r["name"] for r in report["panel"]] == list(BM25_PANEL)
-    assert json.loads((out / "summary.json").read_text())["steering"]["metric"] == "delivered_recall"
+    assert (
+        json.loads((out / "summary.json").read_text())["steering"]["metric"] == "delivered_recall"
+    )
     assert "lexical easiness" in res.output and "steering.json" in res.output
     import sqlite3  # one MLflow run holds the panel's metrics
 
     with sqlite3.connect(out / "mlflow.db") as db:
         names = {n for (n,) in db.execute("select key from latest_metrics")}
-    assert "steering.delivered_recall.kendall_tau" in names or "steering.base_r10_generated" in names
+    assert (
+        "steering.delivered_recall.kendall_tau" in names or "steering.base_r10_generated" in names
+    )
 
 
 def test_the_accepted_mix_is_reported_beside_the_reference_s(demo):

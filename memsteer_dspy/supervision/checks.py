@@ -718,7 +718,7 @@ def demo_borrowed(topic: list[str], demo_topics: Iterable[list[str]], known_text
     embedded writer asked "Who is running the pottery class on February 23, 2025?" of "My friend
     Marcus Lee is running it too" (a race): one word of the cold-start demonstration's "Who is
     coming with me to the pottery class at Clayworks Studio?", too few for the overlap test."""
-    known = {_stem(w) for w in normalize_text(known_text).split()}
+    known = _stems(known_text)
     borrowed = set().union(*demo_topics) if demo_topics else set()
     return [w for w in topic if w in borrowed and _stem(w) not in known]
 
@@ -976,10 +976,15 @@ def _stem(word: str) -> str:
     return word
 
 
+def _stems(text: str) -> set[str]:
+    """The crude stems (:func:`_stem`) of a text's normalized words."""
+    return {_stem(w) for w in normalize_text(text).split()}
+
+
 def off_evidence_words(question: str, evidence_text: str, *, strict: bool = False) -> list[str]:
     """The question's topic words (:func:`topic_words`) that ``evidence_text`` does not contain,
     compared by a crude stem ("planted" ~ "planting")."""
-    have = {_stem(w) for w in normalize_text(evidence_text).split()}
+    have = _stems(evidence_text)
     return [w for w in topic_words(question, strict=strict) if _stem(w) not in have]
 
 
@@ -992,7 +997,7 @@ def records_missed(question: str, answer: str, record_texts: Sequence[str]) -> l
     the blind read, most of them citing one record."""
     answer_words = set(normalize_text(answer).split())
     words = {_stem(w) for w in topic_words(question, strict=True) if w not in answer_words}
-    stems = [{_stem(w) for w in normalize_text(t).split()} for t in record_texts]
+    stems = [_stems(t) for t in record_texts]
     missed = []
     for i, own in enumerate(stems):
         elsewhere = set().union(*(o for j, o in enumerate(stems) if j != i))
@@ -1084,7 +1089,7 @@ def _content_words(question: str, answer: str) -> list[str]:
 def echoed_words(question: str, evidence_text: str, answer: str = "") -> list[str]:
     """The question's distinctive words (:func:`_content_words`) that its evidence records write,
     compared by a crude stem ("planted" ~ "planting"), each once."""
-    have = {_stem(w) for w in normalize_text(evidence_text).split()}
+    have = _stems(evidence_text)
     seen: list[str] = []
     for w in _content_words(question, answer):
         if _stem(w) in have and w not in seen:

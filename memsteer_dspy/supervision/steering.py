@@ -40,6 +40,7 @@ from memsteer_dspy.evaluation import evaluate_design
 from memsteer_dspy.memory.design import MemoryDesign
 from memsteer_dspy.memory.system import MemorySystem
 from memsteer_dspy.records import History, QAItem
+from memsteer_dspy.supervision.run import SupervisionSet
 
 __all__ = [
     "METRICS",
@@ -97,11 +98,14 @@ def load_panel(
     try:
         patches = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(f"the design panel is not JSON: {exc.msg}", file=source,
-                         line=exc.lineno) from exc  # fmt: skip
+        raise InputError(
+            f"the design panel is not JSON: {exc.msg}", file=source, line=exc.lineno
+        ) from exc
     if not isinstance(patches, dict) or not patches:
-        raise InputError("the design panel must be a non-empty JSON object: name -> patch of Base-BM25",
-                         file=source)  # fmt: skip
+        raise InputError(
+            "the design panel must be a non-empty JSON object: name -> patch of Base-BM25",
+            file=source,
+        )
     start = (base or MemoryDesign.base_bm25()).model_dump(mode="json")
     panel: dict[str, MemoryDesign] = {}
     for name, patch in patches.items():
@@ -110,8 +114,10 @@ def load_panel(
         data = merge_patch(start, {**patch, "name": name})
         panel[name] = MemoryDesign.from_dict(data, source=f"{source} (design {name!r})")
     if BASE not in panel:
-        raise InputError(f"the design panel needs a {BASE!r} entry ({{}}): headroom is measured from it",
-                         file=source)  # fmt: skip
+        raise InputError(
+            f"the design panel needs a {BASE!r} entry ({{}}): headroom is measured from it",
+            file=source,
+        )
     return panel
 
 
@@ -120,26 +126,42 @@ class DesignScores(BaseModel):
 
     name: str
     design_key: str
-    generated: dict[str, float | None] = Field(description="Metric -> mean over the generated items.")
-    reference: dict[str, float | None] = Field(description="Metric -> mean over the reference items.")
+    generated: dict[str, float | None] = Field(
+        description="Metric -> mean over the generated items."
+    )
+    reference: dict[str, float | None] = Field(
+        description="Metric -> mean over the reference items."
+    )
 
 
 class RankAgreement(BaseModel):
     """How one metric ranks the panel on the generated set against the reference set."""
 
     metric: str
-    kendall_tau: float | None = Field(description="Kendall's tau-b; None where a set ties every design.")
+    kendall_tau: float | None = Field(
+        description="Kendall's tau-b; None where a set ties every design."
+    )
     kendall_ci95: list[float] | None = None
     spearman_rho: float | None = None
     spearman_ci95: list[float] | None = None
-    undefined_share: float = Field(0.0, description="Share of bootstrap resamples with tau undefined.")
-    generated_best: list[str] = Field(description="The design(s) tied at the top on the generated set.")
-    reference_top: list[str] = Field(description=f"The reference's top {TOP} (every design tied into it).")
+    undefined_share: float = Field(
+        0.0, description="Share of bootstrap resamples with tau undefined."
+    )
+    generated_best: list[str] = Field(
+        description="The design(s) tied at the top on the generated set."
+    )
+    reference_top: list[str] = Field(
+        description=f"The reference's top {TOP} (every design tied into it)."
+    )
     best_in_reference_top: bool = Field(
         description=f"Every generated-best design is in the reference's top {TOP}."
     )
-    headroom_generated: float | None = Field(description="Best design minus Base-BM25, generated set.")
-    headroom_reference: float | None = Field(description="Best design minus Base-BM25, reference set.")
+    headroom_generated: float | None = Field(
+        description="Best design minus Base-BM25, generated set."
+    )
+    headroom_reference: float | None = Field(
+        description="Best design minus Base-BM25, reference set."
+    )
     separated: int = Field(description="Distinct scores among the panel on the generated set.")
 
 
@@ -248,14 +270,21 @@ def rank_agreement(
     best_g = _top(names, g_mean, 1)
     top_r = _top(names, r_mean, TOP)
     return RankAgreement(
-        metric=metric, kendall_tau=tau, kendall_ci95=ci(taus), spearman_rho=rho, spearman_ci95=ci(rhos),
+        metric=metric,
+        kendall_tau=tau,
+        kendall_ci95=ci(taus),
+        spearman_rho=rho,
+        spearman_ci95=ci(rhos),
         undefined_share=undefined / resamples if resamples else 0.0,
-        generated_best=best_g, reference_top=top_r,
-        best_in_reference_top=bool(best_g) and set(best_g) <= set(top_r) and len(best_g) < len(names),
+        generated_best=best_g,
+        reference_top=top_r,
+        best_in_reference_top=bool(best_g)
+        and set(best_g) <= set(top_r)
+        and len(best_g) < len(names),
         headroom_generated=float(g_mean.max() - g_mean[base]),
         headroom_reference=float(r_mean.max() - r_mean[base]),
         separated=len({round(float(v), 9) for v in g_mean}),
-    )  # fmt: skip
+    )
 
 
 def _scores(
@@ -265,8 +294,9 @@ def _scores(
     return {m: [getattr(r, m) for r in report.items] for m in METRICS}
 
 
-def _matrix(per_design: Mapping[str, Mapping[str, list[float | None]]], names: Sequence[str],
-            metric: str) -> np.ndarray:  # fmt: skip
+def _matrix(
+    per_design: Mapping[str, Mapping[str, list[float | None]]], names: Sequence[str], metric: str
+) -> np.ndarray:
     """item x design; items with no score under any design (no resolved evidence) dropped."""
     cols = [[np.nan if v is None else v for v in per_design[n][metric]] for n in names]
     m = np.array(cols, dtype=float).T
@@ -292,18 +322,24 @@ def assess_steering(
     reference one. Designs whose retrieval needs an LM are refused: the panel is LM-free.
     ``groups`` names subsets of the generated items (by id) whose own separation is reported."""
     if not generated:
-        raise InputError("no generated items to assess", hint="the supervision folder has no train/val items")
+        raise InputError(
+            "no generated items to assess", hint="the supervision folder has no train/val items"
+        )
     if not reference:
-        raise InputError("no reference items to assess against",
-                         hint="pass --reference <QA JSONL> or use a format with official QA (rhelm)")  # fmt: skip
+        raise InputError(
+            "no reference items to assess against",
+            hint="pass --reference <QA JSONL> or use a format with official QA (rhelm)",
+        )
     panel = dict(panel or load_panel())
     names = list(panel)
     if BASE not in panel:
         raise InputError(f"the design panel needs a {BASE!r} design")
     for name, design in panel.items():
         if design.lm_uses(answering=False):
-            raise InputError(f"design {name!r} of the steering panel needs an LM ({', '.join(design.lm_uses(answering=False))}); "
-                             "the panel is scored LM-free")  # fmt: skip
+            raise InputError(
+                f"design {name!r} of the steering panel needs an LM ({', '.join(design.lm_uses(answering=False))}); "
+                "the panel is scored LM-free"
+            )
     per_gen: dict[str, dict[str, list[float | None]]] = {}
     per_ref: dict[str, dict[str, list[float | None]]] = {}
     for i, (name, design) in enumerate(panel.items(), 1):
@@ -314,18 +350,21 @@ def assess_steering(
         per_ref[name] = _scores(system, reference, protocol)
     rows = [
         DesignScores(
-            name=n, design_key=panel[n].key(),
+            name=n,
+            design_key=panel[n].key(),
             generated={m: _mean(per_gen[n][m]) for m in METRICS},
             reference={m: _mean(per_ref[n][m]) for m in METRICS},
         )
         for n in names
-    ]  # fmt: skip
+    ]
     agreement = {}
     for m in METRICS:
         g, r = _matrix(per_gen, names, m), _matrix(per_ref, names, m)
         if len(g) == 0 or len(r) == 0:
-            raise InputError(f"no item of the {'generated' if len(g) == 0 else 'reference'} set has "
-                             "evidence in this history: nothing to score")  # fmt: skip
+            raise InputError(
+                f"no item of the {'generated' if len(g) == 0 else 'reference'} set has "
+                "evidence in this history: nothing to score"
+            )
         agreement[m] = rank_agreement(names, g, r, metric=m, resamples=resamples, seed=seed)
     separated_in = {}
     for group, ids in (groups or {}).items():
@@ -335,13 +374,21 @@ def assess_steering(
     base = next(r for r in rows if r.name == BASE)
     g10, r10 = base.generated["recall_at_10"], base.reference["recall_at_10"]
     return SteeringReport(
-        user=history.user_id, n_generated=len(generated), n_reference=len(reference),
-        reference_source=reference_source, protocol=protocol, panel=rows, agreement=agreement,
-        base_r10_generated=g10, base_r10_reference=r10,
-        lexical_gap=None if g10 is None or r10 is None else g10 - r10, separated_in=separated_in,
+        user=history.user_id,
+        n_generated=len(generated),
+        n_reference=len(reference),
+        reference_source=reference_source,
+        protocol=protocol,
+        panel=rows,
+        agreement=agreement,
+        base_r10_generated=g10,
+        base_r10_reference=r10,
+        lexical_gap=None if g10 is None or r10 is None else g10 - r10,
+        separated_in=separated_in,
         mix={"generated": question_mix(generated), "reference": question_mix(reference)},
-        resamples=resamples, seed=seed,
-    )  # fmt: skip
+        resamples=resamples,
+        seed=seed,
+    )
 
 
 def question_mix(items: Sequence[QAItem]) -> dict[str, dict[str, float]]:
@@ -352,8 +399,10 @@ def question_mix(items: Sequence[QAItem]) -> dict[str, dict[str, float]]:
         t = q.question_type or "unknown"
         types[t] = types.get(t, 0.0) + 1 / n
     multi = sum(len(set(q.evidence_ids)) >= 2 for q in items) / n
-    return {"question_type": {k: round(v, 4) for k, v in sorted(types.items())},
-            "evidence": {"1": round(1 - multi, 4), "2+": round(multi, 4)}}  # fmt: skip
+    return {
+        "question_type": {k: round(v, 4) for k, v in sorted(types.items())},
+        "evidence": {"1": round(1 - multi, 4), "2+": round(multi, 4)},
+    }
 
 
 def _pct(v: float | None) -> str:
@@ -393,12 +442,16 @@ def format_steering(report: SteeringReport) -> str:
             "on the generated set"
         )
     for group, n in report.separated_in.items():
-        lines.append(f"{group} items: {n} distinct delivered-recall scores across the panel"
-                     + (" (they tie every design: nothing to steer a choice)" if n <= 1 else ""))  # fmt: skip
+        lines.append(
+            f"{group} items: {n} distinct delivered-recall scores across the panel"
+            + (" (they tie every design: nothing to steer a choice)" if n <= 1 else "")
+        )
     for side in ("generated", "reference"):
         if m := report.mix.get(side):
             kinds = ", ".join(f"{k} {100 * v:.0f}%" for k, v in m["question_type"].items())
-            lines.append(f"{side} mix: {kinds}; evidence of 2+ records {100 * m['evidence']['2+']:.0f}%")
+            lines.append(
+                f"{side} mix: {kinds}; evidence of 2+ records {100 * m['evidence']['2+']:.0f}%"
+            )
     gap = report.lexical_gap
     lines.append(
         f"lexical easiness: Base-BM25 R@10 {_pct(report.base_r10_generated).strip()} on the generated "
@@ -419,8 +472,6 @@ def steering_of_folder(
 ) -> SteeringReport:
     """:func:`assess_steering` of the items a ``memsteer generate`` folder accepted (train and
     validation together) against ``reference``."""
-    from memsteer_dspy.supervision.run import SupervisionSet
-
     sup = SupervisionSet.load(folder)
     groups = {"validation": [q.id for q in sup.val]}
     return assess_steering(history, sup.train + sup.val, reference, groups=groups, **kwargs)
@@ -436,7 +487,9 @@ def save_steering(folder: str | Path, report: SteeringReport) -> Path:
     if summary_path.exists():
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
         summary["steering"] = report.headline()
-        summary_path.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        summary_path.write_text(
+            json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
     return path
 
 
@@ -463,13 +516,22 @@ def steering_metrics(report: SteeringReport) -> dict[str, float | None]:
     return out
 
 
-def track_steering(tracker: Any, report: SteeringReport, *, run_name: str, tags: Mapping[str, Any]) -> str | None:
+def track_steering(
+    tracker: Any, report: SteeringReport, *, run_name: str, tags: Mapping[str, Any]
+) -> str | None:
     """Log ``report`` as one MLflow run (metrics, the report as an artifact); the run id, or None
     when tracking is off or failed (tracking never fails the command)."""
     run_id = tracker.start_run(run_name, tags={"memsteer.kind": "steering", **tags})
-    tracker.log_params(run_id, {"n_generated": report.n_generated, "n_reference": report.n_reference,
-                                "reference": report.reference_source, "protocol": report.protocol,
-                                "panel": ",".join(r.name for r in report.panel)})  # fmt: skip
+    tracker.log_params(
+        run_id,
+        {
+            "n_generated": report.n_generated,
+            "n_reference": report.n_reference,
+            "reference": report.reference_source,
+            "protocol": report.protocol,
+            "panel": ",".join(r.name for r in report.panel),
+        },
+    )
     tracker.log_metrics(run_id, steering_metrics(report))
     tracker.log_dict(run_id, report.model_dump(mode="json"), STEERING_FILE)
     tracker.end_run(run_id)
