@@ -28,7 +28,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import pairwise
+from itertools import pairwise, zip_longest
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -57,6 +57,8 @@ __all__ = [
     "answer_kinds",
     "answer_options",
     "pair_options",
+    "bridge_event",
+    "bridge_options",
     "stating_spans",
     "task_options",
     "AnswerOption",
@@ -173,6 +175,13 @@ class BundleConfig(BaseModel):
         "none. Measured on the embedded model, two-record tasks planned from one-record options "
         "kept none of 60.",
     )
+    bridges: bool = Field(
+        default=False,
+        description="With steer_to_pairs: a two-record task may also be answered by a bridge "
+        "(bridge_options): an answer one record writes, asked by what another record of the same "
+        "day tells ('Who helped me set up the displays on the day the winter storm hit?'), the "
+        "way most of RHELM's official multi-record questions are asked.",
+    )
     yield_power: float = Field(
         default=1.0,
         ge=1.0,
@@ -210,6 +219,7 @@ MIN_CONCRETE_DETAIL = 2.0
 ANCHORED_SAMPLING: dict[str, bool | float] = {
     "steer_to_options": True,
     "steer_to_pairs": True,
+    "bridges": True,
     "user_turns_only": True,
     "skip_unconcrete": True,
     "min_seed_informativeness": MIN_CONCRETE_DETAIL,
@@ -708,11 +718,13 @@ class AnswerOption:
     answer: str
     answer_type: str
     also: tuple[str, ...] = ()
+    bridge: str | None = None
 
     @property
     def span_ids(self) -> tuple[str, ...]:
-        """The option's sentences: its own, then those of its other records."""
-        return (self.span_id, *self.also)
+        """The option's sentences: its own, then those of its other records (the bridge's event
+        sentence last)."""
+        return (self.span_id, *self.also, *((self.bridge,) if self.bridge else ()))
 
 
 # a whole run of capitalised words ("Amelia Torres", "Dr. Desai"), where _NAME (made for telling
@@ -1130,15 +1142,125 @@ def task_options(
     task: Task,
     user_name: str | None = None,
     limit: int | None = MAX_ANSWER_OPTIONS,
+    *,
+    bridges: bool = False,
 ) -> list[AnswerOption]:
-    """What an anchored planner chooses from for ``task``: the two-record answers
-    (:func:`pair_options`) for a task of two or more evidence records, where the bundle has any,
-    else the one-record answers (:func:`answer_options`)."""
+    """What an anchored planner chooses from for ``task``: the two-record answers for a task of
+    two or more evidence records, where the bundle has any — with ``bridges`` the bridges
+    (:func:`bridge_options`) and the pairs (:func:`pair_options`) in turn, else the pairs — and
+    otherwise the one-record answers (:func:`answer_options`)."""
     if task.evidence_count >= 2:
         pairs = pair_options(records, user_name, task.answer_type, limit)
+        if bridges:
+            spans = bridge_options(records, user_name, task.answer_type, limit)
+            both = [o for two in zip_longest(spans, pairs) for o in two if o is not None]
+            pairs = both[:limit] if limit is not None else both
         if pairs:
             return pairs
     return answer_options(records, user_name, task.answer_type, limit)
+
+
+# The kinds of answer a bridge asks for: "When did I …, on the day …?" is the record's own date.
+BRIDGE_ANSWER_TYPES = ("entity", "number", "list")
+_SUBJECT = re.compile(r"^\s*Subject\s*:\s*(.+)$", re.I)
+# an upload tag or a bracketed note in a user's message: "[Upload 36_notes_task_9353f783] I …"
+_TAG = re.compile(r"\[[^\]]*\]")
+# "just as we finished …", "after we finished …": the event, not its relation to another
+_SUBORDINATE = re.compile(r"^(?:just\s+)?(?:as|when|while|after|once|since)\s+", re.I)
+_SUBJECT_START = re.compile(
+    r"^(?:I|I['’]\w+|we|my|our|he|she|they|it|a|an|the|someone|everyone|[A-Z][a-z]+)\b"
+)
+# What starts an event sentence and says only when, which the bridge's "on the day" says already.
+_DAY_OPENER = re.compile(
+    r"^(?:(?:so|and|well|honestly|actually|also|oh),?\s+)?(?:(?:early |late )?(?:this|today|tonight)"
+    r"(?: (?:morning|afternoon|evening))?|today|tonight|earlier(?: today)?|just now),?\s+",
+    re.I,
+)
+DAY_TRIES = 12
+"""How many records of the seed's day :meth:`BundleSampler._day_bundle` tries for a bridge."""
+BRIDGE_EVENT_WORDS = 16
+"""A bridge's event is told in at most this many words of its sentence's first clause."""
+
+
+def bridge_event(sentence: str) -> str:
+    """What a bridge's event sentence tells, as the words after "on the day": its first clause
+    without an opening "This morning," (the day is the bridge's point), at most
+    :data:`BRIDGE_EVENT_WORDS` words. ``"This morning, just as we finished setting up for the Open
+    House, a sudden winter storm rolled in"`` → ``"just as we finished setting up for the Open
+    House"``."""
+    if subject := _SUBJECT.match(sentence):  # an email dated by its subject line
+        return f'of the email "{subject.group(1).strip()}"'
+    text = _TAG.sub("", plain_text(sentence)).strip()
+    text = _SUBORDINATE.sub("", _DAY_OPENER.sub("", text))
+    clause = re.split(r"[;:—–]|,\s+", text)[0]
+    words = clause.split()[:BRIDGE_EVENT_WORDS]
+    return " ".join(words).rstrip(" ,.!")
+
+
+def _tells_event(phrase: str) -> bool:
+    """Whether a bridge's event phrase has a subject to tell something with (``I just got back
+    from a full day in Eugene``, not ``felt especially peaceful in my bedroom``) and four words."""
+    words = phrase.split()
+    return phrase.startswith("of the email") or (
+        len(words) >= 4 and bool(_SUBJECT_START.match(phrase))
+    )
+
+
+def bridge_options(
+    records: Sequence[BundleRecord],
+    user_name: str | None = None,
+    answer_type: str | None = None,
+    limit: int | None = MAX_ANSWER_OPTIONS,
+) -> list[AnswerOption]:
+    """The bridged answers of a bundle: each one-record answer option (:func:`answer_options`: a
+    name, a number, a list) with, as its ``bridge``, the event sentence (:func:`event_span`) of
+    another record of the same day — the question asks for the answer "on the day" that other
+    event happened, so it needs both records, as RHELM's official multi-record questions do ("Who
+    shared the evening meal with me on the day Sofia completed her model rocket launch?").
+
+    The answer record's date is not in the question: the other record's event says which day.
+    The event sentence must not write the answer (it would answer alone) and must not be the
+    answer's own sentence; a document section (:data:`UNDATED_EVENT_KINDS`) dates nothing. Each
+    answer once, the records in turn so that none crowds the others out; ``answer_type`` and
+    ``limit`` as in :func:`answer_options`.
+
+    Measured on the embedded model: two-record *pair* options (an answer two records write) kept
+    none of their candidates in most runs: two records rarely write one name in sentences that
+    each say something else, and the blind reader cited one of them."""
+    dated = [r for r in records if r.date and r.kind not in UNDATED_EVENT_KINDS]
+    events = {r.id: e for r in dated if (st := stating_spans(r)) and (e := event_span(st))}
+    span_text = {s.id: s.text for r in dated for s in r.spans}
+    options: list[AnswerOption] = []
+    seen: set[str] = set()
+    for option in answer_options(dated, user_name, limit=None):
+        if option.answer_type not in BRIDGE_ANSWER_TYPES or option.answer.lower() in seen:
+            continue
+        if answer_type in BRIDGE_ANSWER_TYPES and option.answer_type != answer_type:
+            continue
+        own = option.span_id.rpartition("#")[0]
+        if _ADDRESS_LINE.match(span_text[option.span_id]):  # "From: Amelia Torres <…>"
+            continue
+        day = next(r.date for r in dated if r.id == own)
+        word = whole_word(option.answer)
+        bridge = next(
+            (
+                e
+                for r in dated
+                if r.id != own and r.date == day and (e := events.get(r.id)) is not None
+                and not word.search(plain_text(e.text))
+                and _tells_event(bridge_event(e.text))
+            ),
+            None,
+        )  # fmt: skip
+        if bridge is None:
+            continue
+        seen.add(option.answer.lower())
+        options.append(
+            AnswerOption(option.span_id, option.answer, option.answer_type, bridge=bridge.id)
+        )
+        if len(options) == limit:
+            break
+    return options
 
 
 # --------------------------------------------------------------------------------------------
@@ -1293,6 +1415,7 @@ class BundleSampler:
         self.seeds = sample_seeds(
             self.history, max_candidates, random.Random(f"seeds:{seed}"), self.config
         )
+        self._days: dict[str, list[str]] | None = None  # date → record ids, for _day_bundle
 
     def __len__(self) -> int:
         return len(self.seeds)
@@ -1317,6 +1440,14 @@ class BundleSampler:
             bundle, reason = random_bundle(self.history, seed_id, size, rng, self.config)
         else:
             bundle, reason = expand_bundle(self.graph, seed_id, size, rng, self.config)
+        if (
+            self.config.bridges
+            and self.method == "graph"
+            and bundle is not None
+            and task.evidence_count > 1
+            and not self._bundle_kinds(bundle, task.evidence_count)
+        ):  # a record of the seed's day in place of the last: a bridge (depends on the count only)
+            bundle = self._day_bundle(bundle, index) or bundle
         if steer and bundle is not None and task.evidence_count > 1:
             # ask for no more evidence records than the bundle has records with concrete detail
             concrete = len(concrete_records(bundle))
@@ -1350,11 +1481,46 @@ class BundleSampler:
             bundle, reason = None, "nothing_concrete"
         return Candidate(index=index, seed_id=seed_id, task=task, bundle=bundle, skip_reason=reason)
 
+    def _day_bundle(self, bundle: Bundle, index: int) -> Bundle | None:
+        """``bundle`` with its last record replaced by another record of the seed's day whose event
+        can bridge (:func:`bridge_options`), or None when no record of that day gives the bundle a
+        bridge and two concrete records. The day's record is drawn from the candidate's own
+        generator, so a resumed run rebuilds the same bundle."""
+        seed = bundle.records[0]
+        if not seed.date or len(bundle.records) < 2:
+            return None
+        if self._days is None:
+            days: dict[str, list[str]] = {}
+            for r in self.history.records:
+                if r.timestamp is not None:
+                    days.setdefault(r.timestamp.date().isoformat(), []).append(r.id)
+            self._days = days
+        members = {r.id for r in bundle.records}
+        pool = sorted(rid for rid in self._days.get(seed.date, []) if rid not in members)
+        rng = random.Random(f"day:{self.seed}:{index}")
+        keep = bundle.records[:-1]
+        for rid in rng.sample(pool, min(len(pool), DAY_TRIES)):
+            record = _bundle_record(self.history[rid], self.config)
+            records = [*keep, record]
+            if not record.spans or _render_tokens(records) > self.config.token_budget:
+                continue
+            if not bridge_options(records, self.history.user_id, limit=1):
+                continue
+            if len(concrete_records(bundle.model_copy(update={"records": records}))) < 2:
+                continue
+            path = [*bundle.path[: len(keep) - 1], (seed.id, rid, "day")]
+            return Bundle(id=_bundle_id(seed.id, [r.id for r in records]), seed_id=seed.id,
+                          method="graph", records=records, path=path,
+                          tokens=_render_tokens(records))  # fmt: skip
+        return None
+
     def _bundle_kinds(self, bundle: Bundle, evidence_count: int = 1) -> set[str]:
         """The answer types ``bundle`` can answer with ``evidence_count`` records (see
         :attr:`BundleConfig.steer_to_options` and :attr:`BundleConfig.steer_to_pairs`)."""
         if self.config.steer_to_pairs and evidence_count > 1:
             pairs = pair_options(bundle.records, self.history.user_id, limit=None)
+            if self.config.bridges:
+                pairs += bridge_options(bundle.records, self.history.user_id, limit=None)
             return {o.answer_type for o in pairs}
         if self.config.steer_to_options:
             options = answer_options(bundle.records, self.history.user_id, limit=None)

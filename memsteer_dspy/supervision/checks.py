@@ -1110,15 +1110,18 @@ def copied_run(question: str, evidence_text: str) -> list[str]:
     return best
 
 
-def echoes(question: str, evidence_text: str, answer: str = "") -> list[str] | None:
+def echoes(
+    question: str, evidence_text: str, answer: str = "", *, records: int = 1
+) -> list[str] | None:
     """What of its evidence's wording the question copies (the words to say differently), or None
     when it asks in its own words: more than :data:`ECHO_MAX_WORDS` distinctive words of the
-    evidence, or a run of more than :data:`ECHO_MAX_RUN` of its words. Lexical retrieval finds a
+    evidence (per evidence record: ``records`` of them, each of which a multi-record question must
+    name something of), or a run of more than :data:`ECHO_MAX_RUN` of its words. Lexical retrieval finds a
     question in its evidence's words by construction; a user asking months later does not write
     them (the paper's supervision has to tell memory designs apart)."""
     words = echoed_words(question, evidence_text, answer)
     run = copied_run(question, evidence_text)
-    if len(words) <= ECHO_MAX_WORDS and len(run) <= ECHO_MAX_RUN:
+    if len(words) <= ECHO_MAX_WORDS * max(1, records) and len(run) <= ECHO_MAX_RUN:
         return None
     if len(run) > ECHO_MAX_RUN:
         phrase = " ".join(run)

@@ -52,12 +52,16 @@ from pydantic import BaseModel, Field
 
 from memsteer_dspy.bundles import (
     MAX_ANSWER_OPTIONS,
+    UNDATED_EVENT_KINDS,
     AnswerOption,
     Bundle,
     BundleView,
     Task,
     answer_options,
+    bridge_event,
+    event_span,
     plain_text,
+    stating_spans,
     task_options,
     whole_word,
 )
@@ -206,10 +210,13 @@ PROMPT_VERSION = 3
 # School Garden Plans?": the twenty-second cost run), and a question whose When, Where or Why is
 # not followed by a verb is no_verb.
 # 16: "the user" is put in the user's voice outside quoted text only (see LEAN_VERSION 16).
-ANCHORED_VERSION = 16
+# 17: with bridges (BundleConfig.bridges), a two-record task may choose a bridge (bundles.
+# bridge_options): an answer asked "on the day" another record's event happened, the bridge
+# record's citation checked by its date (see supervision_versions.md).
+ANCHORED_VERSION = 17
 # The own-words check (checks.echoes) and its thresholds: a run folder resumes only under the
 # version it was made with (history: experiments/results/supervision_versions.md).
-OWN_WORDS_VERSION = 1
+OWN_WORDS_VERSION = 2
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
 
@@ -284,6 +291,11 @@ class Outcome(BaseModel):
     blind: BlindResult | None = None
     repairs: list[Repair] = Field(default_factory=list)
     usage: dict[str, RoleCost] = Field(default_factory=dict)
+    question_type: str | None = Field(
+        default=None,
+        description="The item's question type where the program knows it better than the task "
+        "that asked for it: 'multi-hop' for a bridge (the answer asked by another record's day).",
+    )
 
 
 class _LMFailure(Exception):
@@ -367,11 +379,13 @@ class _Generator(dspy.Module):
         lean: bool = False,
         anchored: bool = False,
         own_words: bool = False,
+        bridges: bool = False,
     ):
         super().__init__()
         self.lean = lean
         self.anchored = anchored
         self.own_words = own_words
+        self.bridges = bridges
         self.max_tokens = LEAN_MAX_TOKENS if lean else MAX_TOKENS
         self.user_name = user_name
         if question_rewrites is None:
@@ -675,7 +689,9 @@ class _Generator(dspy.Module):
         if not (self.own_words and self.checks and plan.evidence_ids):
             return None
         text = "\n".join(s.text for s in bundle.subset(plan.evidence_ids).spans())
-        return echoes(question, text, plan.answer)
+        # a question about two records names something of each (records_missed): the allowance
+        # is per evidence record
+        return echoes(question, text, plan.answer, records=len(plan.evidence_ids))
 
     def _anchored_ask(
         self, plan: AnswerPlan, view: BundleView, bundle: Bundle
@@ -696,6 +712,9 @@ class _Generator(dspy.Module):
         if span is None:
             return plan, None
         second = _second_answer_span(plan, bundle)
+        bridge = self._bridge_span(plan, bundle) if second is None else None
+        if bridge is not None:
+            problem = problem or "bridge"  # the planner asked by the answer's own record alone
         if problem is None:
             new, why = plan.ask, ""
         else:
@@ -706,6 +725,13 @@ class _Generator(dspy.Module):
             if second is not None:  # a two-record option: ask by both sentences
                 new = f"{new}, and also {sentence_ask(second.text, plan.answer, kind)}"
             why = f"the planner's ask would fail as a question ({problem}): its sentence's instead"
+        if bridge is not None:  # the other record's event says which day, not the date
+            event = first_person(bridge_event(bridge.text), keep_quoted=True)
+            new = f"{new.rstrip(' ?.')}, on the day {event}"
+            return plan.model_copy(update={"ask": new}), Repair(
+                stage="plan", field="ask", before=plan.ask, after=new,
+                reason="a bridge: its sentence's ask, on the day another record's event happened",
+            )  # fmt: skip
         record = bundle.record(span.id.rpartition("#")[0])
         if (
             second is None
@@ -720,6 +746,35 @@ class _Generator(dspy.Module):
             return plan, None
         repair = Repair(stage="plan", field="ask", before=plan.ask, after=new, reason=why)
         return plan.model_copy(update={"ask": new}), repair
+
+    def _bridge_span(self, plan: AnswerPlan, bundle: Bundle) -> Span | None:
+        """With ``bridges``: the event sentence (:func:`~memsteer_dspy.bundles.event_span`) of
+        another evidence record of the answer record's day that does not write the answer — the
+        plan's bridge, which asks for the answer by that record's event — else None."""
+        if not (self.bridges and plan.answer_span_id and len(plan.evidence_ids) >= 2):
+            return None
+        own = bundle.record(plan.answer_span_id.rpartition("#")[0])
+        if own is None or not own.date:
+            return None
+        word = whole_word(plan.answer) if plan.answer.strip() else None
+        for fact in plan.facts:
+            record = bundle.record(fact.span_id.rpartition("#")[0])
+            if (
+                record is None
+                or record.id == own.id
+                or record.id not in plan.evidence_ids
+                or record.date != own.date
+                or record.kind in UNDATED_EVENT_KINDS
+            ):
+                continue
+            event = event_span(stating_spans(record))
+            if (
+                event is not None
+                and event.id == fact.span_id
+                and (word is None or not word.search(plain_text(event.text)))
+            ):
+                return event
+        return None
 
     def _verify(
         self,
@@ -773,11 +828,14 @@ class _Generator(dspy.Module):
                 }, usage)  # fmt: skip
             except _LMFailure as exc:
                 return _rejected(exc.stage, "lm_error", exc.detail, usage, audit=audit, **base)
-            blind = _blind_result(out, blind_view, bundle, plan, order, repairs)
+            bridge = self._bridge_span(plan, bundle) if self.anchored else None
+            blind = _blind_result(out, blind_view, bundle, plan, order, repairs, bridge)
             problem = _blind_problem(blind, plan)
             if problem is not None:
                 return _rejected("blind", *problem, usage, audit=audit, blind=blind, **base)
-        return Outcome(status="accepted", audit=audit, blind=blind, usage=usage, **base)
+        bridged = self.anchored and self._bridge_span(plan, bundle) is not None
+        return Outcome(status="accepted", audit=audit, blind=blind, usage=usage,
+                       question_type="multi-hop" if bridged else None, **base)  # fmt: skip
 
 
 def _audit_inputs(
@@ -1198,10 +1256,15 @@ def _blind_result(
     plan: AnswerPlan,
     order: list[str],
     repairs: list[Repair],
+    bridge: Span | None = None,
 ) -> BlindResult:
     """Compare the blind answer with the reference; cited ids resolved to records. When the answer
     matched but an evidence record is uncited, and the answer occurs in exactly one span of the
-    bundle (in that record), the citation is repaired and the repair recorded."""
+    bundle (in that record), the citation is repaired and the repair recorded. So is a plan's
+    ``bridge`` record left uncited when the answer's record is cited: what it contributes is its
+    day, which the program checked (it is the answer record's), and the question names its event
+    (:func:`~memsteer_dspy.supervision.checks.records_missed`); a reader that finds the answer
+    need not cite the record that only says which day."""
     cited_ids = [str(c) for c in (out.cited_ids or [])]
     cited: list[str] = []
     for c in cited_ids:
@@ -1217,6 +1280,12 @@ def _blind_result(
             missing.remove(rid)
             repairs.append(Repair(stage="blind", field="cited_record_ids", before=None, after=rid,
                                   reason="the matched answer occurs in exactly one span of the bundle"))  # fmt: skip
+    day = bridge.id.rpartition("#")[0] if bridge is not None else None
+    if matched and missing == [day] and plan.evidence_ids and plan.evidence_ids[0] in cited:
+        cited.append(day)
+        missing.remove(day)
+        repairs.append(Repair(stage="blind", field="cited_record_ids", before=None, after=day,
+                              reason="the bridge record says the answer's day; its date was checked"))  # fmt: skip
     return BlindResult(
         answerable=bool(out.answerable), answer=str(out.answer), cited_ids=cited_ids, cited_record_ids=cited,
         record_order=order, matched=matched, missing_evidence=missing,
@@ -1365,7 +1434,7 @@ class MemSteerGenerator(_Generator):
         view = bundle.view()
         inputs, to_plan = _task_inputs(view, task), _plan_from
         if self.anchored:
-            options = task_options(bundle.records, task, self.user_name)
+            options = task_options(bundle.records, task, self.user_name, bridges=self.bridges)
             if not options:
                 why = "no sentence of the bundle holds a name, number, list or dated statement"
                 return _rejected("prefilter", "prefilter:no_options", why, usage)

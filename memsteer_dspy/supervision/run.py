@@ -95,6 +95,7 @@ _LATER_BUNDLE_OPTIONS = {
     "steer_to_pairs": False,
     "user_turns_only": False,
     "skip_unconcrete": False,
+    "bridges": False,
 }
 
 
@@ -391,7 +392,7 @@ def build_item(
         evidence_ids=evidence_ids,
         span_ids=span_ids,
         question_date=_question_date(history, evidence_ids),
-        question_type=candidate.task.question_type,
+        question_type=outcome.question_type or candidate.task.question_type,
         source="generated",
         metadata={
             "facts": facts,
@@ -747,7 +748,7 @@ def generate_supervision(
     generator = make_generator(
         config.method, lms, checks=config.checks, max_retries=config.max_retries, max_demos=config.demo_limit,
         bounded=config.bounded, cold_start=config.cold_start, user_name=history.user_id, lean=config.lean,
-        anchored=config.anchored, own_words=config.own_words,
+        anchored=config.anchored, own_words=config.own_words, bridges=config.bundle.bridges,
     )  # fmt: skip
     log = read_log(out)
     done = {r.index for r in log}

@@ -1,0 +1,186 @@
+"""Bridges (BundleConfig.bridges): a two-record item whose answer one record writes, asked "on the
+day" another record's event happened — the way RHELM's official multi-record questions are asked
+("Who shared the evening meal with me on the day Sofia completed her model rocket launch?")."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from supervision_helpers import (
+    RECORDS,
+    audit_reply,
+    blind_reply,
+    question_reply,
+    role_lms,
+    small_history,
+)
+
+from memsteer_dspy.bundles import (
+    BundleConfig,
+    BundleSampler,
+    Task,
+    bridge_event,
+    bridge_options,
+    bundle_from_records,
+    small_lm_bundle_config,
+    task_options,
+)
+from memsteer_dspy.graph import RecordGraph
+from memsteer_dspy.supervision.program import MemSteerGenerator
+from memsteer_dspy.supervision.run import GenerationConfig
+
+MULTI = Task(question_type="multi-hop", evidence_count=2, answer_type="entity")
+
+
+def _turn(rid: str, when: datetime, text: str):
+    """A conversation turn of its own thread."""
+    thread = rid.partition(":")[0]
+    update = {"id": rid, "thread_id": thread, "timestamp": when, "text": f"User: {text}"}
+    return RECORDS[0].model_copy(update=update)
+
+
+# another thread on c1's day (2024-03-02), and one on a day nothing else happened
+KILN = _turn(
+    "d1:1",
+    datetime(2024, 3, 2, 18),
+    "This morning the kiln at Stoneworks cracked during the glaze firing.",
+)
+LATER = _turn(
+    "z1:1",
+    datetime(2024, 6, 9, 18),
+    "Today I repotted the fig tree from Dana Pruitt into a bigger planter.",
+)
+
+
+def _history():
+    return small_history([KILN, LATER])
+
+
+def _bundle(ids):
+    return bundle_from_records(_history(), ids, BundleConfig())
+
+
+def test_a_bridge_event_is_its_sentence_s_first_clause_without_the_time_of_day():
+    storm = (
+        "This morning, just as we finished setting up for the Open House, a sudden winter storm "
+        "rolled in with icy rain"
+    )
+    assert bridge_event(storm) == "we finished setting up for the Open House"
+    assert bridge_event("[Upload 36_notes_task_9353f783] I printed the checklist for Lila.") == (
+        "I printed the checklist for Lila"
+    )
+    assert (
+        bridge_event("Subject: Draft Feedback Request") == 'of the email "Draft Feedback Request"'
+    )
+    long = "I " + " ".join(f"w{i}" for i in range(30))
+    assert len(bridge_event(long).split()) == 16
+
+
+def test_bridge_options_ask_an_answer_by_another_record_of_its_day():
+    bundle = _bundle(["c1:1", "d1:1", "mail:1"])
+    got = {o.answer: o for o in bridge_options(bundle.records, "Elena")}
+    # c1:1's names, bridged by the kiln (the same day, another record), and the kiln's by c1:1
+    assert got["MacBook Air"].bridge == "d1:1#1"
+    assert got["MacBook Air"].span_ids == ("c1:1#1", "d1:1#1")
+    assert got["Stoneworks"].bridge == "c1:1#1"
+    # mail:1 is the only record of its day: no bridge for GreenLeaf or its 45 dollars
+    assert "GreenLeaf" not in got and "45 dollars" not in got
+    # never a date: "When did I …, on the day …?" is the record's own date
+    assert all(o.answer_type != "date" for o in got.values())
+    # an event sentence that writes the answer answers alone: c1:2's Lila is not bridged by c1:1
+    # ("a quick note to Lila"), and nothing bridges across days
+    bundle = _bundle(["c1:1", "c1:2", "z1:1"])
+    got = {o.answer: o for o in bridge_options(bundle.records, "Elena")}
+    assert "Lila" not in got and "Dana Pruitt" not in got
+
+
+def test_two_record_tasks_offer_bridges_first_and_one_record_tasks_none():
+    bundle = _bundle(["c1:1", "d1:1", "mail:1"])
+    options = task_options(bundle.records, MULTI, "Elena", bridges=True)
+    assert options[0].bridge is not None
+    assert all(o.bridge is None for o in task_options(bundle.records, MULTI, "Elena"))
+    fact = Task(question_type="fact", evidence_count=1, answer_type="entity")
+    assert all(o.bridge is None for o in task_options(bundle.records, fact, "Elena", bridges=True))
+
+
+def test_the_sampler_puts_a_record_of_the_seed_s_day_in_place_of_the_last_and_rebuilds_it():
+    history = _history()
+    graph = RecordGraph.build(history)
+    config = small_lm_bundle_config(steer_to_options=True, steer_to_pairs=True, bridges=True)
+    bundle = bundle_from_records(history, ["c1:1", "mail:1", "z1:1"], BundleConfig())
+    sampler = BundleSampler(graph, config, seed=3, max_candidates=3)
+    day = sampler._day_bundle(bundle, 0)
+    assert day is not None
+    assert day.record_ids[:2] == ["c1:1", "mail:1"]
+    assert day.record_ids[2] in {"c1:2", "d1:1"}  # c1:1's day, not in the bundle yet
+    assert day.path[-1] == ("c1:1", day.record_ids[2], "day")
+    assert bridge_options(day.records, history.user_id)
+    # a resumed run rebuilds the same bundle: the day's record comes from the candidate's index
+    again = BundleSampler(graph, config, seed=3, max_candidates=3)._day_bundle(bundle, 0)
+    assert again is not None and again.id == day.id
+    # a seed whose day has no other record keeps its bundle
+    alone = bundle_from_records(history, ["z1:1", "mail:1", "c1:1"], BundleConfig())
+    assert sampler._day_bundle(alone, 0) is None
+    # every candidate of the sampler is rebuilt from its logged task
+    for i in range(len(sampler)):
+        cand = sampler.candidate(i)
+        if cand.bundle is not None:
+            rebuilt = BundleSampler(graph, config, seed=3, max_candidates=3).candidate(
+                i, task=cand.task
+            )
+            assert rebuilt.bundle is not None and rebuilt.bundle.id == cand.bundle.id
+    # on in the anchored sampling, and part of a run's key only when on
+    assert "bridges" not in GenerationConfig().identity()["bundle"]
+    assert GenerationConfig(bundle=config).identity()["bundle"]["bridges"] is True
+
+
+def _bridged(blind_cited, question):
+    bundle = _bundle(["c1:1", "d1:1", "mail:1"])
+    options = task_options(bundle.records, MULTI, "Elena", bridges=True)
+    n = next(i for i, o in enumerate(options, 1) if o.answer == "MacBook Air" and o.bridge)
+    audit = audit_reply(facts=("R1.1", "R2.1"))
+    audit["record_checks"].append(
+        {"record_id": "R2", "rationale": "says the day", "verdict": "supported"}
+    )
+    plan = {
+        "answer_option": n,
+        "evidence": [{"record_id": "R1", "contribution": "names the laptop"}],
+        "fact_span_ids": ["R1.1"],
+        "operations": ["lookup"],
+        "ask": "which laptop I wrote from",
+    }
+    lms = role_lms(
+        [plan],
+        [question_reply(question)] * 2,  # the first, and its one re-write
+        [audit],
+        [blind_reply("MacBook Air", cited=blind_cited)],
+    )
+    gen = MemSteerGenerator(
+        lms, max_retries=0, lean=True, anchored=True, user_name="Elena", bridges=True
+    )
+    return gen(bundle=bundle, task=MULTI, shuffle_seed=0).outcome, lms
+
+
+QUESTION = "From which computer did I send a quick note on the day the Stoneworks kiln cracked?"
+
+
+def test_a_bridge_is_asked_by_the_other_record_s_event_and_its_day_record_needs_no_citation():
+    out, lms = _bridged(("c1:1#1",), QUESTION)
+    assert out.status == "accepted", (out.reason, out.detail)
+    assert out.plan.evidence_ids == ["c1:1", "d1:1"]
+    assert out.question_type == "multi-hop"
+    # the writer was asked for the answer "on the day" the kiln cracked, not on "March 2"
+    assert out.plan.ask.endswith(
+        "on the day the kiln at Stoneworks cracked during the glaze firing"
+    )
+    assert "on the day the kiln at Stoneworks cracked" in str(lms["question_writer"].history[-1])
+    # the blind reader found the answer in its record; the day's record is checked by its date
+    (day,) = [r for r in out.repairs if r.stage == "blind"]
+    assert day.after == "d1:1" and "bridge" in day.reason
+    assert out.blind.missing_evidence == []
+
+
+def test_a_bridge_whose_question_skips_the_day_fails_and_a_wrong_reader_gets_no_repair():
+    # a question naming nothing of the day's record is re-written, then rejected
+    out, _ = _bridged(("c1:1#1",), "From which computer did I send a quick note?")
+    assert out.status == "rejected" and out.reason == "question:misses_record", out.reason
