@@ -59,6 +59,8 @@ __all__ = [
     "pair_options",
     "bridge_event",
     "bridge_options",
+    "update_options",
+    "update_values",
     "stating_spans",
     "task_options",
     "AnswerOption",
@@ -175,6 +177,13 @@ class BundleConfig(BaseModel):
         "none. Measured on the embedded model, two-record tasks planned from one-record options "
         "kept none of 60.",
     )
+    updates: bool = Field(
+        default=False,
+        description="With steer_to_pairs: a two-record task may also be answered by a knowledge "
+        "update (update_options): the value a later record writes for what an earlier record "
+        "wrote another value of ('When is my dental cleaning now?' of a confirmation and its "
+        "rescheduling).",
+    )
     bridges: bool = Field(
         default=False,
         description="With steer_to_pairs: a two-record task may also be answered by a bridge "
@@ -220,6 +229,7 @@ ANCHORED_SAMPLING: dict[str, bool | float] = {
     "steer_to_options": True,
     "steer_to_pairs": True,
     "bridges": True,
+    "updates": True,
     "user_turns_only": True,
     "skip_unconcrete": True,
     "min_seed_informativeness": MIN_CONCRETE_DETAIL,
@@ -719,12 +729,14 @@ class AnswerOption:
     answer_type: str
     also: tuple[str, ...] = ()
     bridge: str | None = None
+    earlier: str | None = None
 
     @property
     def span_ids(self) -> tuple[str, ...]:
-        """The option's sentences: its own, then those of its other records (the bridge's event
-        sentence last)."""
-        return (self.span_id, *self.also, *((self.bridge,) if self.bridge else ()))
+        """The option's sentences: its own, then those of its other records (a bridge's event
+        sentence, an update's earlier sentence last)."""
+        extra = tuple(s for s in (self.bridge, self.earlier) if s)
+        return (self.span_id, *self.also, *extra)
 
 
 # a whole run of capitalised words ("Amelia Torres", "Dr. Desai"), where _NAME (made for telling
@@ -1144,20 +1156,115 @@ def task_options(
     limit: int | None = MAX_ANSWER_OPTIONS,
     *,
     bridges: bool = False,
+    updates: bool = False,
 ) -> list[AnswerOption]:
     """What an anchored planner chooses from for ``task``: the two-record answers for a task of
-    two or more evidence records, where the bundle has any — with ``bridges`` the bridges
-    (:func:`bridge_options`) and the pairs (:func:`pair_options`) in turn, else the pairs — and
-    otherwise the one-record answers (:func:`answer_options`)."""
+    two or more evidence records, where the bundle has any — the knowledge updates
+    (:func:`update_options`, with ``updates``), the bridges (:func:`bridge_options`, with
+    ``bridges``) and the pairs (:func:`pair_options`) in turn — and otherwise the one-record
+    answers (:func:`answer_options`)."""
     if task.evidence_count >= 2:
-        pairs = pair_options(records, user_name, task.answer_type, limit)
-        if bridges:
-            spans = bridge_options(records, user_name, task.answer_type, limit)
-            both = [o for two in zip_longest(spans, pairs) for o in two if o is not None]
-            pairs = both[:limit] if limit is not None else both
-        if pairs:
-            return pairs
+        kinds = [
+            update_options(records, user_name, task.answer_type, limit) if updates else [],
+            bridge_options(records, user_name, task.answer_type, limit) if bridges else [],
+            pair_options(records, user_name, task.answer_type, limit),
+        ]
+        mixed = [o for row in zip_longest(*kinds) for o in row if o is not None]
+        if mixed:
+            return mixed[:limit] if limit is not None else mixed
     return answer_options(records, user_name, task.answer_type, limit)
+
+
+# The kinds of value a later record updates: a date ("moved to March 27") or a count with its unit.
+UPDATE_ANSWER_TYPES = ("date", "number")
+_TOPIC_WORD = re.compile(r"[A-Za-z][A-Za-z'’-]{3,}")
+_NOT_TOPIC = frozenset(
+    "this that with from have will your about their there they them then than what when which "
+    "would could should been were into also just some more next week weeks today tomorrow "
+    "morning afternoon evening night please thanks thank sure know like want need hope".split()
+)
+UPDATE_MIN_SHARED = 2
+"""Topic words an earlier and a later sentence share for the later one's value to update the
+earlier one's (``cleaning``, ``exam``, ``Voss`` of a dental confirmation and its rescheduling)."""
+
+
+def _topic(text: str) -> set[str]:
+    """A sentence's topic words, lowercased and without a plural "s": no calendar word, no short
+    or common word."""
+    words = (w.lower().rstrip("'’") for w in _TOPIC_WORD.findall(text))
+    return {
+        w[:-1] if w.endswith("s") and not w.endswith("ss") else w
+        for w in words
+        if w not in _NOT_TOPIC and w not in _LEADING_WORDS and not _CALENDAR_WORDS.match(w)
+    }
+
+
+def update_values(sentence: str, kind: str) -> list[str]:
+    """The values of ``kind`` a sentence writes that an update can replace: the dates (without a
+    weekday), or the counted numbers with their unit."""
+    return _values(plain_text(sentence), kind)
+
+
+def _values(text: str, kind: str) -> list[str]:
+    if kind == "date":
+        return [m.group(0) for m in _MENTIONED_DATE.finditer(text)]
+    return [v for m in count_numbers(text) if " " in (v := _with_unit(m.string, m))]
+
+
+def _same_value(a: str, b: str) -> bool:
+    def key(v: str) -> str:
+        return re.sub(r",?\s+\d{4}$|(?<=\d)(?:st|nd|rd|th)\b", "", v).lower()
+
+    return key(a) == key(b)
+
+
+def update_options(
+    records: Sequence[BundleRecord],
+    user_name: str | None = None,
+    answer_type: str | None = None,
+    limit: int | None = MAX_ANSWER_OPTIONS,
+) -> list[AnswerOption]:
+    """The knowledge updates of a bundle: a value (a date a sentence writes, or a count with its
+    unit) that a later record's sentence writes for what an earlier record's sentence wrote
+    another value of — the two sentences share :data:`UPDATE_MIN_SHARED` topic words, and the
+    earlier record never writes the later value. The answer is the later value; ``earlier`` is
+    the earlier sentence. The question asks for the current value ("When is my dental cleaning
+    now?"), so it needs both records: the later one for the answer, the earlier one to know it
+    changed; a memory that keeps or delivers only the first answers with the stale value, the
+    failure RHELM's and the demo's knowledge-update questions test. ``answer_type`` and ``limit``
+    as in :func:`answer_options`; the later value once."""
+    dated = [r for r in records if r.date and r.kind not in UNDATED_EVENT_KINDS]
+    kinds = [answer_type] if answer_type in UPDATE_ANSWER_TYPES else list(UPDATE_ANSWER_TYPES)
+    options: list[AnswerOption] = []
+    seen: set[str] = set()
+    for later in dated:
+        for earlier in (r for r in dated if r.date < later.date):
+            before = [(s, plain_text(s.text)) for s in stating_spans(earlier)]
+            earlier_text = " ".join(t for _, t in before)
+            for span in stating_spans(later):
+                text = plain_text(span.text)
+                for kind in kinds:
+                    for value in _values(text, kind):
+                        if value.lower() in seen or any(
+                            _same_value(value, v) for v in _values(earlier_text, kind)
+                        ):
+                            continue
+                        topic = _topic(text)
+                        old = next(
+                            (
+                                s
+                                for s, t in before
+                                if _values(t, kind) and len(_topic(t) & topic) >= UPDATE_MIN_SHARED
+                            ),
+                            None,
+                        )
+                        if old is None:
+                            continue
+                        seen.add(value.lower())
+                        options.append(AnswerOption(span.id, value, kind, earlier=old.id))
+                        if len(options) == limit:
+                            return options
+    return options
 
 
 # The kinds of answer a bridge asks for: "When did I …, on the day …?" is the record's own date.
@@ -1521,6 +1628,8 @@ class BundleSampler:
             pairs = pair_options(bundle.records, self.history.user_id, limit=None)
             if self.config.bridges:
                 pairs += bridge_options(bundle.records, self.history.user_id, limit=None)
+            if self.config.updates:
+                pairs += update_options(bundle.records, self.history.user_id, limit=None)
             return {o.answer_type for o in pairs}
         if self.config.steer_to_options:
             options = answer_options(bundle.records, self.history.user_id, limit=None)

@@ -1,6 +1,8 @@
-"""Bridges (BundleConfig.bridges): a two-record item whose answer one record writes, asked "on the
-day" another record's event happened — the way RHELM's official multi-record questions are asked
-("Who shared the evening meal with me on the day Sofia completed her model rocket launch?")."""
+"""Bridges and knowledge updates (BundleConfig.bridges, BundleConfig.updates): two-record items
+the program builds. A bridge's answer one record writes, asked "on the day" another record's event
+happened, the way RHELM's official multi-record questions are asked ("Who shared the evening meal
+with me on the day Sofia completed her model rocket launch?"); an update's answer is the value a
+later record writes for what an earlier one wrote ("When is my dental cleaning now?")."""
 
 from __future__ import annotations
 
@@ -184,3 +186,91 @@ def test_a_bridge_whose_question_skips_the_day_fails_and_a_wrong_reader_gets_no_
     # a question naming nothing of the day's record is re-written, then rejected
     out, _ = _bridged(("c1:1#1",), "From which computer did I send a quick note?")
     assert out.status == "rejected" and out.reason == "question:misses_record", out.reason
+
+
+# ---- knowledge updates -----------------------------------------------------------------------
+
+
+def _mail(rid: str, when: datetime, text: str):
+    return RECORDS[2].model_copy(
+        update={"id": rid, "thread_id": "dental", "timestamp": when, "text": text}
+    )
+
+
+BOOKED = _mail(
+    "e:1",
+    datetime(2025, 2, 20),
+    "Subject: Appointment confirmation\nThis confirms your cleaning and exam with Dr. Helen Voss on Tuesday, March 18, 2025 at 9:00 AM.",
+)
+MOVED = _mail(
+    "e:2",
+    datetime(2025, 3, 12),
+    "Subject: Re: Appointment confirmation\nI've moved your cleaning and exam with Dr. Voss to Thursday, March 27, 2025 at 3:30 PM.",
+)
+DATE_TASK = Task(question_type="multi-hop", evidence_count=2, answer_type="date")
+
+
+def test_update_options_are_the_later_value_of_what_an_earlier_record_wrote():
+    from memsteer_dspy.bundles import update_options
+
+    history = small_history([BOOKED, MOVED])
+    bundle = bundle_from_records(history, ["e:1", "e:2", "mail:1"], BundleConfig())
+    (update,) = update_options(bundle.records, "Elena")
+    assert (update.answer, update.answer_type) == ("March 27, 2025", "date")
+    assert (update.span_id, update.earlier) == ("e:2#2", "e:1#2")
+    assert update.span_ids == ("e:2#2", "e:1#2")
+    # the earlier record's value is no update of the later one, whatever the bundle's order
+    reverse = bundle_from_records(history, ["e:2", "e:1"], BundleConfig())
+    assert [o.answer for o in update_options(reverse.records, "Elena")] == ["March 27, 2025"]
+    # another topic is no update (mail:1's March 4 compost order), nor is a value written before
+    again = MOVED.model_copy(update={"id": "e:3", "timestamp": datetime(2025, 3, 20)})
+    history = small_history([BOOKED, MOVED, again])
+    same = bundle_from_records(history, ["e:2", "e:3"], BundleConfig())
+    assert update_options(same.records, "Elena") == []
+    assert all(
+        o.bridge is None and o.earlier is None
+        for o in task_options(same.records, DATE_TASK, "Elena")
+    )
+    # offered to two-record tasks with the flag, first
+    assert task_options(bundle.records, DATE_TASK, "Elena", updates=True)[0] == update
+
+
+def _updated(blind_answer: str):
+    history = small_history([BOOKED, MOVED])
+    bundle = bundle_from_records(history, ["e:1", "e:2", "mail:1"], BundleConfig())
+    options = task_options(bundle.records, DATE_TASK, "Elena", updates=True)
+    n = next(i for i, o in enumerate(options, 1) if o.earlier)
+    audit = audit_reply(facts=("R2.2", "R1.2"))
+    audit["record_checks"].append(
+        {"record_id": "R2", "rationale": "moves it", "verdict": "supported"}
+    )
+    plan = {
+        "answer_option": n,
+        "evidence": [{"record_id": "R2", "contribution": "the new date"}],
+        "fact_span_ids": ["R2.2"],
+        "operations": ["lookup"],
+        "ask": "when the cleaning is",
+    }
+    lms = role_lms(
+        [plan],
+        [question_reply("When is my cleaning and exam with Dr. Voss now?")],
+        [audit],
+        [blind_reply(blind_answer, cited=("e:2#2",))],
+    )
+    gen = MemSteerGenerator(
+        lms, max_retries=0, lean=True, anchored=True, user_name="Elena", updates=True
+    )
+    return gen(bundle=bundle, task=DATE_TASK, shuffle_seed=0).outcome, lms
+
+
+def test_an_update_asks_for_the_current_value_and_a_reader_giving_the_stale_one_fails_it():
+    out, lms = _updated("March 27, 2025")
+    assert out.status == "accepted", (out.reason, out.detail)
+    assert out.plan.evidence_ids == ["e:2", "e:1"] and out.plan.answer == "March 27, 2025"
+    assert out.question_type == "knowledge-update"
+    # asked by the earlier sentence, "now": the question may name the shared topic only
+    assert out.plan.ask.endswith("now that it has changed") and "Voss" in out.plan.ask
+    (cite,) = [r for r in out.repairs if r.stage == "blind"]
+    assert cite.after == "e:1"
+    out, _ = _updated("March 18, 2025")  # the memory that kept the first booking
+    assert out.reason == "blind:mismatch", out.reason

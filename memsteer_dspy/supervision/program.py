@@ -63,6 +63,8 @@ from memsteer_dspy.bundles import (
     plain_text,
     stating_spans,
     task_options,
+    update_options,
+    update_values,
     whole_word,
 )
 from memsteer_dspy.normalize import answers_match
@@ -380,8 +382,10 @@ class _Generator(dspy.Module):
         anchored: bool = False,
         own_words: bool = False,
         bridges: bool = False,
+        updates: bool = False,
     ):
         super().__init__()
+        self.updates = updates
         self.lean = lean
         self.anchored = anchored
         self.own_words = own_words
@@ -675,7 +679,8 @@ class _Generator(dspy.Module):
                 return "leaks_answer"  # "How long … that 25-minute chat …?" -> 25
             if _misses_subject(question, plan, bundle):
                 return "vague"  # "When did I send the email to Sofia Morales?": which one?
-            if len(plan.evidence_ids) > 1:
+            if len(plan.evidence_ids) > 1 and self._update_span(plan, bundle) is None:
+                # (an update's two records share its topic: the question asks by it, not by each)
                 texts = [bundle.subset([rid]).view().text for rid in plan.evidence_ids]
                 if records_missed(question, plan.answer, texts):
                     return "misses_record"
@@ -712,6 +717,14 @@ class _Generator(dspy.Module):
         if span is None:
             return plan, None
         second = _second_answer_span(plan, bundle)
+        if second is None and (earlier := self._update_span(plan, bundle)) is not None:
+            # ask for the current value by the earlier sentence's ask: the later one says "moved"
+            kind = str(plan.answer_type)
+            old = next(iter(update_values(earlier.text, kind)), "")
+            new = f"{sentence_ask(earlier.text, old, kind)}, now that it has changed"
+            repair = Repair(stage="plan", field="ask", before=plan.ask, after=new,
+                            reason="a knowledge update: the earlier sentence's ask, now")  # fmt: skip
+            return plan.model_copy(update={"ask": new}), repair
         bridge = self._bridge_span(plan, bundle) if second is None else None
         if bridge is not None:
             problem = problem or "bridge"  # the planner asked by the answer's own record alone
@@ -746,6 +759,19 @@ class _Generator(dspy.Module):
             return plan, None
         repair = Repair(stage="plan", field="ask", before=plan.ask, after=new, reason=why)
         return plan.model_copy(update={"ask": new}), repair
+
+    def _update_span(self, plan: AnswerPlan, bundle: Bundle) -> Span | None:
+        """With ``updates``: the earlier sentence whose value the plan's answer updates (an
+        :func:`~memsteer_dspy.bundles.update_options` option of the plan's two records, the same
+        rule the options were made by), else None."""
+        if not (self.updates and plan.answer_span_id and len(plan.evidence_ids) >= 2):
+            return None
+        records = [r for rid in plan.evidence_ids if (r := bundle.record(rid)) is not None]
+        cited = {f.span_id for f in plan.facts}
+        for option in update_options(records, self.user_name, str(plan.answer_type), limit=None):
+            if option.span_id == plan.answer_span_id and option.earlier in cited:
+                return bundle.span(option.earlier)
+        return None
 
     def _bridge_span(self, plan: AnswerPlan, bundle: Bundle) -> Span | None:
         """With ``bridges``: the event sentence (:func:`~memsteer_dspy.bundles.event_span`) of
@@ -828,14 +854,19 @@ class _Generator(dspy.Module):
                 }, usage)  # fmt: skip
             except _LMFailure as exc:
                 return _rejected(exc.stage, "lm_error", exc.detail, usage, audit=audit, **base)
-            bridge = self._bridge_span(plan, bundle) if self.anchored else None
-            blind = _blind_result(out, blind_view, bundle, plan, order, repairs, bridge)
+            day = self._bridge_span(plan, bundle) if self.anchored else None
+            day = day or (self._update_span(plan, bundle) if self.anchored else None)
+            blind = _blind_result(out, blind_view, bundle, plan, order, repairs, day)
             problem = _blind_problem(blind, plan)
             if problem is not None:
                 return _rejected("blind", *problem, usage, audit=audit, blind=blind, **base)
-        bridged = self.anchored and self._bridge_span(plan, bundle) is not None
+        kind = None
+        if self.anchored and self._update_span(plan, bundle) is not None:
+            kind = "knowledge-update"
+        elif self.anchored and self._bridge_span(plan, bundle) is not None:
+            kind = "multi-hop"
         return Outcome(status="accepted", audit=audit, blind=blind, usage=usage,
-                       question_type="multi-hop" if bridged else None, **base)  # fmt: skip
+                       question_type=kind, **base)  # fmt: skip
 
 
 def _audit_inputs(
@@ -1261,10 +1292,12 @@ def _blind_result(
     """Compare the blind answer with the reference; cited ids resolved to records. When the answer
     matched but an evidence record is uncited, and the answer occurs in exactly one span of the
     bundle (in that record), the citation is repaired and the repair recorded. So is a plan's
-    ``bridge`` record left uncited when the answer's record is cited: what it contributes is its
-    day, which the program checked (it is the answer record's), and the question names its event
-    (:func:`~memsteer_dspy.supervision.checks.records_missed`); a reader that finds the answer
-    need not cite the record that only says which day."""
+    ``bridge`` record left uncited when the answer's record is cited: what a bridge's record
+    contributes is its day, which the program checked (it is the answer record's), and the
+    question names its event (:func:`~memsteer_dspy.supervision.checks.records_missed`); what an
+    update's earlier record contributes is the value the answer replaces, which the program
+    found (:func:`~memsteer_dspy.bundles.update_options`). A reader that finds the answer need
+    not cite the record that only says which day, or what it was before."""
     cited_ids = [str(c) for c in (out.cited_ids or [])]
     cited: list[str] = []
     for c in cited_ids:
@@ -1285,7 +1318,7 @@ def _blind_result(
         cited.append(day)
         missing.remove(day)
         repairs.append(Repair(stage="blind", field="cited_record_ids", before=None, after=day,
-                              reason="the bridge record says the answer's day; its date was checked"))  # fmt: skip
+                              reason="the bridge or earlier record was checked by the program"))  # fmt: skip
     return BlindResult(
         answerable=bool(out.answerable), answer=str(out.answer), cited_ids=cited_ids, cited_record_ids=cited,
         record_order=order, matched=matched, missing_evidence=missing,
@@ -1434,7 +1467,9 @@ class MemSteerGenerator(_Generator):
         view = bundle.view()
         inputs, to_plan = _task_inputs(view, task), _plan_from
         if self.anchored:
-            options = task_options(bundle.records, task, self.user_name, bridges=self.bridges)
+            options = task_options(
+                bundle.records, task, self.user_name, bridges=self.bridges, updates=self.updates
+            )
             if not options:
                 why = "no sentence of the bundle holds a name, number, list or dated statement"
                 return _rejected("prefilter", "prefilter:no_options", why, usage)

@@ -96,6 +96,7 @@ _LATER_BUNDLE_OPTIONS = {
     "user_turns_only": False,
     "skip_unconcrete": False,
     "bridges": False,
+    "updates": False,
 }
 
 
@@ -749,6 +750,7 @@ def generate_supervision(
         config.method, lms, checks=config.checks, max_retries=config.max_retries, max_demos=config.demo_limit,
         bounded=config.bounded, cold_start=config.cold_start, user_name=history.user_id, lean=config.lean,
         anchored=config.anchored, own_words=config.own_words, bridges=config.bundle.bridges,
+        updates=config.bundle.updates,
     )  # fmt: skip
     log = read_log(out)
     done = {r.index for r in log}
