@@ -64,8 +64,10 @@ def main() -> None:
     types = {t: summarize_items(rs, "recall") for t, rs in sorted(by_type.items())}
 
     label = "conversations only" if args.no_external else "with external sources"
-    print(f"{design.name} on RHELM ({label}), {overall.n} official items, {len(per_persona)} personas, "
-          f"{seconds:.1f}s; items with unresolved evidence ids: {unresolved}")  # fmt: skip
+    print(
+        f"{design.name} on RHELM ({label}), {overall.n} official items, {len(per_persona)} personas, "
+        f"{seconds:.1f}s; items with unresolved evidence ids: {unresolved}"
+    )
     head = f"{'':<30} {'n':>5} {'R@1':>6} {'R@5':>6} {'R@10':>6} {'deliv':>6} {'empty':>6}"
     print(head)
     rows = [("overall", overall)] + list(types.items()) + [("", None)] + list(per_persona.items())
@@ -73,14 +75,26 @@ def main() -> None:
         if s is None:
             print()
             continue
-        print(f"{name:<30} {s.n:>5} {pct(s.recall_at_1)} {pct(s.recall_at_5)} {pct(s.recall_at_10)} "
-              f"{pct(s.delivered_recall)} {s.empty_contexts:>6}")  # fmt: skip
+        print(
+            f"{name:<30} {s.n:>5} {pct(s.recall_at_1)} {pct(s.recall_at_5)} {pct(s.recall_at_10)} "
+            f"{pct(s.delivered_recall)} {s.empty_contexts:>6}"
+        )
     if args.out:
-        args.out.write_text(json.dumps({
-            "design": design.model_dump(mode="json"), "external": not args.no_external, "seconds": round(seconds, 1),
-            "overall": overall.model_dump(), "by_type": {t: s.model_dump() for t, s in types.items()},
-            "by_persona": {p: s.model_dump(exclude={"by_type"}) for p, s in per_persona.items()},
-        }, indent=2))  # fmt: skip
+        args.out.write_text(
+            json.dumps(
+                {
+                    "design": design.model_dump(mode="json"),
+                    "external": not args.no_external,
+                    "seconds": round(seconds, 1),
+                    "overall": overall.model_dump(),
+                    "by_type": {t: s.model_dump() for t, s in types.items()},
+                    "by_persona": {
+                        p: s.model_dump(exclude={"by_type"}) for p, s in per_persona.items()
+                    },
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -59,16 +59,30 @@ class FixedLatencyEngine:
         time.sleep(self.latency)
         with self._lock:
             self.calls += 1
-        return Response(id=None, model="fixed-latency", message=Message.assistant(text), finish_reason="stop",
-                        usage=Usage(input_tokens=100, output_tokens=5, total_tokens=105))  # fmt: skip
+        return Response(
+            id=None,
+            model="fixed-latency",
+            message=Message.assistant(text),
+            finish_reason="stop",
+            usage=Usage(input_tokens=100, output_tokens=5, total_tokens=105),
+        )
 
 
 def install_lm(engine: FixedLatencyEngine) -> None:
     def load(*_a, **_k):
         cfg = LMConfig.uniform("openai/fixed-latency")
         for role in cfg.roles:
-            cfg.set_lm(role, RoleLM("scripted/fixed", role=role, meter=cfg.meter, engine=engine, num_retries=0,
-                                    cache=False))  # fmt: skip
+            cfg.set_lm(
+                role,
+                RoleLM(
+                    "scripted/fixed",
+                    role=role,
+                    meter=cfg.meter,
+                    engine=engine,
+                    num_retries=0,
+                    cache=False,
+                ),
+            )
         return cfg
 
     lm_pkg.load_lm_config = load
@@ -87,10 +101,25 @@ def write_users(root: Path, users: int, records: int, items: int, seed: int = 0)
         recs = []
         for i in range(records):
             words = " ".join(rng.choices(vocab, weights, k=30))
-            recs.append(Record(id=f"t{i // 8}:{i % 8}", kind="conversation_turn", thread_id=f"t{i // 8}", position=i % 8,
-                               timestamp=start + timedelta(hours=i), text=f"User: {words} code{u}x{i}."))  # fmt: skip
-        qa = [QAItem(id=f"{name}-q{k}", question=f"What is the code of {recs[j].text.split()[3]}?", answer=f"code{u}x{j}",
-                     evidence_ids=[recs[j].id]) for k, j in enumerate(rng.sample(range(records), items))]  # fmt: skip
+            recs.append(
+                Record(
+                    id=f"t{i // 8}:{i % 8}",
+                    kind="conversation_turn",
+                    thread_id=f"t{i // 8}",
+                    position=i % 8,
+                    timestamp=start + timedelta(hours=i),
+                    text=f"User: {words} code{u}x{i}.",
+                )
+            )
+        qa = [
+            QAItem(
+                id=f"{name}-q{k}",
+                question=f"What is the code of {recs[j].text.split()[3]}?",
+                answer=f"code{u}x{j}",
+                evidence_ids=[recs[j].id],
+            )
+            for k, j in enumerate(rng.sample(range(records), items))
+        ]
         (folder / "records.jsonl").write_text("".join(r.model_dump_json() + "\n" for r in recs))
         (folder / "qa.jsonl").write_text("".join(q.to_json() + "\n" for q in qa))
         names.append(name)
@@ -98,8 +127,14 @@ def write_users(root: Path, users: int, records: int, items: int, seed: int = 0)
 
 
 def tasks_for(root: Path, users: list[str], out: Path):
-    return build_tasks("evaluate", users, out, format="jsonl", path=root,
-                       extra=["--qa", str(root / "{user}" / "qa.jsonl"), "--no-cache"])  # fmt: skip
+    return build_tasks(
+        "evaluate",
+        users,
+        out,
+        format="jsonl",
+        path=root,
+        extra=["--qa", str(root / "{user}" / "qa.jsonl"), "--no-cache"],
+    )
 
 
 def main() -> None:
@@ -117,8 +152,10 @@ def main() -> None:
     engine = FixedLatencyEngine(args.latency)
     install_lm(engine)
     calls_per_user = 2 * args.items
-    print(f"{args.users} users x {args.items} items ({calls_per_user} LM calls of {args.latency:.2f} s each per user), "
-          f"{args.records} records each; memsteer evaluate --metrics all per user")  # fmt: skip
+    print(
+        f"{args.users} users x {args.items} items ({calls_per_user} LM calls of {args.latency:.2f} s each per user), "
+        f"{args.records} records each; memsteer evaluate --metrics all per user"
+    )
 
     # overhead per task: the batch layer vs the same commands back to back, no LM latency
     engine.latency = 0.0
@@ -136,8 +173,10 @@ def main() -> None:
     )
     batched = time.perf_counter() - t0
     assert summary["statuses"] == {"ok": args.users}, summary["statuses"]
-    print(f"\ncommands back to back: {direct:.2f} s; as a batch on 1 worker: {batched:.2f} s; "
-          f"overhead per task {1000 * (batched - direct) / args.users:.1f} ms")  # fmt: skip
+    print(
+        f"\ncommands back to back: {direct:.2f} s; as a batch on 1 worker: {batched:.2f} s; "
+        f"overhead per task {1000 * (batched - direct) / args.users:.1f} ms"
+    )
 
     engine.latency = args.latency
     rows = []
@@ -157,9 +196,16 @@ def main() -> None:
         path = os.pathsep.join(
             [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
         )
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 runtime_env={"worker_process_setup_hook": "batch_scale.ray_worker_setup",
-                              "env_vars": {"PYTHONPATH": path, "BATCH_SCALE_LATENCY": str(args.latency)}})  # fmt: skip
+        ray.init(
+            num_cpus=4,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+            runtime_env={
+                "worker_process_setup_hook": "batch_scale.ray_worker_setup",
+                "env_vars": {"PYTHONPATH": path, "BATCH_SCALE_LATENCY": str(args.latency)},
+            },
+        )
         from memsteer_dspy.batch import RayExecutor
 
         ex = RayExecutor()
@@ -173,7 +219,9 @@ def main() -> None:
         ray.shutdown()
     base = rows[0][2]
     ideal = args.users * calls_per_user * args.latency
-    print(f"\n{'executor':<9} {'workers':>7} {'wall s':>8} {'users/s':>8} {'vs 1 worker':>12}   (LM wait alone: {ideal:.1f} s on one worker)")  # fmt: skip
+    print(
+        f"\n{'executor':<9} {'workers':>7} {'wall s':>8} {'users/s':>8} {'vs 1 worker':>12}   (LM wait alone: {ideal:.1f} s on one worker)"
+    )
     for name, w, wall in rows:
         print(f"{name:<9} {w:>7} {wall:>8.2f} {args.users / wall:>8.2f} {base / wall:>11.2f}x")
     print(f"\nscratch folder: {tmp}")

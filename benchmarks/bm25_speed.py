@@ -136,13 +136,21 @@ def bench(
     # the loop above also ran our search once per query; take that share out of rank_bm25's time
     rank_qps = 1.0 / max(1e-9, 1.0 / rank_qps - 1.0 / ours_qps)
     return {
-        "corpus": name, "docs": len(docs), "queries": len(queries), "rank_bm25_queries": len(sub),
-        "bm25s_build_s": round(build_s, 3), "bm25s_build_peak_mb": round(build_mb, 1),
-        "bm25s_qps": round(ours_qps, 1), "bm25s_masked_qps": round(masked_qps, 1) if masked_qps else None,
-        "rank_bm25_build_s": round(rank_build_s, 3), "rank_bm25_build_peak_mb": round(rank_build_mb, 1),
-        "rank_bm25_qps": round(rank_qps, 2), "query_speed_ratio": round(ours_qps / rank_qps, 1),
-        "build_speed_ratio": round(rank_build_s / build_s, 2), "top10_overlap": round(float(np.mean(overlap)), 3),
-    }  # fmt: skip
+        "corpus": name,
+        "docs": len(docs),
+        "queries": len(queries),
+        "rank_bm25_queries": len(sub),
+        "bm25s_build_s": round(build_s, 3),
+        "bm25s_build_peak_mb": round(build_mb, 1),
+        "bm25s_qps": round(ours_qps, 1),
+        "bm25s_masked_qps": round(masked_qps, 1) if masked_qps else None,
+        "rank_bm25_build_s": round(rank_build_s, 3),
+        "rank_bm25_build_peak_mb": round(rank_build_mb, 1),
+        "rank_bm25_qps": round(rank_qps, 2),
+        "query_speed_ratio": round(ours_qps / rank_qps, 1),
+        "build_speed_ratio": round(rank_build_s / build_s, 2),
+        "top10_overlap": round(float(np.mean(overlap)), 3),
+    }
 
 
 def main() -> None:

@@ -71,8 +71,10 @@ def main() -> None:
             "qps": round(qps, 1),
             **s.model_dump(),
         }
-        print(f"{name:<18} {row['units']:>6} {row['build_s']:>8.1f} {qps:>8.1f} {100 * s.recall_at_1:>6.1f} "
-              f"{100 * s.recall_at_5:>6.1f} {100 * s.recall_at_10:>6.1f} {100 * s.delivered_recall:>6.1f}")  # fmt: skip
+        print(
+            f"{name:<18} {row['units']:>6} {row['build_s']:>8.1f} {qps:>8.1f} {100 * s.recall_at_1:>6.1f} "
+            f"{100 * s.recall_at_5:>6.1f} {100 * s.recall_at_10:>6.1f} {100 * s.delivered_recall:>6.1f}"
+        )
     if args.out:
         args.out.write_text(json.dumps(out, indent=2))
 

@@ -175,20 +175,28 @@ def role_costs(out: Path) -> dict[str, Any]:
 
 
 def print_costs(name: str, cost: dict[str, Any]) -> None:
-    print(f"\n== {name}: accepted {cost['accepted']} of {cost['candidates']} candidates "
-          f"(kept {100 * cost['kept_fraction']:.1f}%), wall {cost['wall_seconds']:.0f}s")  # fmt: skip
+    print(
+        f"\n== {name}: accepted {cost['accepted']} of {cost['candidates']} candidates "
+        f"(kept {100 * cost['kept_fraction']:.1f}%), wall {cost['wall_seconds']:.0f}s"
+    )
     print(
         f"  {'role':<16}{'calls':>7}{'prompt':>10}{'evaluated':>11}{'completion':>12}{'seconds':>10}"
     )
     for role, t in [*cost["roles"].items(), ("total", cost["total"])]:
-        print(f"  {role:<16}{t['calls']:>7.0f}{t['prompt']:>10.0f}{t['evaluated']:>11.0f}"
-              f"{t['completion']:>12.0f}{t['seconds']:>10.1f}")  # fmt: skip
+        print(
+            f"  {role:<16}{t['calls']:>7.0f}{t['prompt']:>10.0f}{t['evaluated']:>11.0f}"
+            f"{t['completion']:>12.0f}{t['seconds']:>10.1f}"
+        )
     per = cost["per_accepted"]
     if per:
-        print(f"  per accepted item: {per['tokens']:.0f} tokens ({per['evaluated_tokens']:.0f} evaluated), "
-              f"{per['calls']:.1f} calls, {per['lm_seconds']:.1f} s of LM time, {per['wall_seconds']:.1f} s wall")  # fmt: skip
-    print(f"  accepted by answer type {cost['accepted_by_answer_type']}, by question form "
-          f"{cost['accepted_by_question_word']}, by evidence records {cost['accepted_by_evidence_count']}")  # fmt: skip
+        print(
+            f"  per accepted item: {per['tokens']:.0f} tokens ({per['evaluated_tokens']:.0f} evaluated), "
+            f"{per['calls']:.1f} calls, {per['lm_seconds']:.1f} s of LM time, {per['wall_seconds']:.1f} s wall"
+        )
+    print(
+        f"  accepted by answer type {cost['accepted_by_answer_type']}, by question form "
+        f"{cost['accepted_by_question_word']}, by evidence records {cost['accepted_by_evidence_count']}"
+    )
     print(f"  kept by task (accepted/tried): {format_kept(cost['kept_by_task'])}")
     print(f"  rejected by reason {cost['rejected_by_reason']}")
 
@@ -288,9 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     lm(
         messages=[{"role": "user", "content": "Reply with the word ok."}], max_tokens=16
     )  # load untimed
-    print(f"{args.user}: {len(history)} records; seed {args.seed}, {args.candidates} candidates per "
-          f"configuration; LM {args.lm} (loaded in {time.perf_counter() - t0:.1f}s, {os.cpu_count()} cores); "
-          f"folders under {out}", flush=True)  # fmt: skip
+    print(
+        f"{args.user}: {len(history)} records; seed {args.seed}, {args.candidates} candidates per "
+        f"configuration; LM {args.lm} (loaded in {time.perf_counter() - t0:.1f}s, {os.cpu_count()} cores); "
+        f"folders under {out}",
+        flush=True,
+    )
     for name in names:
         folder = out / name
         if folder.exists() and any(folder.iterdir()):
@@ -310,9 +321,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     for name, cost in results.items():
         print_costs(name, cost)
-    report: dict[str, Any] = {"user": args.user, "seed": args.seed, "candidates": args.candidates,
-                              "stopped_early": stopped, "lm": args.lm, "cores": os.cpu_count(),
-                              "configs": results}  # fmt: skip
+    report: dict[str, Any] = {
+        "user": args.user,
+        "seed": args.seed,
+        "candidates": args.candidates,
+        "stopped_early": stopped,
+        "lm": args.lm,
+        "cores": os.cpu_count(),
+        "configs": results,
+    }
     if "v1" in results:
         report["ratios_over_v1"] = {
             n: ratios(results[n], results["v1"]) for n in results if n != "v1"

@@ -160,9 +160,15 @@ def compare_builds(builds: list[str], args: argparse.Namespace) -> None:
             if site:
                 env["PYTHONPATH"] = site + os.pathsep + env.get("PYTHONPATH", "")
             cmd = [
-                sys.executable, __file__, "--measure-child", str(path),
-                "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens),
-            ] + (["--n-threads", str(args.n_threads)] if args.n_threads else [])  # fmt: skip
+                sys.executable,
+                __file__,
+                "--measure-child",
+                str(path),
+                "--prompt-tokens",
+                str(args.prompt_tokens),
+                "--gen-tokens",
+                str(args.gen_tokens),
+            ] + (["--n-threads", str(args.n_threads)] if args.n_threads else [])
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if proc.returncode != 0:
                 raise SystemExit(

@@ -84,11 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         pct = 100 * r["resolved_items"] / r["qa_items"] if r["qa_items"] else float("nan")
         kinds = ", ".join(f"{k} {v}" for k, v in r["records_by_kind"].items())
-        print(f"{r['persona']}: {kinds}; QA {r['qa_items']}, all evidence resolved {pct:.1f}%"
-              f" ({r['resolved_items']}/{r['qa_items']}); load {r['load_seconds']:.2f}s")  # fmt: skip
+        print(
+            f"{r['persona']}: {kinds}; QA {r['qa_items']}, all evidence resolved {pct:.1f}%"
+            f" ({r['resolved_items']}/{r['qa_items']}); load {r['load_seconds']:.2f}s"
+        )
         if r["external_evidence_not_loaded"]:
-            print(f"    evidence in emails/attachments (not loaded): {r['external_evidence_not_loaded']}"
-                  f" strings, {r['items_needing_external']} items")  # fmt: skip
+            print(
+                f"    evidence in emails/attachments (not loaded): {r['external_evidence_not_loaded']}"
+                f" strings, {r['items_needing_external']} items"
+            )
         for u in r["unresolved"]:
             print(f"    unresolved {u['qa_id']}: {u['raw']!r} — {u['reason']}")
     s = summary

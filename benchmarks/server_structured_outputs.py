@@ -95,18 +95,50 @@ def main() -> None:
                 counter = counts[mode] = ParseCounter()
                 dspy.configure(callbacks=[counter])
                 start = time.perf_counter()
-                run(["generate", "--format", "jsonl", "--path", str(DEMO), "--n", str(opts.candidates),
-                     "--max-candidates", str(opts.candidates), "--out", str(tmp / f"gen-{mode}"),
-                     "--profile", "small", "--config", str(config)])  # fmt: skip
-                run(["evaluate", "--format", "jsonl", "--path", str(DEMO), "--limit", str(opts.items),
-                     "--no-cache", "--out", str(tmp / f"eval-{mode}"), "--config", str(config)])  # fmt: skip
+                run(
+                    [
+                        "generate",
+                        "--format",
+                        "jsonl",
+                        "--path",
+                        str(DEMO),
+                        "--n",
+                        str(opts.candidates),
+                        "--max-candidates",
+                        str(opts.candidates),
+                        "--out",
+                        str(tmp / f"gen-{mode}"),
+                        "--profile",
+                        "small",
+                        "--config",
+                        str(config),
+                    ]
+                )
+                run(
+                    [
+                        "evaluate",
+                        "--format",
+                        "jsonl",
+                        "--path",
+                        str(DEMO),
+                        "--limit",
+                        str(opts.items),
+                        "--no-cache",
+                        "--out",
+                        str(tmp / f"eval-{mode}"),
+                        "--config",
+                        str(config),
+                    ]
+                )
                 dspy.configure(callbacks=[])
                 print(f"mode {mode}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
         finally:
             server.stop()
     roles = sorted({r for c in counts.values() for r in (*c.parsed, *c.failed)})
-    print(f"parse failures per role ({opts.candidates} generate candidates, {opts.items} evaluate items, "
-          "llama-cpp-python server, embedded 1.5B model)")  # fmt: skip
+    print(
+        f"parse failures per role ({opts.candidates} generate candidates, {opts.items} evaluate items, "
+        "llama-cpp-python server, embedded 1.5B model)"
+    )
     print(f"{'role':16s}" + "".join(f"{m:>22s}" for m in modes))
     for role in roles:
         cells = []

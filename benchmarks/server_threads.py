@@ -73,11 +73,32 @@ def main() -> None:
                 out = tmp / f"{command}-{threads}"
                 before = len(server.requests)
                 if command == "evaluate":
-                    args = ["evaluate", "--format", "jsonl", "--path", str(DEMO), "--limit", str(opts.items),
-                            "--no-cache", "--out", str(out)]  # fmt: skip
+                    args = [
+                        "evaluate",
+                        "--format",
+                        "jsonl",
+                        "--path",
+                        str(DEMO),
+                        "--limit",
+                        str(opts.items),
+                        "--no-cache",
+                        "--out",
+                        str(out),
+                    ]
                 else:
-                    args = ["generate", "--format", "jsonl", "--path", str(DEMO), "--n", str(opts.candidates),
-                            "--max-candidates", str(opts.candidates), "--out", str(out)]  # fmt: skip
+                    args = [
+                        "generate",
+                        "--format",
+                        "jsonl",
+                        "--path",
+                        str(DEMO),
+                        "--n",
+                        str(opts.candidates),
+                        "--max-candidates",
+                        str(opts.candidates),
+                        "--out",
+                        str(out),
+                    ]
                 report, seconds = run(
                     [*args, "--config", str(config), "--threads", str(max(threads, 1))]
                 )
@@ -91,8 +112,11 @@ def main() -> None:
                         len(lines) == len({json.loads(x)["qa_id"] for x in lines}) == opts.items
                     ), lines
                 else:
-                    n = sum(len((out / f).read_text().splitlines()) for f in ("train.jsonl", "val.jsonl",
-                            "rejected.jsonl") if (out / f).exists())  # fmt: skip
+                    n = sum(
+                        len((out / f).read_text().splitlines())
+                        for f in ("train.jsonl", "val.jsonl", "rejected.jsonl")
+                        if (out / f).exists()
+                    )
                     assert n == report["candidates"] == opts.candidates, (n, report["candidates"])
             (t1, b1, r1), (t4, b4, r4) = seen[1], seen[4]
             same = b1 == b4 and r1 == r4 and sum(c for c, _, _ in b4.values()) == r4

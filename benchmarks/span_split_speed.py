@@ -24,8 +24,33 @@ from pathlib import Path
 from memsteer_dspy import records
 from memsteer_dspy.records import split_spans
 
-WORDS = ["Dr.", "Liu", "met", "J.", "Smith", "at", "5", "p.m.", "e.g.", "we", "went", "home", "version",
-         "3.5", "costs", "$12.50", '"quoted."', "(aside)", "Yes!", "Why?", "U.S.", "ok.", "Then", "The", "A"]  # fmt: skip
+WORDS = [
+    "Dr.",
+    "Liu",
+    "met",
+    "J.",
+    "Smith",
+    "at",
+    "5",
+    "p.m.",
+    "e.g.",
+    "we",
+    "went",
+    "home",
+    "version",
+    "3.5",
+    "costs",
+    "$12.50",
+    '"quoted."',
+    "(aside)",
+    "Yes!",
+    "Why?",
+    "U.S.",
+    "ok.",
+    "Then",
+    "The",
+    "A",
+]
 
 
 def prose(n_chars: int, seed: int = 0, newline_every: int | None = None) -> str:
@@ -85,9 +110,13 @@ def main() -> None:
         t_broken = timed(split_spans, "r", broken)
         t_old = timed(_old_cuts, line) if n <= args.old_limit else None
         t_new_cuts = timed(records._sentence_cuts, line) if t_old is not None else None
-        row = {"chars": n, "one_line_cps": n / t_line, "newlines_cps": n / t_broken,
-               "old_cutter_cps": n / t_old if t_old else None,
-               "cutter_speedup": t_old / t_new_cuts if t_old and t_new_cuts else None}  # fmt: skip
+        row = {
+            "chars": n,
+            "one_line_cps": n / t_line,
+            "newlines_cps": n / t_broken,
+            "old_cutter_cps": n / t_old if t_old else None,
+            "cutter_speedup": t_old / t_new_cuts if t_old and t_new_cuts else None,
+        }
         rows.append(row)
         old = f"{row['old_cutter_cps']:>15,.0f}" if row["old_cutter_cps"] else f"{'(skipped)':>15}"
         print(f"{n:>10,} {row['one_line_cps']:>14,.0f} {row['newlines_cps']:>14,.0f} {old}")
@@ -120,10 +149,17 @@ def main() -> None:
             seconds = time.perf_counter() - t0
             _, peak = tracemalloc.get_traced_memory()
             tracemalloc.stop()
-        print(f"ingest {args.records:,} records ({size / 1e6:.1f} MB, {report['spans']:,} spans): {seconds:.1f}s "
-              f"(under tracemalloc), peak traced memory {peak / 1e6:.0f} MB = {peak / size:.1f}x the file")  # fmt: skip
-        result["ingest"] = {"records": args.records, "bytes": size, "seconds_traced": seconds, "peak_bytes": peak,
-                            "peak_over_file": peak / size}  # fmt: skip
+        print(
+            f"ingest {args.records:,} records ({size / 1e6:.1f} MB, {report['spans']:,} spans): {seconds:.1f}s "
+            f"(under tracemalloc), peak traced memory {peak / 1e6:.0f} MB = {peak / size:.1f}x the file"
+        )
+        result["ingest"] = {
+            "records": args.records,
+            "bytes": size,
+            "seconds_traced": seconds,
+            "peak_bytes": peak,
+            "peak_over_file": peak / size,
+        }
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
 

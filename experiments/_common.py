@@ -82,12 +82,27 @@ Setting = Literal["without", "with"]
 #: Column labels of the two RHELM settings (paper, Table 2).
 SETTING_LABELS = {"without": "w/o", "with": "w/"}
 #: RHELM question types and the paper's column abbreviations (Table 8).
-QUESTION_TYPES = {"fact": "FC", "temporal": "TP", "aggregation": "AG", "hallucination": "HL",
-                  "misleading": "MI", "attachment": "EX", "mixed": "MX"}  # fmt: skip
+QUESTION_TYPES = {
+    "fact": "FC",
+    "temporal": "TP",
+    "aggregation": "AG",
+    "hallucination": "HL",
+    "misleading": "MI",
+    "attachment": "EX",
+    "mixed": "MX",
+}
 ALL_PERSONAS = [
-    "David_R._Ellis", "David_Reyes", "Dr._Alastair_McEwan", "Dr._Elena_Markovic", "Dr._Elias_Romero",
-    "Dr._Marcus_Ellison", "Elena_Morales", "Jonas_Richter", "Justice_Arvind_Prakash_Mehra", "Martin_Keller",
-]  # fmt: skip
+    "David_R._Ellis",
+    "David_Reyes",
+    "Dr._Alastair_McEwan",
+    "Dr._Elena_Markovic",
+    "Dr._Elias_Romero",
+    "Dr._Marcus_Ellison",
+    "Elena_Morales",
+    "Jonas_Richter",
+    "Justice_Arvind_Prakash_Mehra",
+    "Martin_Keller",
+]
 PERSONA_SEP = "/"
 
 
@@ -104,8 +119,9 @@ class DatasetConfig(_Table):
     """Which RHELM data a study runs on."""
 
     rhelm_root: Path | None = Field(
-        None, description="The RHELM folder (default: $MEMSTEER_RHELM_ROOT or ../shared/benchmarks/rhelm)."
-    )  # fmt: skip
+        None,
+        description="The RHELM folder (default: $MEMSTEER_RHELM_ROOT or ../shared/benchmarks/rhelm).",
+    )
     personas: list[str] | None = Field(
         None, description="Personas of the study (None: all ten). Several share one design."
     )
@@ -145,8 +161,12 @@ class Budgets(_Table):
     )
     # The next three are None (False) by default: memsteer_dspy.optimize.defaults resolves them by
     # where the LMs run, as `memsteer optimize` does.
-    feedback_tokens: int | None = Field(None, ge=200, description="Token budget of the proposer's feedback "
-                                        "(None: 1,200 for an in-process proposer, else the paper's 3,000).")  # fmt: skip
+    feedback_tokens: int | None = Field(
+        None,
+        ge=200,
+        description="Token budget of the proposer's feedback "
+        "(None: 1,200 for an in-process proposer, else the paper's 3,000).",
+    )
     objective: Objective | None = Field(
         None,
         description="MemSteer-Opt's objective (None: by the LMs, recall when the answerer runs "
@@ -205,8 +225,13 @@ class TransferStudy(_Table):
     """transfer.py: the six-user shared design and personal continuation (Table 3, Table 9a)."""
 
     source_train: list[str] = Field(
-        default_factory=lambda: ["Jonas_Richter", "David_Reyes", "Dr._Elias_Romero", "Justice_Arvind_Prakash_Mehra"]
-    )  # fmt: skip
+        default_factory=lambda: [
+            "Jonas_Richter",
+            "David_Reyes",
+            "Dr._Elias_Romero",
+            "Justice_Arvind_Prakash_Mehra",
+        ]
+    )
     source_val: list[str] = Field(default_factory=lambda: ["Elena_Morales", "Dr._Elena_Markovic"])
     held_out: list[str] = Field(
         default_factory=lambda: ["Dr._Alastair_McEwan", "Dr._Marcus_Ellison"],
@@ -244,30 +269,65 @@ class OptimizersStudy(_Table):
 PRESET_VALUES: dict[str, dict[str, dict[str, Any]]] = {
     "tiny": {
         "dataset": {"personas": ["Elena_Morales"], "eval_items": 6},
-        "budgets": {"supervision": 4, "max_candidates": 8, "train_fraction": 0.6, "official_train": 3,
-                    "official_val": 2, "iterations": 1, "context_tokens": 800, "quality_items": 4,
-                    "bundle_profile": "small", "batch_size": 4},
-        "transfer": {"source_train": ["Elena_Morales"], "source_val": ["Jonas_Richter"], "held_out": [],
-                     "targets": ["Dr._Elena_Markovic"], "target_supervision": 4},
+        "budgets": {
+            "supervision": 4,
+            "max_candidates": 8,
+            "train_fraction": 0.6,
+            "official_train": 3,
+            "official_val": 2,
+            "iterations": 1,
+            "context_tokens": 800,
+            "quality_items": 4,
+            "bundle_profile": "small",
+            "batch_size": 4,
+        },
+        "transfer": {
+            "source_train": ["Elena_Morales"],
+            "source_val": ["Jonas_Richter"],
+            "held_out": [],
+            "targets": ["Dr._Elena_Markovic"],
+            "target_supervision": 4,
+        },
         "budget": {"sizes": [2, 3]},
         "existing_optimizers": {"auto": None, "max_metric_calls": 12},
     },
     "small": {
         "dataset": {"personas": ["Elena_Morales"], "eval_items": 8},
-        "budgets": {"supervision": 4, "max_candidates": 24, "train_fraction": 0.6, "official_train": 2,
-                    "official_val": 2, "iterations": 1, "context_tokens": 1000, "quality_items": 4,
-                    "bundle_profile": "small", "batch_size": 4, "max_resamples": 1},
-        "transfer": {"source_train": ["Elena_Morales"], "source_val": ["Elena_Morales"], "held_out": [],
-                     "targets": ["Jonas_Richter"], "target_supervision": 4},
+        "budgets": {
+            "supervision": 4,
+            "max_candidates": 24,
+            "train_fraction": 0.6,
+            "official_train": 2,
+            "official_val": 2,
+            "iterations": 1,
+            "context_tokens": 1000,
+            "quality_items": 4,
+            "bundle_profile": "small",
+            "batch_size": 4,
+            "max_resamples": 1,
+        },
+        "transfer": {
+            "source_train": ["Elena_Morales"],
+            "source_val": ["Elena_Morales"],
+            "held_out": [],
+            "targets": ["Jonas_Richter"],
+            "target_supervision": 4,
+        },
         "budget": {"sizes": [2, 3]},
         "existing_optimizers": {"optimizers": ["gepa"], "auto": None, "max_metric_calls": 12},
     },
     "full": {
         "dataset": {"personas": None, "eval_items": None},
-        "budgets": {"supervision": 79, "train_fraction": 0.665, "iterations": 20, "context_tokens": 4000,
-                    "quality_items": 50, "threads": 8},
+        "budgets": {
+            "supervision": 79,
+            "train_fraction": 0.665,
+            "iterations": 20,
+            "context_tokens": 4000,
+            "quality_items": 50,
+            "threads": 8,
+        },
     },
-}  # fmt: skip
+}
 
 STUDY_TABLES = {
     "dataset": DatasetConfig,
@@ -348,8 +408,10 @@ def load_config(
     file = Path(path).expanduser() if path is not None else None
     if file is not None:
         if not file.is_file():
-            raise ConfigError(f"{file}: config file not found (pass --config PATH to a TOML file; "
-                              "see experiments/configs/)")  # fmt: skip
+            raise ConfigError(
+                f"{file}: config file not found (pass --config PATH to a TOML file; "
+                "see experiments/configs/)"
+            )
         try:
             data = tomllib.loads(file.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
@@ -424,8 +486,12 @@ def with_persona(items: Iterable[QAItem], persona: str) -> list[QAItem]:
 def persona_of(item: QAItem) -> str:
     persona = item.metadata.get("persona")
     if not persona:
-        raise InputError("a QA item of a shared optimization has no persona", record=item.id,
-                         field="metadata.persona", hint="tag items with with_persona(items, persona)")  # fmt: skip
+        raise InputError(
+            "a QA item of a shared optimization has no persona",
+            record=item.id,
+            field="metadata.persona",
+            hint="tag items with with_persona(items, persona)",
+        )
     return str(persona)
 
 
@@ -489,8 +555,11 @@ def prefixed_history(persona: str, history: History) -> History:
     records = []
     for r in history.records:
         data = r.model_dump()
-        data.update(id=p + r.id, references=[p + x for x in r.references],
-                    thread_id=p + r.thread_id if r.thread_id else None)  # fmt: skip
+        data.update(
+            id=p + r.id,
+            references=[p + x for x in r.references],
+            thread_id=p + r.thread_id if r.thread_id else None,
+        )
         records.append(Record.model_validate(data))
     return History(f"{persona}", records, source=history.source)
 
@@ -503,19 +572,27 @@ class PersonaPool:
         if not histories:
             raise InputError("a shared design needs at least one persona", field="personas")
         self.parts = {p: prefixed_history(p, h) for p, h in sorted(histories.items())}
-        self.history = History("shared:" + "+".join(self.parts),
-                               [r for h in self.parts.values() for r in h.records])  # fmt: skip
+        self.history = History(
+            "shared:" + "+".join(self.parts), [r for h in self.parts.values() for r in h.records]
+        )
 
     def item(self, item: QAItem) -> QAItem:
         persona = persona_of(item)
         if persona not in self.parts:
-            raise InputError(f"QA item of persona {persona!r}, which is not in the pool",
-                             record=item.id, hint=f"the pool holds {', '.join(self.parts)}")  # fmt: skip
+            raise InputError(
+                f"QA item of persona {persona!r}, which is not in the pool",
+                record=item.id,
+                hint=f"the pool holds {', '.join(self.parts)}",
+            )
         p = f"{persona}{PERSONA_SEP}"
-        return item.model_copy(update={
-            "id": p + item.id, "evidence_ids": [p + x for x in item.evidence_ids],
-            "span_ids": [p + x for x in item.span_ids], "metadata": {**item.metadata, "persona": persona},
-        })  # fmt: skip
+        return item.model_copy(
+            update={
+                "id": p + item.id,
+                "evidence_ids": [p + x for x in item.evidence_ids],
+                "span_ids": [p + x for x in item.span_ids],
+                "metadata": {**item.metadata, "persona": persona},
+            }
+        )
 
     def items(self, items: Iterable[QAItem]) -> list[QAItem]:
         return [self.item(q) for q in items]
@@ -541,17 +618,23 @@ class PooledSystem:
         return self._system_of(persona).lookup(record_id, **kwargs)
 
 
-def pooled_summary(items: list[ItemResult], metrics: str, design: MemoryDesign, user: str,
-                   fingerprint: str | None) -> EvaluationSummary:  # fmt: skip
+def pooled_summary(
+    items: list[ItemResult], metrics: str, design: MemoryDesign, user: str, fingerprint: str | None
+) -> EvaluationSummary:
     """Means over the pooled items of several personas (the paper pools evaluation questions)."""
     by_type: dict[str, list[ItemResult]] = {}
     for r in items:
         by_type.setdefault(r.question_type or "unknown", []).append(r)
     return EvaluationSummary(
-        **summarize_items(items, metrics).model_dump(), design_key=design.key(), design_name=design.name,
-        metrics=metrics, protocol="as_of", user=user, history_fingerprint=fingerprint,
+        **summarize_items(items, metrics).model_dump(),
+        design_key=design.key(),
+        design_name=design.name,
+        metrics=metrics,
+        protocol="as_of",
+        user=user,
+        history_fingerprint=fingerprint,
         by_type={t: summarize_items(rs, metrics) for t, rs in sorted(by_type.items())},
-    )  # fmt: skip
+    )
 
 
 class SharedEvaluator(HistoryEvaluator):
@@ -599,8 +682,15 @@ class SharedEvaluator(HistoryEvaluator):
         results: dict[str, ItemResult] = {}
         for persona, group in groups.items():
             system = self.persona_system(design, persona)
-            rep = evaluate_design(system, group, metrics=metrics, judge_lm=judge, protocol=self.protocol,
-                                  threads=self.threads, out_dir=Path(folder) / safe_name(persona))  # fmt: skip
+            rep = evaluate_design(
+                system,
+                group,
+                metrics=metrics,
+                judge_lm=judge,
+                protocol=self.protocol,
+                threads=self.threads,
+                out_dir=Path(folder) / safe_name(persona),
+            )
             results.update({r.qa_id: r for r in rep.items})
         ordered = [results[q.id] for q in items]
         write_atomic(
@@ -612,16 +702,35 @@ class SharedEvaluator(HistoryEvaluator):
         return system, EvaluationReport(summary=summary, items=ordered)
 
 
-def shared_optimizer(histories: Mapping[str, History], train: list[QAItem], val: list[QAItem],
-                     out_dir: str | Path, *, test: list[QAItem] | None = None, **kwargs: Any) -> MemSteerOpt:  # fmt: skip
+def shared_optimizer(
+    histories: Mapping[str, History],
+    train: list[QAItem],
+    val: list[QAItem],
+    out_dir: str | Path,
+    *,
+    test: list[QAItem] | None = None,
+    **kwargs: Any,
+) -> MemSteerOpt:
     """MemSteer-Opt with one design shared by several personas: the plain loop with a
     :class:`SharedEvaluator` (QA items are mapped onto the pooled, prefixed record ids)."""
     pool = PersonaPool(histories)
-    opt = MemSteerOpt(pool.history, pool.items(train), pool.items(val), out_dir,
-                      test=pool.items(test or []), **kwargs)  # fmt: skip
+    opt = MemSteerOpt(
+        pool.history,
+        pool.items(train),
+        pool.items(val),
+        out_dir,
+        test=pool.items(test or []),
+        **kwargs,
+    )
     c = opt.config
-    opt.evaluator = SharedEvaluator(pool, lm=opt.lm, protocol=c.protocol, threads=c.threads, cache_dir=opt.cache_dir,
-                                    answering=c.objective != "recall")  # fmt: skip
+    opt.evaluator = SharedEvaluator(
+        pool,
+        lm=opt.lm,
+        protocol=c.protocol,
+        threads=c.threads,
+        cache_dir=opt.cache_dir,
+        answering=c.objective != "recall",
+    )
     return opt
 
 
@@ -648,8 +757,10 @@ def with_delta(v: float | None, base: float | None) -> str:
 
 def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, left: int = 1) -> str:
     """A Markdown table; the first ``left`` columns are left-aligned, the rest right-aligned."""
-    out = ["| " + " | ".join(headers) + " |",
-           "|" + "|".join("---" if i < left else "---:" for i in range(len(headers))) + "|"]  # fmt: skip
+    out = [
+        "| " + " | ".join(headers) + " |",
+        "|" + "|".join("---" if i < left else "---:" for i in range(len(headers))) + "|",
+    ]
     for row in rows:
         out.append("| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |")
     return "\n".join(out)
@@ -691,8 +802,16 @@ class Study:
     :meth:`memsteer_dspy.lm.LMConfig.set_lm`).
     """
 
-    def __init__(self, name: str, cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None,
-                 tracking: bool = True, progress: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        cfg: ExperimentConfig,
+        out: str | Path,
+        *,
+        lm_config: Any = None,
+        tracking: bool = True,
+        progress: bool = True,
+    ):
         from memsteer_dspy.lm import load_lm_config
 
         self.name = name
@@ -703,8 +822,10 @@ class Study:
         self.progress = progress
         self.cache_dir = self.out / "cache"
         self.tracker = (
-            Tracker(resolve_tracking_uri(self.out), f"memsteer-experiments/{name}") if tracking else Tracker.disabled()
-        )  # fmt: skip
+            Tracker(resolve_tracking_uri(self.out), f"memsteer-experiments/{name}")
+            if tracking
+            else Tracker.disabled()
+        )
         self.stages: list[Stage] = []
         self.rows: list[dict[str, Any]] = []
         self._loaded: dict[tuple[str, bool], Loaded] = {}
@@ -725,17 +846,35 @@ class Study:
                 state = {}
         config = self.cfg.model_dump(mode="json")
         if state.get("config") and state["config"] != config:
-            self.log(f"note: {path} was written with another config; the stages that changed start "
-                     "afresh, the others resume")  # fmt: skip
+            self.log(
+                f"note: {path} was written with another config; the stages that changed start "
+                "afresh, the others resume"
+            )
         self.run_id = self.tracker.start_run(
-            self.name, resume_run_id=state.get("mlflow_run_id"),
-            tags={"memsteer.kind": "experiment", "memsteer.study": self.name, "memsteer.preset": self.cfg.preset},
-        )  # fmt: skip
-        self.tracker.log_params(self.run_id, {"preset": self.cfg.preset, "lm": self.lm.describe(),
-                                              "dataset": self.cfg.dataset.model_dump(mode="json"),
-                                              "budgets": self.cfg.budgets.model_dump(mode="json")})  # fmt: skip
-        state.update(study=self.name, config=config, lm=self.lm.describe(), mlflow_run_id=self.run_id,
-                     tracking_uri=self.tracker.uri if self.tracker.active else None)  # fmt: skip
+            self.name,
+            resume_run_id=state.get("mlflow_run_id"),
+            tags={
+                "memsteer.kind": "experiment",
+                "memsteer.study": self.name,
+                "memsteer.preset": self.cfg.preset,
+            },
+        )
+        self.tracker.log_params(
+            self.run_id,
+            {
+                "preset": self.cfg.preset,
+                "lm": self.lm.describe(),
+                "dataset": self.cfg.dataset.model_dump(mode="json"),
+                "budgets": self.cfg.budgets.model_dump(mode="json"),
+            },
+        )
+        state.update(
+            study=self.name,
+            config=config,
+            lm=self.lm.describe(),
+            mlflow_run_id=self.run_id,
+            tracking_uri=self.tracker.uri if self.tracker.active else None,
+        )
         state.setdefault("sessions", []).append(
             {"started": datetime.now(UTC).isoformat(timespec="seconds"), "wall_seconds": None}
         )
@@ -750,8 +889,10 @@ class Study:
 
     def _usage(self) -> tuple[int, int]:
         usage = self.lm.usage_by_role()
-        return (sum(int(u.get("calls", 0)) for u in usage.values()),
-                sum(int(u.get("total_tokens", 0)) for u in usage.values()))  # fmt: skip
+        return (
+            sum(int(u.get("calls", 0)) for u in usage.values()),
+            sum(int(u.get("total_tokens", 0)) for u in usage.values()),
+        )
 
     @contextmanager
     def stage(self, name: str, *, fatal: bool = False) -> Iterator[Stage]:
@@ -815,13 +956,32 @@ class Study:
     ) -> EvaluationReport:
         """Answer and judge ``items`` under ``design`` (RHELM's as-of protocol); per-item results
         with traces in ``folder/items.jsonl`` (a rerun resumes)."""
-        system = MemorySystem.from_design(design, history, cache_dir=self.cache_dir,
-                                          lms={"answerer": self.lm.lm("answerer")}, threads=self.cfg.budgets.threads)  # fmt: skip
-        return evaluate_design(system, items, metrics="all", judge_lm=self.lm.lm("judge"), protocol="as_of",
-                               threads=self.cfg.budgets.threads, out_dir=folder)  # fmt: skip
+        system = MemorySystem.from_design(
+            design,
+            history,
+            cache_dir=self.cache_dir,
+            lms={"answerer": self.lm.lm("answerer")},
+            threads=self.cfg.budgets.threads,
+        )
+        return evaluate_design(
+            system,
+            items,
+            metrics="all",
+            judge_lm=self.lm.lm("judge"),
+            protocol="as_of",
+            threads=self.cfg.budgets.threads,
+            out_dir=folder,
+        )
 
-    def test(self, design: MemoryDesign, personas: Sequence[str], *, external: bool = True,
-             condition: str, setting: str = "with") -> dict[str, EvaluationReport]:  # fmt: skip
+    def test(
+        self,
+        design: MemoryDesign,
+        personas: Sequence[str],
+        *,
+        external: bool = True,
+        condition: str,
+        setting: str = "with",
+    ) -> dict[str, EvaluationReport]:
         """Evaluate ``design`` on each persona's official test items, from that persona's own
         history. Each (persona, design) is evaluated once per study (``<setting>/<persona>/eval/
         <design key>/``), whichever condition asks; rows go to ``items.jsonl`` under ``condition``."""
@@ -836,17 +996,36 @@ class Study:
             )
             reports[persona] = rep
             for r in rep.items:
-                self.rows.append({
-                    "study": self.name, "condition": condition, "setting": setting, "persona": persona,
-                    "design_key": design.key(), "qa_id": r.qa_id, "question_type": r.question_type,
-                    "correct": r.correct, "qs": r.qs, "recall_at_10": r.recall_at_10,
-                    "delivered_recall": r.delivered_recall, "prediction": r.prediction, "reference": r.reference,
-                    "error": r.error,
-                })  # fmt: skip
+                self.rows.append(
+                    {
+                        "study": self.name,
+                        "condition": condition,
+                        "setting": setting,
+                        "persona": persona,
+                        "design_key": design.key(),
+                        "qa_id": r.qa_id,
+                        "question_type": r.question_type,
+                        "correct": r.correct,
+                        "qs": r.qs,
+                        "recall_at_10": r.recall_at_10,
+                        "delivered_recall": r.delivered_recall,
+                        "prediction": r.prediction,
+                        "reference": r.reference,
+                        "error": r.error,
+                    }
+                )
         return reports
 
-    def generate(self, folder: Path, persona: str, *, external: bool = True, method: str = "memsteer",
-                 checks: bool = True, n: int | None = None) -> Generated:  # fmt: skip
+    def generate(
+        self,
+        folder: Path,
+        persona: str,
+        *,
+        external: bool = True,
+        method: str = "memsteer",
+        checks: bool = True,
+        n: int | None = None,
+    ) -> Generated:
         """Generate QA–evidence supervision from one persona's history into ``folder`` (as
         ``memsteer generate`` does; a rerun resumes). Items are tagged with the persona."""
         from memsteer_dspy.bundles import BundleConfig, small_lm_bundle_config
@@ -866,36 +1045,68 @@ class Study:
         n = n or b.supervision
         max_candidates = ceil_div(b.max_candidates * n, b.supervision) if b.max_candidates else None
         config = GenerationConfig(
-            n=n, max_candidates=max_candidates, method=method, checks=checks,
-            seed=self.cfg.dataset.seed, threads=b.threads, batch_size=b.batch_size, train_fraction=b.train_fraction,
+            n=n,
+            max_candidates=max_candidates,
+            method=method,
+            checks=checks,
+            seed=self.cfg.dataset.seed,
+            threads=b.threads,
+            batch_size=b.batch_size,
+            train_fraction=b.train_fraction,
             bundle=small_lm_bundle_config() if profile == "small" else BundleConfig(),
-        )  # fmt: skip
+        )
         lms = {role: self.lm.lm(role) for role in GENERATION_ROLES}
         history = self.load(persona, external).history
-        summary = generate_supervision(history, lms, folder, config, lm_description=self.lm.describe(),
-                                       progress=self.progress)  # fmt: skip
+        summary = generate_supervision(
+            history, lms, folder, config, lm_description=self.lm.describe(), progress=self.progress
+        )
         sup = SupervisionSet.load(folder)
         return Generated(
             with_persona(sup.train, persona), with_persona(sup.val, persona), summary, [folder]
         )
 
-    def optimize(self, folder: Path, histories: Mapping[str, History], train: list[QAItem], val: list[QAItem], *,
-                 init_design: MemoryDesign | None = None, feedback: str = "stratified", label: str = "") -> OptimizeResult:  # fmt: skip
+    def optimize(
+        self,
+        folder: Path,
+        histories: Mapping[str, History],
+        train: list[QAItem],
+        val: list[QAItem],
+        *,
+        init_design: MemoryDesign | None = None,
+        feedback: str = "stratified",
+        label: str = "",
+    ) -> OptimizeResult:
         """MemSteer-Opt from ``init_design`` (default Base-BM25) on ``train``/``val``: over one
         persona's history, or with one design shared by several (:func:`shared_optimizer`).
         The optimization's MLflow run is nested under the study's."""
         b = self.cfg.budgets
-        resolved = resolve_defaults({"objective": b.objective, "feedback_tokens": b.feedback_tokens},
-                                    proposer_in_process=self.lm.in_process("proposer"),
-                                    answerer_in_process=self.lm.in_process("answerer"), paper=b.paper)  # fmt: skip
-        config = OptimizeConfig(iterations=b.iterations, feedback=feedback, seed=self.cfg.dataset.seed,
-                                protocol="as_of", threads=b.threads, max_resamples=b.max_resamples,
-                                resolved=resolved.line(), **resolved.values)  # fmt: skip
+        resolved = resolve_defaults(
+            {"objective": b.objective, "feedback_tokens": b.feedback_tokens},
+            proposer_in_process=self.lm.in_process("proposer"),
+            answerer_in_process=self.lm.in_process("answerer"),
+            paper=b.paper,
+        )
+        config = OptimizeConfig(
+            iterations=b.iterations,
+            feedback=feedback,
+            seed=self.cfg.dataset.seed,
+            protocol="as_of",
+            threads=b.threads,
+            max_resamples=b.max_resamples,
+            resolved=resolved.line(),
+            **resolved.values,
+        )
         self.log(f"  optimize {label or folder.name}: {resolved.line()}")
-        kwargs = dict(config=config, lms=self.lm.lm, init_design=init_design or self.base_design(), tracker=self.tracker,
-                      cache_dir=self.cache_dir, usage=self.lm.usage_by_role,
-                      run_params={"study": self.name, "condition": label, "lm": self.lm.describe()},
-                      on_event=lambda e: self.log(f"  optimize {label or folder.name}: {progress_line(e)}"))  # fmt: skip
+        kwargs = dict(
+            config=config,
+            lms=self.lm.lm,
+            init_design=init_design or self.base_design(),
+            tracker=self.tracker,
+            cache_dir=self.cache_dir,
+            usage=self.lm.usage_by_role,
+            run_params={"study": self.name, "condition": label, "lm": self.lm.describe()},
+            on_event=lambda e: self.log(f"  optimize {label or folder.name}: {progress_line(e)}"),
+        )
         if len(histories) == 1:
             ((_, history),) = histories.items()
             opt: MemSteerOpt = MemSteerOpt(history, train, val, folder, **kwargs)
@@ -915,23 +1126,31 @@ class Study:
         c, b = self.cfg, self.cfg.budgets
         roles = ", ".join(f"{r}: `{m}`" for r, m in self.lm.describe().items())
         return [
-            f"# {title}", "",
-            f"- preset `{c.preset}`" + (f", config `{c.config_file}`" if c.config_file else "")
+            f"# {title}",
+            "",
+            f"- preset `{c.preset}`"
+            + (f", config `{c.config_file}`" if c.config_file else "")
             + f", seed {c.dataset.seed}; written {datetime.now(UTC).isoformat(timespec='seconds')}",
             f"- LMs: {roles}",
             f"- test items per persona: {c.dataset.eval_items or 'all official'}; context budget {b.context_tokens} "
             f"tokens; MemSteer-Opt iterations {b.iterations}; generated supervision {b.supervision} items per persona "
             f"({round(100 * b.train_fraction)}% train)",
-            *extra, "",
-        ]  # fmt: skip
+            *extra,
+            "",
+        ]
 
     def checkpoint(self, markdown: str, results: Mapping[str, Any]) -> None:
         """Rewrite ``results.md`` and ``results.json`` with the stages finished so far (marked
         partial), so a long study can be read while it runs."""
         note = "> Partial: the study is still running; these tables hold the stages finished so far.\n\n"
         write_atomic(self.out / "results.md", note + markdown.rstrip() + "\n")
-        payload = {"study": self.name, "preset": self.cfg.preset, "partial": True, **results,
-                   "stages": [s.__dict__ for s in self.stages]}  # fmt: skip
+        payload = {
+            "study": self.name,
+            "preset": self.cfg.preset,
+            "partial": True,
+            **results,
+            "stages": [s.__dict__ for s in self.stages],
+        }
         write_atomic(
             self.out / "results.json",
             json.dumps(payload, indent=2, ensure_ascii=False, default=str) + "\n",
@@ -954,10 +1173,20 @@ class Study:
         cost = md_table(
             ["stage", "LM calls", "tokens", "s", "error"], [s.row() for s in self.stages]
         )
-        tail = ["", "## Cost", "", cost, "",
-                f"Total this session: {calls} LM calls, {tokens:,} tokens, {wall:.0f}s wall time "
-                "(stages resumed from disk cost nothing)"
-                + (f"; {len(sessions)} sessions, {sum(sessions):.0f}s wall time in all." if len(sessions) > 1 else ".")]  # fmt: skip
+        tail = [
+            "",
+            "## Cost",
+            "",
+            cost,
+            "",
+            f"Total this session: {calls} LM calls, {tokens:,} tokens, {wall:.0f}s wall time "
+            "(stages resumed from disk cost nothing)"
+            + (
+                f"; {len(sessions)} sessions, {sum(sessions):.0f}s wall time in all."
+                if len(sessions) > 1
+                else "."
+            ),
+        ]
         if self.tracker.active:
             tail += [
                 "",
@@ -965,9 +1194,15 @@ class Study:
             ]
         text = markdown.rstrip() + "\n" + "\n".join(tail) + "\n"
         write_atomic(self.out / "results.md", text)
-        payload = {"study": self.name, "preset": self.cfg.preset, "lm": self.lm.describe(), **results,
-                   "stages": [s.__dict__ for s in self.stages], "wall_seconds": round(wall, 1),
-                   "lm_usage": self.lm.usage_by_role()}  # fmt: skip
+        payload = {
+            "study": self.name,
+            "preset": self.cfg.preset,
+            "lm": self.lm.describe(),
+            **results,
+            "stages": [s.__dict__ for s in self.stages],
+            "wall_seconds": round(wall, 1),
+            "lm_usage": self.lm.usage_by_role(),
+        }
         write_atomic(
             self.out / "results.json",
             json.dumps(payload, indent=2, ensure_ascii=False, default=str) + "\n",
@@ -1001,8 +1236,14 @@ def by_type_of(reports: Mapping[str, EvaluationReport]) -> dict[str, MetricSumma
 
 
 def _scores(s: MetricSummary) -> dict[str, Any]:
-    return {"n": s.n, "accuracy": s.accuracy, "qs": s.qs, "recall_at_10": s.recall_at_10,
-            "delivered_recall": s.delivered_recall, "errors": s.errors}  # fmt: skip
+    return {
+        "n": s.n,
+        "accuracy": s.accuracy,
+        "qs": s.qs,
+        "recall_at_10": s.recall_at_10,
+        "delivered_recall": s.delivered_recall,
+        "errors": s.errors,
+    }
 
 
 def report_dict(reports: Mapping[str, EvaluationReport]) -> dict[str, Any]:
@@ -1022,21 +1263,29 @@ def optimization_dict(result: OptimizeResult, n_train: int, n_val: int) -> dict[
     # a recall-objective run answers nothing: its validation score is delivered recall
     metric = "accuracy" if result.baseline_score.accuracy is not None else "delivered_recall"
     return {
-        "n_train": n_train, "n_val": n_val, "iterations": len(result.entries) - 1, "val_metric": metric,
-        "accepted_path": result.accepted_path, "val_initial": getattr(result.baseline_score, metric),
-        "val_best": getattr(result.best_score, metric), "best_design_key": result.best_design.key(),
-        "changes": design_diff(d0, result.best_design), "out_dir": result.out_dir,
+        "n_train": n_train,
+        "n_val": n_val,
+        "iterations": len(result.entries) - 1,
+        "val_metric": metric,
+        "accepted_path": result.accepted_path,
+        "val_initial": getattr(result.baseline_score, metric),
+        "val_best": getattr(result.best_score, metric),
+        "best_design_key": result.best_design.key(),
+        "changes": design_diff(d0, result.best_design),
+        "out_dir": result.out_dir,
         "statuses": [e.status for e in result.entries[1:]],
-    }  # fmt: skip
+    }
 
 
 def optimization_lines(label: str, opt: Mapping[str, Any]) -> list[str]:
     """One bullet per optimization: sizes, validation score, accepted path, final changes."""
     changes = "; ".join(opt["changes"]) or "none (the initial design stayed best)"
     metric = opt.get("val_metric", "accuracy").replace("_", " ")
-    return [f"- **{label}**: {opt['n_train']} train / {opt['n_val']} val items; validation {metric} "
-            f"{pct(opt['val_initial'])} → {pct(opt['val_best'])} over {opt['iterations']} iteration(s) "
-            f"({', '.join(opt['statuses']) or 'none'}); best design `{opt['best_design_key']}`: {changes}"]  # fmt: skip
+    return [
+        f"- **{label}**: {opt['n_train']} train / {opt['n_val']} val items; validation {metric} "
+        f"{pct(opt['val_initial'])} → {pct(opt['val_best'])} over {opt['iterations']} iteration(s) "
+        f"({', '.join(opt['statuses']) or 'none'}); best design `{opt['best_design_key']}`: {changes}"
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -1048,15 +1297,25 @@ def parse_args(
     study: str, doc: str | None, argv: Sequence[str] | None = None
 ) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog=f"python experiments/{study}.py", description=(doc or "").split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog="See experiments/README.md.",
-    )  # fmt: skip
-    parser.add_argument("--config", type=Path, default=None,
-                        help="TOML file: [lm] role -> LM (as memsteer.example.toml), [dataset], [budgets], "
-                        "study tables. Examples in experiments/configs/. Default: $MEMSTEER_CONFIG or "
-                        "./memsteer.toml for the LMs, the preset for the rest.")  # fmt: skip
-    parser.add_argument("--preset", choices=PRESETS, default="small",
-                        help="tiny (tests), small (embedded LM, one persona, ~30 min on 2 cores), full (paper sizes).")  # fmt: skip
+        prog=f"python experiments/{study}.py",
+        description=(doc or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="See experiments/README.md.",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="TOML file: [lm] role -> LM (as memsteer.example.toml), [dataset], [budgets], "
+        "study tables. Examples in experiments/configs/. Default: $MEMSTEER_CONFIG or "
+        "./memsteer.toml for the LMs, the preset for the rest.",
+    )
+    parser.add_argument(
+        "--preset",
+        choices=PRESETS,
+        default="small",
+        help="tiny (tests), small (embedded LM, one persona, ~30 min on 2 cores), full (paper sizes).",
+    )
     parser.add_argument(
         "--out",
         type=Path,
@@ -1083,8 +1342,12 @@ def cli(
     exits with status 2 and a message saying what to fix."""
     args = parse_args(study, doc, argv)
     try:
-        cfg = load_config(args.config, args.preset, lm=args.lm, overrides={
-            "dataset": {"personas": args.persona, "rhelm_root": args.rhelm_root}})  # fmt: skip
+        cfg = load_config(
+            args.config,
+            args.preset,
+            lm=args.lm,
+            overrides={"dataset": {"personas": args.persona, "rhelm_root": args.rhelm_root}},
+        )
         out = args.out or Path(__file__).resolve().parent / "runs" / f"{study}-{args.preset}"
         path = run(cfg, out, tracking=not args.no_tracking)
     except MemsteerError as exc:

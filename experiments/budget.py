@@ -49,8 +49,14 @@ def val_size(n_train: int, train_fraction: float) -> int:
     return max(1, round(n_train * (1 - train_fraction) / train_fraction))
 
 
-def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracking: bool = True,
-        progress: bool = True) -> Path:  # fmt: skip
+def run(
+    cfg: ExperimentConfig,
+    out: str | Path,
+    *,
+    lm_config: Any = None,
+    tracking: bool = True,
+    progress: bool = True,
+) -> Path:
     """Run the Figure 4 study (see the module docstring); returns the path of ``results.md``."""
     out = Path(out)
     study = Study("budget", cfg, out, lm_config=lm_config, tracking=tracking, progress=progress)
@@ -59,8 +65,13 @@ def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracki
     tf = cfg.budgets.train_fraction
     histories = {p: study.load(p).history for p in personas}
     per_persona = ceil_div(ceil_div(max(sizes), tf), len(personas))
-    results: dict[str, Any] = {"personas": personas, "sizes": sizes, "pool_per_persona": per_persona,
-                               "budgets": {}, "optimizations": {}}  # fmt: skip
+    results: dict[str, Any] = {
+        "personas": personas,
+        "sizes": sizes,
+        "pool_per_persona": per_persona,
+        "budgets": {},
+        "optimizations": {},
+    }
     study.on_stage = lambda: study.checkpoint(render(study, results), results)
     with study.stage("Base-BM25 on the test items (budget 0)"):
         results["base"] = report_dict(study.test(study.base_design(), personas, condition="base"))
@@ -80,8 +91,10 @@ def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracki
             results["budgets"][str(n)] = entry
             with study.stage(f"MemSteer-Opt with {n} training questions"):
                 if n > len(train_pool) or n_val > len(val_pool):
-                    raise RuntimeError(f"the pool has {len(train_pool)} train / {len(val_pool)} val items, fewer than "
-                                       f"{n} / {n_val}; raise max_candidates under [budgets]")  # fmt: skip
+                    raise RuntimeError(
+                        f"the pool has {len(train_pool)} train / {len(val_pool)} val items, fewer than "
+                        f"{n} / {n_val}; raise max_candidates under [budgets]"
+                    )
                 res = study.optimize(
                     out / f"opt-n{n}", histories, train_pool[:n], val_pool[:n_val], label=f"n{n}"
                 )
@@ -89,8 +102,11 @@ def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracki
                 entry["test"] = report_dict(
                     study.test(res.best_design, personas, condition=f"n{n}")
                 )
-    metrics = {f"n{n}.{m}": (e.get("test") or {}).get(m) for n, e in results["budgets"].items()
-               for m in ("accuracy", "qs", "recall_at_10")}  # fmt: skip
+    metrics = {
+        f"n{n}.{m}": (e.get("test") or {}).get(m)
+        for n, e in results["budgets"].items()
+        for m in ("accuracy", "qs", "recall_at_10")
+    }
     metrics.update(
         {f"n0.{m}": results.get("base", {}).get(m) for m in ("accuracy", "qs", "recall_at_10")}
     )
@@ -100,19 +116,43 @@ def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracki
 def render(study: Study, results: dict[str, Any]) -> str:
     base = results.get("base") or {}
     pool = results.get("pool") or {}
-    lines = study.header("Figure 4 — effect of the supervision budget",
-                         [f"- personas: {', '.join(results['personas'])}; pool: {pool.get('train', '–')} train / "
-                          f"{pool.get('val', '–')} val generated items"])  # fmt: skip
-    rows = [["0 (Base-BM25)", "–", pct(base.get("accuracy")), pct(base.get("qs")), pct(base.get("recall_at_10")),
-             f"`{bar(base.get('qs'))}`"]]  # fmt: skip
+    lines = study.header(
+        "Figure 4 — effect of the supervision budget",
+        [
+            f"- personas: {', '.join(results['personas'])}; pool: {pool.get('train', '–')} train / "
+            f"{pool.get('val', '–')} val generated items"
+        ],
+    )
+    rows = [
+        [
+            "0 (Base-BM25)",
+            "–",
+            pct(base.get("accuracy")),
+            pct(base.get("qs")),
+            pct(base.get("recall_at_10")),
+            f"`{bar(base.get('qs'))}`",
+        ]
+    ]
     for n, e in results["budgets"].items():
         t = e.get("test") or {}
-        rows.append([n, e["val"], with_delta(t.get("accuracy"), base.get("accuracy")),
-                     with_delta(t.get("qs"), base.get("qs")), with_delta(t.get("recall_at_10"), base.get("recall_at_10")),
-                     f"`{bar(t.get('qs'))}`"])  # fmt: skip
-    lines += ["## Figure 4 — training questions vs. official-QA scores (%)", "",
-              md_table(["Training questions", "Validation", "Acc", "QS", "R@10", "QS bar"], rows), "",
-              "All runs start from the same Base-BM25 (budget 0); arrows are points over it.", ""]  # fmt: skip
+        rows.append(
+            [
+                n,
+                e["val"],
+                with_delta(t.get("accuracy"), base.get("accuracy")),
+                with_delta(t.get("qs"), base.get("qs")),
+                with_delta(t.get("recall_at_10"), base.get("recall_at_10")),
+                f"`{bar(t.get('qs'))}`",
+            ]
+        )
+    lines += [
+        "## Figure 4 — training questions vs. official-QA scores (%)",
+        "",
+        md_table(["Training questions", "Validation", "Acc", "QS", "R@10", "QS bar"], rows),
+        "",
+        "All runs start from the same Base-BM25 (budget 0); arrows are points over it.",
+        "",
+    ]
     if results["optimizations"]:
         lines += ["## The optimizations", ""]
         for n, opt in results["optimizations"].items():

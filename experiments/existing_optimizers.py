@@ -80,8 +80,14 @@ class TunedSystem:
         return self.system.retrieve(question, question_date=question_date, as_of=as_of)
 
 
-def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracking: bool = True,
-        progress: bool = True) -> Path:  # fmt: skip
+def run(
+    cfg: ExperimentConfig,
+    out: str | Path,
+    *,
+    lm_config: Any = None,
+    tracking: bool = True,
+    progress: bool = True,
+) -> Path:
     """Run the existing-optimizers study (see the module docstring); returns ``results.md``'s path."""
     from memsteer_dspy.optimize.tune import TuneResult, tune_prompts
 
@@ -99,8 +105,9 @@ def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracki
     supervision: dict[tuple[str, str], tuple[list, list]] = {}
     for p in personas:
         if "official" in opts.sources:
-            supervision[("official", p)] = official_split(with_persona(study.load(p).qa_items, p), cfg.budgets,
-                                                          cfg.dataset.seed)  # fmt: skip
+            supervision[("official", p)] = official_split(
+                with_persona(study.load(p).qa_items, p), cfg.budgets, cfg.dataset.seed
+            )
         if "memsteer" in opts.sources:
             with study.stage(f"generate MemSteer supervision for {p}"):
                 g = study.generate(out / "supervision" / safe_name(p), p)
@@ -126,24 +133,44 @@ def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracki
                         result = TuneResult.model_validate_json(done.read_text(encoding="utf-8"))
                     else:
                         result = tune_prompts(
-                            study.load(p).history, train, val, design, out_dir=folder, optimizer=optimizer,
-                            answerer_lm=study.lm.lm("answerer"), judge_lm=study.lm.lm("judge"),
-                            reflection_lm=study.lm.lm("proposer"), auto=None if opts.max_metric_calls else opts.auto,
-                            max_metric_calls=opts.max_metric_calls, seed=cfg.dataset.seed, threads=cfg.budgets.threads,
-                            protocol="as_of", cache_dir=study.cache_dir, tracker=study.tracker,
+                            study.load(p).history,
+                            train,
+                            val,
+                            design,
+                            out_dir=folder,
+                            optimizer=optimizer,
+                            answerer_lm=study.lm.lm("answerer"),
+                            judge_lm=study.lm.lm("judge"),
+                            reflection_lm=study.lm.lm("proposer"),
+                            auto=None if opts.max_metric_calls else opts.auto,
+                            max_metric_calls=opts.max_metric_calls,
+                            seed=cfg.dataset.seed,
+                            threads=cfg.budgets.threads,
+                            protocol="as_of",
+                            cache_dir=study.cache_dir,
+                            tracker=study.tracker,
                             run_params={"study": study.name, "supervision": source, "persona": p},
-                        )  # fmt: skip
+                        )
                         if result.run_id and study.run_id:
                             study.tracker.set_tags(
                                 result.run_id, {"mlflow.parentRunId": study.run_id}
                             )
-                    tuned[p] = {"val_before": result.val_before, "val_after": result.val_after, "n_train": len(train),
-                                "n_val": len(val), "instructions": result.instructions}  # fmt: skip
+                    tuned[p] = {
+                        "val_before": result.val_before,
+                        "val_after": result.val_after,
+                        "n_train": len(train),
+                        "n_val": len(val),
+                        "instructions": result.instructions,
+                    }
                     reports[p] = evaluate_tuned(
                         study, design, p, result.instructions, condition=key
                     )
-                results["runs"][key] = {"optimizer": optimizer, "source": source, "per_persona": tuned,
-                                        "test": report_dict(reports)}  # fmt: skip
+                results["runs"][key] = {
+                    "optimizer": optimizer,
+                    "source": source,
+                    "per_persona": tuned,
+                    "test": report_dict(reports),
+                }
     metrics = {
         f"{k}.{m}": r["test"].get(m) for k, r in results["runs"].items() for m in ("accuracy", "qs")
     }
@@ -151,32 +178,64 @@ def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracki
     return study.finish(render(study, results), results, metrics)
 
 
-def evaluate_tuned(study: Study, design: MemoryDesign, persona: str, instructions: dict[str, str], *,
-                   condition: str) -> EvaluationReport:  # fmt: skip
+def evaluate_tuned(
+    study: Study,
+    design: MemoryDesign,
+    persona: str,
+    instructions: dict[str, str],
+    *,
+    condition: str,
+) -> EvaluationReport:
     """The tuned program on the persona's official test items (resumable per item)."""
     history = study.load(persona).history
-    system = MemorySystem.from_design(design, history, cache_dir=study.cache_dir,
-                                      lms={"answerer": study.lm.lm("answerer")})  # fmt: skip
+    system = MemorySystem.from_design(
+        design, history, cache_dir=study.cache_dir, lms={"answerer": study.lm.lm("answerer")}
+    )
     folder = study.out / "eval" / "tuned" / condition / safe_name(persona)
-    rep = evaluate_design(TunedSystem(system, instructions), study.test_items(persona), judge_lm=study.lm.lm("judge"),
-                          protocol="as_of", threads=study.cfg.budgets.threads, out_dir=folder,
-                          # the tuned prompts change answers under the same design key: part of the run's key
-                          key_options={"instructions": instructions,
-                                       "answerer": lm_identity(study.lm.lm("answerer"))})  # fmt: skip
+    rep = evaluate_design(
+        TunedSystem(system, instructions),
+        study.test_items(persona),
+        judge_lm=study.lm.lm("judge"),
+        protocol="as_of",
+        threads=study.cfg.budgets.threads,
+        out_dir=folder,
+        # the tuned prompts change answers under the same design key: part of the run's key
+        key_options={
+            "instructions": instructions,
+            "answerer": lm_identity(study.lm.lm("answerer")),
+        },
+    )
     for r in rep.items:
-        study.rows.append({"study": study.name, "condition": condition, "setting": "with", "persona": persona,
-                           "design_key": design.key(), "qa_id": r.qa_id, "question_type": r.question_type,
-                           "correct": r.correct, "qs": r.qs, "recall_at_10": r.recall_at_10,
-                           "delivered_recall": r.delivered_recall, "prediction": r.prediction,
-                           "reference": r.reference, "error": r.error})  # fmt: skip
+        study.rows.append(
+            {
+                "study": study.name,
+                "condition": condition,
+                "setting": "with",
+                "persona": persona,
+                "design_key": design.key(),
+                "qa_id": r.qa_id,
+                "question_type": r.question_type,
+                "correct": r.correct,
+                "qs": r.qs,
+                "recall_at_10": r.recall_at_10,
+                "delivered_recall": r.delivered_recall,
+                "prediction": r.prediction,
+                "reference": r.reference,
+                "error": r.error,
+            }
+        )
     return rep
 
 
 def render(study: Study, results: dict[str, Any]) -> str:
     base = results.get("base") or {}
-    lines = study.header("Existing optimizers with generated supervision (DSPy GEPA / MIPROv2)",
-                         [f"- personas: {', '.join(results['personas'])}; the design stays Base-BM25, the "
-                          "optimizer tunes its answerer (and query-rewriter) prompts"])  # fmt: skip
+    lines = study.header(
+        "Existing optimizers with generated supervision (DSPy GEPA / MIPROv2)",
+        [
+            f"- personas: {', '.join(results['personas'])}; the design stays Base-BM25, the "
+            "optimizer tunes its answerer (and query-rewriter) prompts"
+        ],
+    )
     rows = [
         [
             "Base-BM25 (untuned)",
@@ -194,17 +253,32 @@ def render(study: Study, results: dict[str, Any]) -> str:
         before = sum(x["val_before"] * x["n_val"] for x in per) / n_val if n_val else None
         after = sum(x["val_after"] * x["n_val"] for x in per) / n_val if n_val else None
         t = r["test"]
-        rows.append([f"+ {LABELS[r['optimizer']]}", SOURCES[r["source"]], pct(before), pct(after),
-                     with_delta(t.get("accuracy"), base.get("accuracy")), with_delta(t.get("qs"), base.get("qs")),
-                     pct(t.get("recall_at_10"))])  # fmt: skip
+        rows.append(
+            [
+                f"+ {LABELS[r['optimizer']]}",
+                SOURCES[r["source"]],
+                pct(before),
+                pct(after),
+                with_delta(t.get("accuracy"), base.get("accuracy")),
+                with_delta(t.get("qs"), base.get("qs")),
+                pct(t.get("recall_at_10")),
+            ]
+        )
     for key in results["skipped"]:
         optimizer, source = key.split("-", 1)
         rows.append([f"+ {LABELS[optimizer]}", SOURCES[source], "–", "–", "skipped", "–", "–"])
-    lines += ["## Official QA (%)", "",
-              md_table(["Optimizer", "Supervision", "val before", "val after", "Acc", "QS", "R@10"], rows), "",
-              "val before/after: the optimizer's own validation accuracy of the untuned and tuned prompts "
-              "(on its supervision's validation items). Acc/QS/R@10: the official QA; arrows are points over "
-              "the untuned Base-BM25. † Official-QA items used for tuning stay in the evaluation set.", ""]  # fmt: skip
+    lines += [
+        "## Official QA (%)",
+        "",
+        md_table(
+            ["Optimizer", "Supervision", "val before", "val after", "Acc", "QS", "R@10"], rows
+        ),
+        "",
+        "val before/after: the optimizer's own validation accuracy of the untuned and tuned prompts "
+        "(on its supervision's validation items). Acc/QS/R@10: the official QA; arrows are points over "
+        "the untuned Base-BM25. † Official-QA items used for tuning stay in the evaluation set.",
+        "",
+    ]
     if results["skipped"]:
         lines += [
             "Skipped: "

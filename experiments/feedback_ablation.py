@@ -55,8 +55,14 @@ LABELS = {
 }
 
 
-def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracking: bool = True,
-        progress: bool = True) -> Path:  # fmt: skip
+def run(
+    cfg: ExperimentConfig,
+    out: str | Path,
+    *,
+    lm_config: Any = None,
+    tracking: bool = True,
+    progress: bool = True,
+) -> Path:
     """Run the Figure 3 study (see the module docstring); returns the path of ``results.md``."""
     out = Path(out)
     study = Study(
@@ -106,17 +112,41 @@ def render(study: Study, results: dict[str, Any]) -> str:
         "Figure 3 — attribution and sampling ablation",
         [f"- personas: {', '.join(results['personas'])}"],
     )
-    rows = [["Base-BM25", pct(base.get("accuracy")), pct(base.get("qs")), pct(base.get("recall_at_10")), "–",
-             f"`{bar(base.get('qs'))}`", f"`{bar(base.get('recall_at_10'))}`"]]  # fmt: skip
+    rows = [
+        [
+            "Base-BM25",
+            pct(base.get("accuracy")),
+            pct(base.get("qs")),
+            pct(base.get("recall_at_10")),
+            "–",
+            f"`{bar(base.get('qs'))}`",
+            f"`{bar(base.get('recall_at_10'))}`",
+        ]
+    ]
     for mode, r in results["modes"].items():
         opt = results["optimizations"][mode]
-        rows.append([LABELS[mode], with_delta(r.get("accuracy"), base.get("accuracy")),
-                     with_delta(r.get("qs"), base.get("qs")), with_delta(r.get("recall_at_10"), base.get("recall_at_10")),
-                     len(opt["accepted_path"]) - 1, f"`{bar(r.get('qs'))}`", f"`{bar(r.get('recall_at_10'))}`"])  # fmt: skip
-    lines += ["## Figure 3 — feedback modes (official QA, %)", "",
-              md_table(["Feedback", "Acc", "QS", "R@10", "accepted revisions", "QS bar", "R@10 bar"], rows), "",
-              "Every optimized condition uses the same MemSteer-generated supervision and starts from "
-              "Base-BM25; arrows are points over Base-BM25.", ""]  # fmt: skip
+        rows.append(
+            [
+                LABELS[mode],
+                with_delta(r.get("accuracy"), base.get("accuracy")),
+                with_delta(r.get("qs"), base.get("qs")),
+                with_delta(r.get("recall_at_10"), base.get("recall_at_10")),
+                len(opt["accepted_path"]) - 1,
+                f"`{bar(r.get('qs'))}`",
+                f"`{bar(r.get('recall_at_10'))}`",
+            ]
+        )
+    lines += [
+        "## Figure 3 — feedback modes (official QA, %)",
+        "",
+        md_table(
+            ["Feedback", "Acc", "QS", "R@10", "accepted revisions", "QS bar", "R@10 bar"], rows
+        ),
+        "",
+        "Every optimized condition uses the same MemSteer-generated supervision and starts from "
+        "Base-BM25; arrows are points over Base-BM25.",
+        "",
+    ]
     if results["optimizations"]:
         lines += ["## The optimizations", ""]
         for mode, opt in results["optimizations"].items():

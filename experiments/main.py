@@ -59,8 +59,14 @@ from _common import (  # noqa: E402
 METHODS = {"base": "Base-BM25", "official": "+ Official-QA†", "memsteer": "+ MemSteer"}
 
 
-def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracking: bool = True,
-        progress: bool = True) -> Path:  # fmt: skip
+def run(
+    cfg: ExperimentConfig,
+    out: str | Path,
+    *,
+    lm_config: Any = None,
+    tracking: bool = True,
+    progress: bool = True,
+) -> Path:
     """Run the Table 2 study (see the module docstring); returns the path of ``results.md``."""
     out = Path(out)
     study = Study("main", cfg, out, lm_config=lm_config, tracking=tracking, progress=progress)
@@ -121,9 +127,17 @@ def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracki
                     )
                     generated.append(g)
                     results["supervision"][f"{setting}/{p}"] = {
-                        k: g.summary.get(k) for k in ("candidates", "accepted", "kept_fraction", "train", "val",
-                                                      "tokens_per_accepted", "rejected_by_stage")
-                    }  # fmt: skip
+                        k: g.summary.get(k)
+                        for k in (
+                            "candidates",
+                            "accepted",
+                            "kept_fraction",
+                            "train",
+                            "val",
+                            "tokens_per_accepted",
+                            "rejected_by_stage",
+                        )
+                    }
             if len(generated) == len(personas):
                 with study.stage(f"{setting}: + MemSteer (MemSteer-Opt on generated supervision)"):
                     train = [q for g in generated for q in g.train]
@@ -172,20 +186,35 @@ def render(study: Study, results: dict[str, Any]) -> str:
     n_items = {s: next((c["n"] for c in results["settings"][s].values()), 0) for s in settings}
     lines = study.header(
         "Table 2 — RHELM results (accuracy, %)",
-        [f"- personas: {', '.join(personas)}" + (" (one shared design)" if len(personas) > 1 else ""),
-         "- test items: " + ", ".join(f"{SETTING_LABELS[s]} {n_items[s]}" for s in settings)],
-    )  # fmt: skip
+        [
+            f"- personas: {', '.join(personas)}"
+            + (" (one shared design)" if len(personas) > 1 else ""),
+            "- test items: " + ", ".join(f"{SETTING_LABELS[s]} {n_items[s]}" for s in settings),
+        ],
+    )
     heads = ["Method", *[SETTING_LABELS[s] for s in settings]]
     for metric, title in (
         ("accuracy", "Accuracy (%)"),
         ("recall_at_10", "Evidence recall R@10 (%)"),
     ):
-        lines += [f"## {title}", "", md_table(heads, [
-            [label, *[_cell(results, s, m, metric) for s in settings]] for m, label in METHODS.items()
-        ]), ""]  # fmt: skip
-    lines += ["w/o: conversation records only; w/: conversations plus emails and documents. Arrows: "
-              "points over Base-BM25. † Official-QA training and validation items are included in "
-              "evaluation; MemSteer uses no official item for training or design selection.", ""]  # fmt: skip
+        lines += [
+            f"## {title}",
+            "",
+            md_table(
+                heads,
+                [
+                    [label, *[_cell(results, s, m, metric) for s in settings]]
+                    for m, label in METHODS.items()
+                ],
+            ),
+            "",
+        ]
+    lines += [
+        "w/o: conversation records only; w/: conversations plus emails and documents. Arrows: "
+        "points over Base-BM25. † Official-QA training and validation items are included in "
+        "evaluation; MemSteer uses no official item for training or design selection.",
+        "",
+    ]
     types = list(QUESTION_TYPES)
     for metric in ("accuracy", "recall_at_10"):
         for s in settings:
@@ -197,11 +226,18 @@ def render(study: Study, results: dict[str, Any]) -> str:
                 by_type = [pct(cond["by_type"].get(t, {}).get(metric)) for t in types]
                 rows.append([label, *by_type, pct(cond[metric])])
             title = "Table 8 — accuracy" if metric == "accuracy" else "R@10"
-            lines += [f"## {title} (%) by question type, {s} external data sources", "",
-                      md_table(["Model", *QUESTION_TYPES.values(), "Avg"], rows), ""]  # fmt: skip
-    lines += ["FC fact, TP temporal, AG aggregation, HL hallucination, MI misleading, EX attachments and "
-              "emails, MX mixed-context questions. R@10 counts only evidence in the loaded sources (without "
-              "external data, items whose evidence lies only in emails or documents have none).", ""]  # fmt: skip
+            lines += [
+                f"## {title} (%) by question type, {s} external data sources",
+                "",
+                md_table(["Model", *QUESTION_TYPES.values(), "Avg"], rows),
+                "",
+            ]
+    lines += [
+        "FC fact, TP temporal, AG aggregation, HL hallucination, MI misleading, EX attachments and "
+        "emails, MX mixed-context questions. R@10 counts only evidence in the loaded sources (without "
+        "external data, items whose evidence lies only in emails or documents have none).",
+        "",
+    ]
     if len(personas) > 1:
         for s in settings:
             conds = results["settings"][s]
@@ -213,8 +249,12 @@ def render(study: Study, results: dict[str, Any]) -> str:
                     acc = conds.get(m, {}).get("per_persona", {}).get(p, {}).get("accuracy")
                     row.append(with_delta(acc, base.get("accuracy")))
                 rows.append(row)
-            lines += [f"## Per-persona accuracy (%), {SETTING_LABELS[s]} (Table 9b)", "",
-                      md_table(["Persona", "N", "Base-BM25", "Official-QA†", "MemSteer"], rows), ""]  # fmt: skip
+            lines += [
+                f"## Per-persona accuracy (%), {SETTING_LABELS[s]} (Table 9b)",
+                "",
+                md_table(["Persona", "N", "Base-BM25", "Official-QA†", "MemSteer"], rows),
+                "",
+            ]
     if results["optimizations"]:
         lines += ["## The optimizations", ""]
         for key, opt in results["optimizations"].items():
@@ -224,10 +264,32 @@ def render(study: Study, results: dict[str, Any]) -> str:
         rows = []
         for key, sup in results["supervision"].items():
             per = (sup.get("tokens_per_accepted") or {}).get("total")
-            rows.append([key, sup.get("accepted"), sup.get("candidates"), pct(sup.get("kept_fraction")),
-                         f"{sup.get('train')}/{sup.get('val')}", "–" if per is None else f"{per / 1000:.1f}"])  # fmt: skip
-        lines += ["## Generated supervision", "",
-                  md_table(["setting/persona", "accepted", "candidates", "kept (%)", "train/val", "tokens/item (k)"], rows), ""]  # fmt: skip
+            rows.append(
+                [
+                    key,
+                    sup.get("accepted"),
+                    sup.get("candidates"),
+                    pct(sup.get("kept_fraction")),
+                    f"{sup.get('train')}/{sup.get('val')}",
+                    "–" if per is None else f"{per / 1000:.1f}",
+                ]
+            )
+        lines += [
+            "## Generated supervision",
+            "",
+            md_table(
+                [
+                    "setting/persona",
+                    "accepted",
+                    "candidates",
+                    "kept (%)",
+                    "train/val",
+                    "tokens/item (k)",
+                ],
+                rows,
+            ),
+            "",
+        ]
     return "\n".join(lines)
 
 

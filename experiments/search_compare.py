@@ -67,19 +67,43 @@ def run_one(
     needs_lm = search in ("hill", "population")
     lm, usage = _lm_source(args.lm, needs_lm)
     config = OptimizeConfig(
-        iterations=args.iterations, objective="recall", protocol="as_of", seed=args.seed, search=search,
-        parents=args.parents, accept=args.accept, proposer_output="changes", feedback_tokens=args.feedback_tokens,
-        max_build_calls=0, max_eval_lm_calls=0, max_embed_units=args.max_embed_units or None, guard=args.guard or [],
-        guard_margin=args.guard_margin, val_from=args.val_from,
+        iterations=args.iterations,
+        objective="recall",
+        protocol="as_of",
+        seed=args.seed,
+        search=search,
+        parents=args.parents,
+        accept=args.accept,
+        proposer_output="changes",
+        feedback_tokens=args.feedback_tokens,
+        max_build_calls=0,
+        max_eval_lm_calls=0,
+        max_embed_units=args.max_embed_units or None,
+        guard=args.guard or [],
+        guard_margin=args.guard_margin,
+        val_from=args.val_from,
         tabu=args.tabu,
-    )  # fmt: skip
+    )
     folder = out / setting / search
-    kwargs: dict[str, Any] = dict(config=config, lms=lm, init_design=MemoryDesign.base_bm25(), cache_dir=args.cache_dir,
-                                  usage=usage, test_source=f"official held-out ({setting})",
-                                  on_event=lambda e: print(f"  [{setting}/{search}] {progress_line(e)}", file=sys.stderr, flush=True))  # fmt: skip
+    kwargs: dict[str, Any] = dict(
+        config=config,
+        lms=lm,
+        init_design=MemoryDesign.base_bm25(),
+        cache_dir=args.cache_dir,
+        usage=usage,
+        test_source=f"official held-out ({setting})",
+        on_event=lambda e: print(
+            f"  [{setting}/{search}] {progress_line(e)}", file=sys.stderr, flush=True
+        ),
+    )
     if search in ("random", "tpe"):
-        kwargs["search_proposer"] = OptunaProposer(search, MemoryDesign.base_bm25(), "recall", seed=args.seed,
-                                                   indexes=args.indexes.split(","))  # fmt: skip
+        kwargs["search_proposer"] = OptunaProposer(
+            search,
+            MemoryDesign.base_bm25(),
+            "recall",
+            seed=args.seed,
+            indexes=args.indexes.split(","),
+        )
     t0 = time.perf_counter()
     if len(histories) == 1:
         ((persona, history),) = histories.items()
@@ -95,14 +119,26 @@ def run_one(
         held_out_by_persona(folder, res.best_design.key(), initial_key, args.seed) if t else {}
     )
     return {
-        "setting": setting, "search": search, "iterations": len(res.entries) - 1, "n_train": len(train),
-        "n_val": len(opt.val), "n_test": t.n if t else 0, "designs_evaluated": sum(e.score is not None for e in res.entries)
+        "setting": setting,
+        "search": search,
+        "iterations": len(res.entries) - 1,
+        "n_train": len(train),
+        "n_val": len(opt.val),
+        "n_test": t.n if t else 0,
+        "designs_evaluated": sum(e.score is not None for e in res.entries)
         + sum(1 for e in res.entries for sc in e.sub_screens if sc.get("score")),
-        "val_initial": res.baseline_score.delivered_recall, "val_best": res.best_score.delivered_recall,
-        "test": t.model_dump(mode="json") if t else None, "lm_calls": cost.calls, "tokens": cost.total_tokens,
-        "seconds_recorded": cost.seconds, "seconds_this_call": round(seconds, 1), "best_iteration": res.best_iteration,
-        "best_design_key": res.best_design.key(), "out": str(folder), "by_persona": by_persona,
-    }  # fmt: skip
+        "val_initial": res.baseline_score.delivered_recall,
+        "val_best": res.best_score.delivered_recall,
+        "test": t.model_dump(mode="json") if t else None,
+        "lm_calls": cost.calls,
+        "tokens": cost.total_tokens,
+        "seconds_recorded": cost.seconds,
+        "seconds_this_call": round(seconds, 1),
+        "best_iteration": res.best_iteration,
+        "best_design_key": res.best_design.key(),
+        "out": str(folder),
+        "by_persona": by_persona,
+    }
 
 
 def held_out_by_persona(folder: Path, best_key: str, initial_key: str, seed: int) -> dict[str, Any]:
@@ -183,8 +219,11 @@ def render(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     ap.add_argument(
         "--searches", default="random,tpe", help="comma list of hill, population, random, tpe"
     )
@@ -193,17 +232,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--accept", default="strict", choices=["strict", "paired"])
     ap.add_argument("--parents", default="softmax", choices=["softmax", "pareto"])
-    ap.add_argument("--guard", action="append",
-                    help="non-inferiority guard metric (repeatable), e.g. recall_at_10")  # fmt: skip
-    ap.add_argument("--guard-margin", type=float, default=None,
-                    help="guards as non-inferiority tests with this margin (0-1)")  # fmt: skip
-    ap.add_argument("--val-from", default="val", choices=["val", "train+val"],
-                    help="items that select: validation, or training + validation")  # fmt: skip
+    ap.add_argument(
+        "--guard",
+        action="append",
+        help="non-inferiority guard metric (repeatable), e.g. recall_at_10",
+    )
+    ap.add_argument(
+        "--guard-margin",
+        type=float,
+        default=None,
+        help="guards as non-inferiority tests with this margin (0-1)",
+    )
+    ap.add_argument(
+        "--val-from",
+        default="val",
+        choices=["val", "train+val"],
+        help="items that select: validation, or training + validation",
+    )
     ap.add_argument(
         "--lm", default=None, help="proposer LM for hill/population (default: the configured one)"
     )
-    ap.add_argument("--no-tabu", dest="tabu", action="store_false",
-                    help="hill/population: let the proposer repeat changes rejected on their own")  # fmt: skip
+    ap.add_argument(
+        "--no-tabu",
+        dest="tabu",
+        action="store_false",
+        help="hill/population: let the proposer repeat changes rejected on their own",
+    )
     ap.add_argument("--feedback-tokens", type=int, default=1200)
     ap.add_argument(
         "--max-embed-units",
@@ -213,8 +267,11 @@ def main(argv: list[str] | None = None) -> int:
         "default 60000, about an hour of MiniLM on 2 cores: the ten personas' 256-token "
         "sections are 48k units, 32-token sections several times that)",
     )
-    ap.add_argument("--indexes", default="bm25",
-                    help="random/tpe: index kinds to sample (bm25,dense,hybrid need the dense extra)")  # fmt: skip
+    ap.add_argument(
+        "--indexes",
+        default="bm25",
+        help="random/tpe: index kinds to sample (bm25,dense,hybrid need the dense extra)",
+    )
     ap.add_argument(
         "--shared-only", action="store_true", help="only the design shared by all personas"
     )
@@ -272,8 +329,11 @@ def main(argv: list[str] | None = None) -> int:
             results_path.write_text(json.dumps(rows, indent=2) + "\n")
             (args.out / "results.md").write_text(render(rows, args, failed))
             t = row["test"]
-            print(f"  test deliv. {_ci(t, 'delivered_recall')} R@10 {_ci(t, 'recall_at_10')} -> {t['verdict']}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"  test deliv. {_ci(t, 'delivered_recall')} R@10 {_ci(t, 'recall_at_10')} -> {t['verdict']}",
+                file=sys.stderr,
+                flush=True,
+            )
     results_path.write_text(json.dumps(rows, indent=2) + "\n")
     (args.out / "results.md").write_text(render(rows, args, failed))
     print(render(rows, args, failed))

@@ -73,12 +73,20 @@ def row_label(method: str, checks: bool) -> str:
 
 
 def _tokens(summary: dict[str, Any]) -> int:
-    return sum(int(t.get("prompt_tokens", 0)) + int(t.get("completion_tokens", 0))
-               for t in (summary.get("tokens_by_role") or {}).values())  # fmt: skip
+    return sum(
+        int(t.get("prompt_tokens", 0)) + int(t.get("completion_tokens", 0))
+        for t in (summary.get("tokens_by_role") or {}).values()
+    )
 
 
-def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracking: bool = True,
-        progress: bool = True) -> Path:  # fmt: skip
+def run(
+    cfg: ExperimentConfig,
+    out: str | Path,
+    *,
+    lm_config: Any = None,
+    tracking: bool = True,
+    progress: bool = True,
+) -> Path:
     """Run the Tables 4/5 study (see the module docstring); returns the path of ``results.md``."""
     from memsteer_dspy.supervision.quality import assess_quality
 
@@ -118,14 +126,24 @@ def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracki
             accepted = sum(g.summary.get("accepted", 0) for g in generated)
             tried = sum(g.summary.get("candidates", 0) for g in generated)
             tokens = sum(_tokens(g.summary) for g in generated)
-            cond.update(accepted=accepted, candidates=tried, kept=accepted / tried if tried else None,
-                        tokens_per_item=tokens / accepted if accepted else None,
-                        train=sum(len(g.train) for g in generated), val=sum(len(g.val) for g in generated))  # fmt: skip
+            cond.update(
+                accepted=accepted,
+                candidates=tried,
+                kept=accepted / tried if tried else None,
+                tokens_per_item=tokens / accepted if accepted else None,
+                train=sum(len(g.train) for g in generated),
+                val=sum(len(g.val) for g in generated),
+            )
             with study.stage(f"{key}: QA quality"):
                 rows = []
                 for p, g in zip(personas, generated, strict=True):
-                    rep = assess_quality(histories[p], g.folders, study.lm.lm("quality_judge"),
-                                         limit=cfg.budgets.quality_items, seed=cfg.dataset.seed)  # fmt: skip
+                    rep = assess_quality(
+                        histories[p],
+                        g.folders,
+                        study.lm.lm("quality_judge"),
+                        limit=cfg.budgets.quality_items,
+                        seed=cfg.dataset.seed,
+                    )
                     for r in next(iter(rep["by_method"].values()))["judged"]:
                         rows.append({"condition": key, "persona": p, **r})
                 judged += rows
@@ -149,10 +167,15 @@ def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracki
     )
     metrics: dict[str, float | None] = {}
     for key, cond in results["conditions"].items():
-        metrics.update({f"{key}.kept": cond.get("kept"), f"{key}.quality": cond.get("quality"),
-                        f"{key}.tokens_per_item": cond.get("tokens_per_item"),
-                        f"{key}.accuracy": (cond.get("test") or {}).get("accuracy"),
-                        f"{key}.recall_at_10": (cond.get("test") or {}).get("recall_at_10")})  # fmt: skip
+        metrics.update(
+            {
+                f"{key}.kept": cond.get("kept"),
+                f"{key}.quality": cond.get("quality"),
+                f"{key}.tokens_per_item": cond.get("tokens_per_item"),
+                f"{key}.accuracy": (cond.get("test") or {}).get("accuracy"),
+                f"{key}.recall_at_10": (cond.get("test") or {}).get("recall_at_10"),
+            }
+        )
     return study.finish(render(study, results), results, metrics)
 
 
@@ -162,8 +185,10 @@ def _k(tokens: float | None) -> str:
 
 def render(study: Study, results: dict[str, Any]) -> str:
     base = results.get("base") or {}
-    lines = study.header("Tables 4 and 5 — QA-generation methods and verification",
-                         [f"- personas: {', '.join(results['personas'])}"])  # fmt: skip
+    lines = study.header(
+        "Tables 4 and 5 — QA-generation methods and verification",
+        [f"- personas: {', '.join(results['personas'])}"],
+    )
     rows = []
     if base:
         rows.append(
@@ -178,29 +203,76 @@ def render(study: Study, results: dict[str, Any]) -> str:
         )
     for c in results["conditions"].values():
         test = c.get("test") or {}
-        rows.append([
-            row_label(c["method"], c["checks"]), with_delta(test.get("accuracy"), base.get("accuracy")),
-            with_delta(test.get("recall_at_10"), base.get("recall_at_10")), pct(c.get("quality")),
-            pct(c.get("kept")) if c["checks"] else "–", _k(c.get("tokens_per_item")),
-        ])  # fmt: skip
-    lines += ["## Table 4 — generation methods with and without checks", "",
-              md_table(["Method", "Acc (%)", "R@10 (%)", "QA quality (%)", "Kept (%)", "Tokens/item (k)"], rows), "",
-              "Acc and R@10: the official QA after MemSteer-Opt with that supervision (arrows: points over "
-              "Base-BM25). QA quality: an item scores 1 only if all four criteria hold. Kept: accepted / "
-              "candidates tried (\"–\": no filtering).", ""]  # fmt: skip
-    t5 = [[{"direct": "Direct QA", "joint": "Joint Plan–Q", "memsteer": "Two-stage Plan–Q"}[c["method"]],
-           pct(c.get("quality")), _k(c.get("tokens_per_item")), c.get("accepted", "–")]
-          for c in results["conditions"].values() if c["checks"] and c["method"] in ("direct", "joint", "memsteer")]  # fmt: skip
+        rows.append(
+            [
+                row_label(c["method"], c["checks"]),
+                with_delta(test.get("accuracy"), base.get("accuracy")),
+                with_delta(test.get("recall_at_10"), base.get("recall_at_10")),
+                pct(c.get("quality")),
+                pct(c.get("kept")) if c["checks"] else "–",
+                _k(c.get("tokens_per_item")),
+            ]
+        )
+    lines += [
+        "## Table 4 — generation methods with and without checks",
+        "",
+        md_table(
+            ["Method", "Acc (%)", "R@10 (%)", "QA quality (%)", "Kept (%)", "Tokens/item (k)"], rows
+        ),
+        "",
+        "Acc and R@10: the official QA after MemSteer-Opt with that supervision (arrows: points over "
+        "Base-BM25). QA quality: an item scores 1 only if all four criteria hold. Kept: accepted / "
+        'candidates tried ("–": no filtering).',
+        "",
+    ]
+    t5 = [
+        [
+            {"direct": "Direct QA", "joint": "Joint Plan–Q", "memsteer": "Two-stage Plan–Q"}[
+                c["method"]
+            ],
+            pct(c.get("quality")),
+            _k(c.get("tokens_per_item")),
+            c.get("accepted", "–"),
+        ]
+        for c in results["conditions"].values()
+        if c["checks"] and c["method"] in ("direct", "joint", "memsteer")
+    ]
     if t5:
-        lines += ["## Table 5 — generated QA quality", "",
-                  md_table(["Generation", "Quality (%)", "Tokens/q (k)", "items"], t5), "",
-                  "All three pass the same filter (here the source-grounded checks); quality is judged on the "
-                  "items that pass it.", ""]  # fmt: skip
-    crit = [[row_label(c["method"], c["checks"]), c.get("quality_items", "–"),
-             *[pct((c.get("criteria") or {}).get(k)) for k in CRITERIA], c.get("quality_errors", "–")]
-            for c in results["conditions"].values()]  # fmt: skip
-    lines += ["## QA quality by criterion (%)", "",
-              md_table(["Method", "judged", "premise", "clarity", "answer support", "evidence support", "judge errors"], crit), ""]  # fmt: skip
+        lines += [
+            "## Table 5 — generated QA quality",
+            "",
+            md_table(["Generation", "Quality (%)", "Tokens/q (k)", "items"], t5),
+            "",
+            "All three pass the same filter (here the source-grounded checks); quality is judged on the "
+            "items that pass it.",
+            "",
+        ]
+    crit = [
+        [
+            row_label(c["method"], c["checks"]),
+            c.get("quality_items", "–"),
+            *[pct((c.get("criteria") or {}).get(k)) for k in CRITERIA],
+            c.get("quality_errors", "–"),
+        ]
+        for c in results["conditions"].values()
+    ]
+    lines += [
+        "## QA quality by criterion (%)",
+        "",
+        md_table(
+            [
+                "Method",
+                "judged",
+                "premise",
+                "clarity",
+                "answer support",
+                "evidence support",
+                "judge errors",
+            ],
+            crit,
+        ),
+        "",
+    ]
     if results["optimizations"]:
         lines += ["## The optimizations", ""]
         for key, opt in results["optimizations"].items():

@@ -125,9 +125,11 @@ def _table(rows: list[dict[str, Any]], against: str | None) -> str:
     for r in rows:
         cells = [r["row"], str(r["n"]), f"{100 * r['recall_at_10']:.1f}"]
         vb = r["vs_base"]
-        cells += [f"{points(vb['diff']['recall_at_10'])} {points_ci(vb['ci95']['recall_at_10'])}",
-                  f"{100 * r['delivered_recall']:.1f}",
-                  f"{points(vb['diff']['delivered_recall'])} {points_ci(vb['ci95']['delivered_recall'])}"]  # fmt: skip
+        cells += [
+            f"{points(vb['diff']['recall_at_10'])} {points_ci(vb['ci95']['recall_at_10'])}",
+            f"{100 * r['delivered_recall']:.1f}",
+            f"{points(vb['diff']['delivered_recall'])} {points_ci(vb['ci95']['delivered_recall'])}",
+        ]
         if against:
             va = r["vs_against"]
             cells += [f"{points(va['diff'][m])} {points_ci(va['ci95'][m])}" for m in METRICS]
@@ -154,12 +156,17 @@ def _rows(per_item: dict[str, dict[str, dict]], ids: list[str], names: list[str]
         mine = {m: vec(name, m) for m in METRICS}
         vb = _compare(base, mine)
         ctx = [per_item[name][i]["context_tokens"] for i in ids if i in per_item[name]]
-        out.append({
-            "row": name, "n": len([i for i in ids if i in per_item[name]]),
-            **{m: _mean(mine[m]) for m in METRICS}, "vs_base": vb,
-            "vs_against": _compare(ref, mine) if ref else None,
-            "context_tokens": sum(ctx) / len(ctx) if ctx else 0.0, **costs[name],
-        })  # fmt: skip
+        out.append(
+            {
+                "row": name,
+                "n": len([i for i in ids if i in per_item[name]]),
+                **{m: _mean(mine[m]) for m in METRICS},
+                "vs_base": vb,
+                "vs_against": _compare(ref, mine) if ref else None,
+                "context_tokens": sum(ctx) / len(ctx) if ctx else 0.0,
+                **costs[name],
+            }
+        )
     return out
 
 
@@ -196,8 +203,11 @@ def tables_from_items(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--persona", action="append", help="persona (repeatable; default all ten)")
     ap.add_argument(
         "--design", action="append", type=Path, default=[], help="a design JSON (repeatable)"
@@ -205,15 +215,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--against", help="row the second Δ columns compare with (default: the first --design)"
     )
-    ap.add_argument("--system", action="append", default=[], choices=SYSTEMS,
-                    help="a third-party memory system (an extra; repeatable)")  # fmt: skip
-    ap.add_argument("--budget", choices=["k", "fixed", "both"], default="k",
-                    help="reference rows: k units delivered (k), the 4,000-token budget (fixed), or both")  # fmt: skip
+    ap.add_argument(
+        "--system",
+        action="append",
+        default=[],
+        choices=SYSTEMS,
+        help="a third-party memory system (an extra; repeatable)",
+    )
+    ap.add_argument(
+        "--budget",
+        choices=["k", "fixed", "both"],
+        default="k",
+        help="reference rows: k units delivered (k), the 4,000-token budget (fixed), or both",
+    )
     ap.add_argument("--no-reference", action="store_true", help="leave out the RAG/Hybrid rows")
     ap.add_argument("--seed", type=int, default=0, help="the official split's seed (test items)")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--tables-only", action="store_true",
-                    help="only print the tables of --out/items.jsonl (a run stopped part-way)")  # fmt: skip
+    ap.add_argument(
+        "--tables-only",
+        action="store_true",
+        help="only print the tables of --out/items.jsonl (a run stopped part-way)",
+    )
     add_rhelm_args(ap)
     args = ap.parse_args(argv)
     root = resolve_rhelm_args(ap, args)
@@ -257,26 +279,48 @@ def main(argv: list[str] | None = None) -> int:
                     per_item[name][i] = {m: getattr(r, m) for m in METRICS}
                     per_item[name][i]["context_tokens"] = r.trace.context_tokens if r.trace else 0
                     errors += r.error is not None
-                    log.write(json.dumps({"row": name, "persona": persona, "qa_id": r.qa_id,
-                                          **per_item[name][i], "error": r.error}) + "\n")  # fmt: skip
-                print(f"{persona:30s} {name:26s} n={len(items)} R@10 {100 * (rep.summary.recall_at_10 or 0):.1f} "
-                      f"deliv {100 * (rep.summary.delivered_recall or 0):.1f} errors {errors} "
-                      f"build {t1 - t0:.0f}s score {t2 - t1:.0f}s", flush=True)  # fmt: skip
+                    log.write(
+                        json.dumps(
+                            {
+                                "row": name,
+                                "persona": persona,
+                                "qa_id": r.qa_id,
+                                **per_item[name][i],
+                                "error": r.error,
+                            }
+                        )
+                        + "\n"
+                    )
+                print(
+                    f"{persona:30s} {name:26s} n={len(items)} R@10 {100 * (rep.summary.recall_at_10 or 0):.1f} "
+                    f"deliv {100 * (rep.summary.delivered_recall or 0):.1f} errors {errors} "
+                    f"build {t1 - t0:.0f}s score {t2 - t1:.0f}s",
+                    flush=True,
+                )
                 del system
     tables = {
         "all official items": _rows(per_item, all_ids, names, costs, against),
         "held-out test split": _rows(per_item, test_ids, names, costs, against),
     }
     wall = time.perf_counter() - t_all
-    meta = {"personas": args.persona or list_personas(root), "designs": [str(p) for p in args.design],
-            "against": against, "budget": args.budget, "seed": args.seed, "wall_s": round(wall, 1),
-            "machine": platform.processor() or platform.machine(), "argv": sys.argv[1:]}  # fmt: skip
+    meta = {
+        "personas": args.persona or list_personas(root),
+        "designs": [str(p) for p in args.design],
+        "against": against,
+        "budget": args.budget,
+        "seed": args.seed,
+        "wall_s": round(wall, 1),
+        "machine": platform.processor() or platform.machine(),
+        "argv": sys.argv[1:],
+    }
     (args.out / "results.json").write_text(
         json.dumps({"meta": meta, "tables": tables}, indent=2) + "\n"
     )
-    md = [f"# Systems side by side\n\n`python experiments/systems.py {' '.join(sys.argv[1:])}` — "
-          f"{len(meta['personas'])} persona(s), wall {wall:,.0f} s. Build/score seconds summed over personas; "
-          "LM calls and tokens of building and retrieval (none for these rows).\n"]  # fmt: skip
+    md = [
+        f"# Systems side by side\n\n`python experiments/systems.py {' '.join(sys.argv[1:])}` — "
+        f"{len(meta['personas'])} persona(s), wall {wall:,.0f} s. Build/score seconds summed over personas; "
+        "LM calls and tokens of building and retrieval (none for these rows).\n"
+    ]
     for title, rows in tables.items():
         md += [f"\n## {title}\n", _table(rows, against), ""]
     (args.out / "results.md").write_text("\n".join(md) + "\n")

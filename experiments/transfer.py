@@ -55,22 +55,38 @@ def _name(persona: str) -> str:
     return persona.replace("_", " ")
 
 
-def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracking: bool = True,
-        progress: bool = True) -> Path:  # fmt: skip
+def run(
+    cfg: ExperimentConfig,
+    out: str | Path,
+    *,
+    lm_config: Any = None,
+    tracking: bool = True,
+    progress: bool = True,
+) -> Path:
     """Run the Table 3 study (see the module docstring); returns the path of ``results.md``."""
     out = Path(out)
     study = Study("transfer", cfg, out, lm_config=lm_config, tracking=tracking, progress=progress)
     t = cfg.transfer
     sources = list(dict.fromkeys([*t.source_train, *t.source_val]))
     outside = [p for p in dict.fromkeys([*t.held_out, *t.targets]) if p not in sources]
-    results: dict[str, Any] = {"sources": sources, "source_train": t.source_train, "source_val": t.source_val,
-                               "held_out": t.held_out, "targets": t.targets, "base": {}, "shared": {},
-                               "continued": {}, "optimizations": {}}  # fmt: skip
+    results: dict[str, Any] = {
+        "sources": sources,
+        "source_train": t.source_train,
+        "source_val": t.source_val,
+        "held_out": t.held_out,
+        "targets": t.targets,
+        "base": {},
+        "shared": {},
+        "continued": {},
+        "optimizations": {},
+    }
     study.on_stage = lambda: study.checkpoint(render(study, results), results)
     everyone = [*sources, *outside]
     with study.stage("Base-BM25 on every persona's test items"):
-        results["base"] = {p: report_dict({p: rep}) for p, rep in
-                           study.test(study.base_design(), everyone, condition="base").items()}  # fmt: skip
+        results["base"] = {
+            p: report_dict({p: rep})
+            for p, rep in study.test(study.base_design(), everyone, condition="base").items()
+        }
 
     train, val, done = [], [], []
     with study.stage(f"source supervision ({t.source_supervision})"):
@@ -96,14 +112,22 @@ def run(cfg: ExperimentConfig, out: str | Path, *, lm_config: Any = None, tracki
         res = study.optimize(out / "opt-shared", histories, train, val, label="shared")
         shared = res.best_design
         results["optimizations"]["shared"] = optimization_dict(res, len(train), len(val))
-        results["shared"] = {p: report_dict({p: rep}) for p, rep in
-                             study.test(shared, everyone, condition="shared").items()}  # fmt: skip
+        results["shared"] = {
+            p: report_dict({p: rep})
+            for p, rep in study.test(shared, everyone, condition="shared").items()
+        }
     if shared is not None:
         for p in t.targets:
             with study.stage(f"personal continuation for {p}"):
                 g = study.generate(out / "supervision" / safe_name(p), p, n=t.target_supervision)
-                res = study.optimize(out / "opt-continue" / safe_name(p), {p: study.load(p).history}, g.train, g.val,
-                                     init_design=shared, label=f"continue/{p}")  # fmt: skip
+                res = study.optimize(
+                    out / "opt-continue" / safe_name(p),
+                    {p: study.load(p).history},
+                    g.train,
+                    g.val,
+                    init_design=shared,
+                    label=f"continue/{p}",
+                )
                 results["optimizations"][f"continue/{p}"] = optimization_dict(
                     res, len(g.train), len(g.val)
                 )
@@ -144,11 +168,15 @@ def _pooled(per_persona: dict[str, Any], personas: list[str]) -> dict[str, Any]:
 def render(study: Study, results: dict[str, Any]) -> str:
     k = len(results["sources"])
     g = results.get("groups") or groups(results)
-    lines = study.header("Table 3 — cross-user transfer and personal continuation (accuracy, %, with external data)",
-                         [f"- source personas: training {', '.join(results['source_train'])}; validation "
-                          f"{', '.join(results['source_val'])}",
-                          f"- held out: {', '.join(results['held_out']) or 'none'}; continuation targets: "
-                          f"{', '.join(results['targets'])}"])  # fmt: skip
+    lines = study.header(
+        "Table 3 — cross-user transfer and personal continuation (accuracy, %, with external data)",
+        [
+            f"- source personas: training {', '.join(results['source_train'])}; validation "
+            f"{', '.join(results['source_val'])}",
+            f"- held out: {', '.join(results['held_out']) or 'none'}; continuation targets: "
+            f"{', '.join(results['targets'])}",
+        ],
+    )
     src_base = g["source"]["base"].get("accuracy")
     rows = [
         [
@@ -160,12 +188,26 @@ def render(study: Study, results: dict[str, Any]) -> str:
     ]
     for p in results["targets"]:
         base = results["base"].get(p, {}).get("accuracy")
-        rows.append([_name(p), pct(base), with_delta(results["shared"].get(p, {}).get("accuracy"), base),
-                     with_delta(results["continued"].get(p, {}).get("accuracy"), base)])  # fmt: skip
-    lines += ["## Table 3", "", md_table(["Evaluation users", "Base-BM25", f"{k}-user design", "Personal continuation"], rows),
-              "", "Source-user scores pool their evaluation questions; arrows are points over Base-BM25. "
-              "Personal continuation adapts the shared design with supervision generated from the target's "
-              "own history.", ""]  # fmt: skip
+        rows.append(
+            [
+                _name(p),
+                pct(base),
+                with_delta(results["shared"].get(p, {}).get("accuracy"), base),
+                with_delta(results["continued"].get(p, {}).get("accuracy"), base),
+            ]
+        )
+    lines += [
+        "## Table 3",
+        "",
+        md_table(
+            ["Evaluation users", "Base-BM25", f"{k}-user design", "Personal continuation"], rows
+        ),
+        "",
+        "Source-user scores pool their evaluation questions; arrows are points over Base-BM25. "
+        "Personal continuation adapts the shared design with supervision generated from the target's "
+        "own history.",
+        "",
+    ]
     role = {p: "Training" for p in results["source_train"]}
     role.update(
         {p: ("Training + validation" if p in role else "Validation") for p in results["source_val"]}
@@ -173,8 +215,15 @@ def render(study: Study, results: dict[str, Any]) -> str:
     per = []
     for p in results["base"]:
         base = results["base"][p]
-        per.append([_name(p), role.get(p, "Held-out"), base.get("n"), pct(base.get("accuracy")),
-                    with_delta(results["shared"].get(p, {}).get("accuracy"), base.get("accuracy"))])  # fmt: skip
+        per.append(
+            [
+                _name(p),
+                role.get(p, "Held-out"),
+                base.get("n"),
+                pct(base.get("accuracy")),
+                with_delta(results["shared"].get(p, {}).get("accuracy"), base.get("accuracy")),
+            ]
+        )
     for label, key in (
         (f"Source users ({k})", "source"),
         ("Held-out users", "held_out"),
@@ -191,8 +240,12 @@ def render(study: Study, results: dict[str, Any]) -> str:
                     with_delta(s.get("accuracy"), b["accuracy"]),
                 ]
             )
-    lines += [f"## Table 9a — per-persona accuracy (%), {k}-user shared design", "",
-              md_table(["Persona", "Role", "N", "Base-BM25", "Shared design"], per), ""]  # fmt: skip
+    lines += [
+        f"## Table 9a — per-persona accuracy (%), {k}-user shared design",
+        "",
+        md_table(["Persona", "Role", "N", "Base-BM25", "Shared design"], per),
+        "",
+    ]
     if results["optimizations"]:
         lines += ["## The optimizations", ""]
         for key, opt in results["optimizations"].items():

@@ -136,8 +136,9 @@ class DemoSettings(BaseModel):
         resolved = resolve_defaults(
             {"objective": self.objective, "feedback_tokens": self.feedback_tokens},
             proposer_in_process=lm_config.in_process("proposer"),
-            answerer_in_process=lm_config.in_process("answerer"), paper=self.paper,
-        )  # fmt: skip
+            answerer_in_process=lm_config.in_process("answerer"),
+            paper=self.paper,
+        )
         return self.model_copy(update={"objective": resolved.values["objective"]}), resolved
 
     def sized_down(self, reference: DemoSettings | None = None) -> list[str]:
@@ -400,8 +401,13 @@ class DemoResult(BaseModel):
                 n_val = st["separated_in"].get("validation", 0)
                 lines.append(
                     f"Steering (LM-free panel, diagnosis only): the validation items separate {n_val} "
-                    "design score(s)" + (" — they tie every design, so the optimizer has nothing to "
-                    "choose by" if n_val <= 1 else "") + f"; Base-BM25 R@10 {_pct(st['base_r10_generated'])} on "
+                    "design score(s)"
+                    + (
+                        " — they tie every design, so the optimizer has nothing to choose by"
+                        if n_val <= 1
+                        else ""
+                    )
+                    + f"; Base-BM25 R@10 {_pct(st['base_r10_generated'])} on "
                     f"the generated items vs {_pct(st['base_r10_reference'])} on the hand-written ones."
                 )
         opt = self.optimization
@@ -557,8 +563,9 @@ def _check_folder(out: Path, identity: dict[str, Any], *, restart: bool = False)
     """The demo's same-run check, through the run-folder layer: a folder holding a demo with
     other settings (size, LMs, history) is a RunMismatchError naming them; ``restart`` empties it.
     The returned folder holds the writer lock until it is closed."""
-    return RunFolder.open(out, run_key("demo", options=identity), restart=restart,
-                          legacy_files=(SETTINGS_FILE,))  # fmt: skip
+    return RunFolder.open(
+        out, run_key("demo", options=identity), restart=restart, legacy_files=(SETTINGS_FILE,)
+    )
 
 
 def run_demo(
@@ -612,9 +619,13 @@ def run_demo(
     else:
         tracker = Tracker.disabled()
     result = DemoResult(
-        out_dir=str(out.resolve()), settings=settings, sized_down=settings.sized_down(), user=history.user_id,
-        records=len(history), lm=described,
-    )  # fmt: skip
+        out_dir=str(out.resolve()),
+        settings=settings,
+        sized_down=settings.sized_down(),
+        user=history.user_id,
+        records=len(history),
+        lm=described,
+    )
     _save(out, identity, result)
     d0 = MemoryDesign.base_bm25()
     d0 = d0.model_copy(
@@ -637,8 +648,20 @@ def run_demo(
         _save(out, identity, result)
 
     # 2. optimization ---------------------------------------------------------------------------
-    best = _optimize(history, train, val, d0, lm_config, out / "optimize", settings, resolved, tracker, cache,
-                     say, result)  # fmt: skip
+    best = _optimize(
+        history,
+        train,
+        val,
+        d0,
+        lm_config,
+        out / "optimize",
+        settings,
+        resolved,
+        tracker,
+        cache,
+        say,
+        result,
+    )
     _save(out, identity, result)
 
     # 3. evaluation on the hand-written set -----------------------------------------------------
@@ -647,15 +670,41 @@ def run_demo(
     designs = [("Base-BM25", d0), ("MemSteer-Opt", best)]
     for i, (label, design) in enumerate(designs):
         if i and design.key() == d0.key():
-            row = result.rows[0].model_copy(update={"label": label, "same_as": "Base-BM25", "lm_calls": 0,
-                                                    "cache_hits": 0, "tokens": 0, "seconds": 0.0})  # fmt: skip
+            row = result.rows[0].model_copy(
+                update={
+                    "label": label,
+                    "same_as": "Base-BM25",
+                    "lm_calls": 0,
+                    "cache_hits": 0,
+                    "tokens": 0,
+                    "seconds": 0.0,
+                }
+            )
             result.rows.append(row)
-            result.stages.append(StageReport(name=f"eval {label}", status="skipped",
-                                             detail="no revision was accepted: the best design is Base-BM25"))  # fmt: skip
+            result.stages.append(
+                StageReport(
+                    name=f"eval {label}",
+                    status="skipped",
+                    detail="no revision was accepted: the best design is Base-BM25",
+                )
+            )
             say(f"[{3 + i}/4] evaluation of {label}: skipped, {result.stages[-1].detail}")
             continue
-        _evaluate(label, design, history, items, answered, lm_config, out / "eval" / _slug(label),
-                  settings, tracker, cache, say, result, step=3 + i)  # fmt: skip
+        _evaluate(
+            label,
+            design,
+            history,
+            items,
+            answered,
+            lm_config,
+            out / "eval" / _slug(label),
+            settings,
+            tracker,
+            cache,
+            say,
+            result,
+            step=3 + i,
+        )
         _save(out, identity, result)
 
     if len(result.rows) == 2:
@@ -777,30 +826,48 @@ def _supervision(history, lm_config, folder: Path, settings: DemoSettings, say, 
             )
 
     summary = generate_supervision(
-        history, lms, folder, config, lm_description=lm_config.describe(),
+        history,
+        lms,
+        folder,
+        config,
+        lm_description=lm_config.describe(),
         progress=True if say.bars else (hook if say.fn is not None else False),
-    )  # fmt: skip
+    )
     sup = SupervisionSet.load(folder)
     result.supervision = {
-        "folder": str(folder), "accepted": summary.get("accepted", 0), "candidates": summary.get("candidates", 0),
-        "skipped_bundles": summary.get("skipped_bundles", 0), "train": len(sup.train), "val": len(sup.val),
-        "kept_fraction": summary.get("kept_fraction"), "rejected_by_stage": summary.get("rejected_by_stage", {}),
-        "lm_calls": sum(summary.get("lm_calls", {}).values()), "wall_seconds": summary.get("wall_seconds"),
-        "pipeline": "lean-anchor" if config.anchored else "v1", "stopped_by": summary.get("stopped_by"),
-    }  # fmt: skip
+        "folder": str(folder),
+        "accepted": summary.get("accepted", 0),
+        "candidates": summary.get("candidates", 0),
+        "skipped_bundles": summary.get("skipped_bundles", 0),
+        "train": len(sup.train),
+        "val": len(sup.val),
+        "kept_fraction": summary.get("kept_fraction"),
+        "rejected_by_stage": summary.get("rejected_by_stage", {}),
+        "lm_calls": sum(summary.get("lm_calls", {}).values()),
+        "wall_seconds": summary.get("wall_seconds"),
+        "pipeline": "lean-anchor" if config.anchored else "v1",
+        "stopped_by": summary.get("stopped_by"),
+    }
     status = "reused" if finished else ("resumed" if done else "ran")
-    result.stages.append(StageReport(
-        name="supervision", status=status, seconds=round(time.perf_counter() - t0, 1),
-        detail=f"{len(sup)} accepted of {summary.get('candidates', 0)} candidates "
-               f"({len(sup.train)} train / {len(sup.val)} val)"
-               + ("; stopped by its time budget" if summary.get("stopped_by") == "time_budget" else ""),
-    ))  # fmt: skip
+    result.stages.append(
+        StageReport(
+            name="supervision",
+            status=status,
+            seconds=round(time.perf_counter() - t0, 1),
+            detail=f"{len(sup)} accepted of {summary.get('candidates', 0)} candidates "
+            f"({len(sup.train)} train / {len(sup.val)} val)"
+            + (
+                "; stopped by its time budget" if summary.get("stopped_by") == "time_budget" else ""
+            ),
+        )
+    )
     say(f"  supervision: {result.stages[-1].detail}")
     return sup.train, sup.val
 
 
-def _steering(history, reference, folder: Path, d0: MemoryDesign, panel: Path | None, cache: Path, say,
-              result) -> None:  # fmt: skip
+def _steering(
+    history, reference, folder: Path, d0: MemoryDesign, panel: Path | None, cache: Path, say, result
+) -> None:
     """Stage 1b: the steering panel (patches of the demo's Base-BM25) on the accepted items and on
     the hand-written ones, retrieval only (``memsteer assess --steering``): whether the generated
     items can tell designs apart. It selects nothing; the optimizer never sees the hand-written
@@ -818,13 +885,24 @@ def _steering(history, reference, folder: Path, d0: MemoryDesign, panel: Path | 
     designs = load_panel(panel, base=d0)
     keys = [d.key() for d in designs.values()]
     saved, status = folder / STEERING_FILE, "ran"
-    report = SteeringReport.model_validate_json(saved.read_text("utf-8")) if saved.exists() else None
-    if report is not None and ([r.design_key for r in report.panel] != keys
-                               or report.n_generated != len(SupervisionSet.load(folder))):  # fmt: skip
+    report = (
+        SteeringReport.model_validate_json(saved.read_text("utf-8")) if saved.exists() else None
+    )
+    if report is not None and (
+        [r.design_key for r in report.panel] != keys
+        or report.n_generated != len(SupervisionSet.load(folder))
+    ):
         report = None  # another panel or more items since: measure again
     if report is None:
-        report = steering_of_folder(history, folder, list(reference), protocol="full", panel=designs,
-                                    cache_dir=cache, reference_source="the hand-written items")  # fmt: skip
+        report = steering_of_folder(
+            history,
+            folder,
+            list(reference),
+            protocol="full",
+            panel=designs,
+            cache_dir=cache,
+            reference_source="the hand-written items",
+        )
         save_steering(folder, report)
     else:
         status = "reused"
@@ -837,15 +915,31 @@ def _steering(history, reference, folder: Path, d0: MemoryDesign, panel: Path | 
         f"Base-BM25 R@10 {100 * (head['base_r10_generated'] or 0):.1f} generated vs "
         f"{100 * (head['base_r10_reference'] or 0):.1f} hand-written"
     )
-    result.stages.append(StageReport(name="steering", status=status, seconds=round(time.perf_counter() - t0, 1),
-                                     detail=detail))  # fmt: skip
+    result.stages.append(
+        StageReport(
+            name="steering",
+            status=status,
+            seconds=round(time.perf_counter() - t0, 1),
+            detail=detail,
+        )
+    )
     say(f"  steering: {detail}")
 
 
 def _optimize(
-    history, train, val, d0: MemoryDesign, lm_config, folder: Path, settings: DemoSettings,
-    resolved: ResolvedDefaults, tracker, cache: Path, say, result: DemoResult,
-) -> MemoryDesign:  # fmt: skip
+    history,
+    train,
+    val,
+    d0: MemoryDesign,
+    lm_config,
+    folder: Path,
+    settings: DemoSettings,
+    resolved: ResolvedDefaults,
+    tracker,
+    cache: Path,
+    say,
+    result: DemoResult,
+) -> MemoryDesign:
     """Stage 2: MemSteer-Opt from Base-BM25 (resumable); returns the best design."""
     from memsteer_dspy.optimize.loop import MemSteerOpt, OptimizeConfig
 
@@ -865,12 +959,24 @@ def _optimize(
         return d0
     v = resolved.values
     config = OptimizeConfig(
-        iterations=settings.iterations, objective=v["objective"], feedback="stratified", seed=settings.seed,
-        per_stage=settings.per_stage, feedback_tokens=v["feedback_tokens"], protocol="full",
-        threads=settings.threads, max_resamples=settings.max_resamples, stop_at_max=True,
-        proposer_output=v["proposer_output"], accept=v["accept"], guard=v["guard"], guard_margin=v["guard_margin"],
-        val_from=v["val_from"], max_eval_lm_calls=v["max_eval_lm_calls"], resolved=resolved.line(),
-    )  # fmt: skip
+        iterations=settings.iterations,
+        objective=v["objective"],
+        feedback="stratified",
+        seed=settings.seed,
+        per_stage=settings.per_stage,
+        feedback_tokens=v["feedback_tokens"],
+        protocol="full",
+        threads=settings.threads,
+        max_resamples=settings.max_resamples,
+        stop_at_max=True,
+        proposer_output=v["proposer_output"],
+        accept=v["accept"],
+        guard=v["guard"],
+        guard_margin=v["guard_margin"],
+        val_from=v["val_from"],
+        max_eval_lm_calls=v["max_eval_lm_calls"],
+        resolved=resolved.line(),
+    )
 
     def on_event(event: dict[str, Any]) -> None:
         primary = "delivered_recall" if event["objective"] == "recall" else "accuracy"
@@ -878,8 +984,10 @@ def _optimize(
         c = getattr(cand, primary, None) if cand is not None else None
         b = getattr(best, primary, None) if best is not None else None
         name = "delivered recall" if primary == "delivered_recall" else "accuracy"
-        line = (f"  iteration {event['iteration']}/{event['total']}: {event['status']}, candidate {name} "
-                f"{_pct(c)}, best {_pct(b)} ({event['cost_total'].short()})")  # fmt: skip
+        line = (
+            f"  iteration {event['iteration']}/{event['total']}: {event['status']}, candidate {name} "
+            f"{_pct(c)}, best {_pct(b)} ({event['cost_total'].short()})"
+        )
         if event.get("changes"):
             line += "  [" + "; ".join(event["changes"])[:160] + "]"
         elif event.get("reason") and event["status"] not in ("baseline", "accepted"):
@@ -887,11 +995,24 @@ def _optimize(
         say(line)
 
     opt = MemSteerOpt(
-        history, train, val, folder, config=config, lms=lm_config.lm, init_design=d0, tracker=tracker,
-        cache_dir=cache, usage=lm_config.usage_by_role, on_event=on_event,
-        run_params={"supervision": str(Path(folder).parent / "supervision"), "lm": lm_config.describe(),
-                    "demo_size": settings.size, "context_budget": settings.context_budget},
-    )  # fmt: skip
+        history,
+        train,
+        val,
+        folder,
+        config=config,
+        lms=lm_config.lm,
+        init_design=d0,
+        tracker=tracker,
+        cache_dir=cache,
+        usage=lm_config.usage_by_role,
+        on_event=on_event,
+        run_params={
+            "supervision": str(Path(folder).parent / "supervision"),
+            "lm": lm_config.describe(),
+            "demo_size": settings.size,
+            "context_budget": settings.context_budget,
+        },
+    )
     done = len(opt.read_trajectory()) if (folder / "trajectory.jsonl").exists() else 0
     say(
         f"[2/4] optimization: MemSteer-Opt from Base-BM25, {config.iterations} iterations, objective "
@@ -903,26 +1024,52 @@ def _optimize(
     best_entry = next(e for e in reversed(res.entries) if e.accepted)
     changes = [c for e in res.entries if e.accepted for c in e.changes]
     result.optimization = {
-        "ran": True, "folder": str(folder), "objective": config.objective, "iterations": len(res.entries) - 1,
-        "accepted_path": res.accepted_path, "baseline": res.baseline_score.short(), "best": res.best_score.short(),
-        "best_design_key": best.key(), "best_iteration": best_entry.iteration, "changes": changes,
-        "statuses": [e.status for e in res.entries], "cost": res.entries[-1].cost_total.model_dump(),
-        "parent_run_id": res.parent_run_id, "stopped": res.stopped, "resolved": resolved.line(),
-    }  # fmt: skip
+        "ran": True,
+        "folder": str(folder),
+        "objective": config.objective,
+        "iterations": len(res.entries) - 1,
+        "accepted_path": res.accepted_path,
+        "baseline": res.baseline_score.short(),
+        "best": res.best_score.short(),
+        "best_design_key": best.key(),
+        "best_iteration": best_entry.iteration,
+        "changes": changes,
+        "statuses": [e.status for e in res.entries],
+        "cost": res.entries[-1].cost_total.model_dump(),
+        "parent_run_id": res.parent_run_id,
+        "stopped": res.stopped,
+        "resolved": resolved.line(),
+    }
     status = "reused" if done and done > config.iterations else ("resumed" if done else "ran")
-    result.stages.append(StageReport(
-        name="optimization", status=status, seconds=round(time.perf_counter() - t0, 1),
-        detail=f"{len(res.entries) - 1} iterations, accepted path {res.accepted_path}; "
-               f"validation {res.baseline_score.short()} -> {res.best_score.short()}"
-               + ("; stopped early: validation at its maximum" if res.stopped else ""),
-    ))  # fmt: skip
+    result.stages.append(
+        StageReport(
+            name="optimization",
+            status=status,
+            seconds=round(time.perf_counter() - t0, 1),
+            detail=f"{len(res.entries) - 1} iterations, accepted path {res.accepted_path}; "
+            f"validation {res.baseline_score.short()} -> {res.best_score.short()}"
+            + ("; stopped early: validation at its maximum" if res.stopped else ""),
+        )
+    )
     return best.model_copy(update={"name": best.name or "best"})
 
 
 def _evaluate(
-    label: str, design: MemoryDesign, history, items: list[QAItem], answered: list[QAItem], lm_config,
-    folder: Path, settings: DemoSettings, tracker, cache: Path, say, result: DemoResult, *, step: int,
-) -> None:  # fmt: skip
+    label: str,
+    design: MemoryDesign,
+    history,
+    items: list[QAItem],
+    answered: list[QAItem],
+    lm_config,
+    folder: Path,
+    settings: DemoSettings,
+    tracker,
+    cache: Path,
+    say,
+    result: DemoResult,
+    *,
+    step: int,
+) -> None:
     """Stage 3/4: score one design on the hand-written set: R@k on every item, accuracy and QS
     on ``answered``; books its LM cost and logs an MLflow run."""
     from memsteer_dspy.evaluation import evaluate_design
@@ -956,16 +1103,29 @@ def _evaluate(
             say.fn(f"  {r.qa_id} ({r.question_type}): {verdict}")
 
     try:
-        recall = evaluate_design(system, items, metrics="recall", protocol="full", threads=settings.threads,
-                                 out_dir=folder / "recall", on_item=on_item)  # fmt: skip
+        recall = evaluate_design(
+            system,
+            items,
+            metrics="recall",
+            protocol="full",
+            threads=settings.threads,
+            out_dir=folder / "recall",
+            on_item=on_item,
+        )
         if bar is not None:
             bar.update(len(items) - bar.n)  # items resumed from disk
         answer = None
         if answered:
             answer = evaluate_design(
-                system, answered, metrics="all", judge_lm=lm_config.lm("judge"), protocol="full",
-                threads=settings.threads, out_dir=folder / "answer", on_item=on_item,
-            )  # fmt: skip
+                system,
+                answered,
+                metrics="all",
+                judge_lm=lm_config.lm("judge"),
+                protocol="full",
+                threads=settings.threads,
+                out_dir=folder / "answer",
+                on_item=on_item,
+            )
         if bar is not None:
             bar.update(bar.total - bar.n)
     finally:
@@ -976,17 +1136,28 @@ def _evaluate(
     a = answer.summary if answer is not None else None
     cost = book.totals
     row = DesignRow(
-        label=label, design_name=design.name, design_key=design.key(),
-        accuracy=a.accuracy if a else None, qs=a.qs if a else None, n_answered=a.n if a else 0,
-        recall_at_10=rs.recall_at_10, delivered_recall=rs.delivered_recall, n_recall=rs.n,
-        lm_calls=int(cost["calls"]), cache_hits=int(cost["cache_hits"]), tokens=int(cost["total_tokens"]),
-        seconds=round(float(cost["seconds"]), 1), errors=rs.errors + (a.errors if a else 0),
+        label=label,
+        design_name=design.name,
+        design_key=design.key(),
+        accuracy=a.accuracy if a else None,
+        qs=a.qs if a else None,
+        n_answered=a.n if a else 0,
+        recall_at_10=rs.recall_at_10,
+        delivered_recall=rs.delivered_recall,
+        n_recall=rs.n,
+        lm_calls=int(cost["calls"]),
+        cache_hits=int(cost["cache_hits"]),
+        tokens=int(cost["total_tokens"]),
+        seconds=round(float(cost["seconds"]), 1),
+        errors=rs.errors + (a.errors if a else 0),
         cost_usd=cost.get("cost_usd"),
-        item_correct={i.qa_id: None if i.correct is None else float(i.correct)
-                      for i in (answer.items if answer is not None else [])},
+        item_correct={
+            i.qa_id: None if i.correct is None else float(i.correct)
+            for i in (answer.items if answer is not None else [])
+        },
         item_recall={i.qa_id: i.recall_at_10 for i in recall.items},
         item_delivered={i.qa_id: i.delivered_recall for i in recall.items},
-    )  # fmt: skip
+    )
     result.rows.append(row)
     if row.errors:
         result.notes.append(
@@ -994,12 +1165,20 @@ def _evaluate(
         )
     n_new = len(items) + len(answered) - before
     status = "reused" if n_new <= 0 else ("resumed" if before else "ran")
-    result.stages.append(StageReport(
-        name=f"eval {label}", status=status, seconds=round(time.perf_counter() - t0, 1),
-        detail=(f"accuracy {_pct(row.accuracy)}, QS {_pct(row.qs)} on {row.n_answered}; " if answered else "")
-               + f"R@10 {_pct(row.recall_at_10)}, delivered recall {_pct(row.delivered_recall)} on {row.n_recall}"
-               + ("" if answered else " (no item answered)"),
-    ))  # fmt: skip
+    result.stages.append(
+        StageReport(
+            name=f"eval {label}",
+            status=status,
+            seconds=round(time.perf_counter() - t0, 1),
+            detail=(
+                f"accuracy {_pct(row.accuracy)}, QS {_pct(row.qs)} on {row.n_answered}; "
+                if answered
+                else ""
+            )
+            + f"R@10 {_pct(row.recall_at_10)}, delivered recall {_pct(row.delivered_recall)} on {row.n_recall}"
+            + ("" if answered else " (no item answered)"),
+        )
+    )
     say(f"  {label}: {result.stages[-1].detail}")
     _track_evaluation(tracker, folder, label, design, row, settings)
 
@@ -1011,8 +1190,9 @@ def _items_done(path: Path) -> int:
         return sum(1 for line in f if line.strip())
 
 
-def _track_evaluation(tracker, folder: Path, label: str, design: MemoryDesign, row: DesignRow,
-                      settings: DemoSettings) -> None:  # fmt: skip
+def _track_evaluation(
+    tracker, folder: Path, label: str, design: MemoryDesign, row: DesignRow, settings: DemoSettings
+) -> None:
     """One MLflow run per evaluated design (resumed by the run id kept in the folder)."""
     from memsteer_dspy.tracking import flatten
 
@@ -1020,13 +1200,22 @@ def _track_evaluation(tracker, folder: Path, label: str, design: MemoryDesign, r
         return
     marker = folder / "mlflow_run_id"
     previous = marker.read_text().strip() if marker.exists() else None
-    rid = tracker.start_run(f"demo-eval-{_slug(label)}", resume_run_id=previous,
-                            tags={"memsteer.kind": "demo-evaluation", "memsteer.design": label})  # fmt: skip
+    rid = tracker.start_run(
+        f"demo-eval-{_slug(label)}",
+        resume_run_id=previous,
+        tags={"memsteer.kind": "demo-evaluation", "memsteer.design": label},
+    )
     if not rid:
         return
     write_atomic(marker, rid + "\n")
-    params = {"label": label, "design_key": row.design_key, "demo_size": settings.size,
-              "context_budget": settings.context_budget, "n_answered": row.n_answered, "n_recall": row.n_recall}  # fmt: skip
+    params = {
+        "label": label,
+        "design_key": row.design_key,
+        "demo_size": settings.size,
+        "context_budget": settings.context_budget,
+        "n_answered": row.n_answered,
+        "n_recall": row.n_recall,
+    }
     params.update(
         {
             f"design.{k}": v
@@ -1034,11 +1223,19 @@ def _track_evaluation(tracker, folder: Path, label: str, design: MemoryDesign, r
         }
     )
     tracker.log_params(rid, params)
-    tracker.log_metrics(rid, {
-        "accuracy": row.accuracy, "qs": row.qs, "recall_at_10": row.recall_at_10,
-        "delivered_recall": row.delivered_recall, "lm_calls": row.lm_calls, "lm_tokens": row.tokens,
-        "wall_seconds": row.seconds, "lm_cost_usd": row.cost_usd,
-    })  # fmt: skip
+    tracker.log_metrics(
+        rid,
+        {
+            "accuracy": row.accuracy,
+            "qs": row.qs,
+            "recall_at_10": row.recall_at_10,
+            "delivered_recall": row.delivered_recall,
+            "lm_calls": row.lm_calls,
+            "lm_tokens": row.tokens,
+            "wall_seconds": row.seconds,
+            "lm_cost_usd": row.cost_usd,
+        },
+    )
     for sub in ("answer", "recall"):
         summary = folder / sub / "summary.json"
         if summary.exists():

@@ -122,9 +122,12 @@ def distinct_in_order(
 
 
 def any_all_recall(
-    ranked_record_ids: list[list[str]], evidence_ids: Iterable[str], answer_session_ids: Iterable[str],
-    session_of: Callable[[str], str | None], ks: Iterable[int] = ANY_ALL_KS,
-) -> dict[str, float]:  # fmt: skip
+    ranked_record_ids: list[list[str]],
+    evidence_ids: Iterable[str],
+    answer_session_ids: Iterable[str],
+    session_of: Callable[[str], str | None],
+    ks: Iterable[int] = ANY_ALL_KS,
+) -> dict[str, float]:
     """``turn_any@k``, ``turn_all@k`` (gold = the evidence turns) and ``session_any@k``,
     ``session_all@k`` (gold = the answer sessions; the ranking = distinct sessions of the ranked
     turns) for each k; a level without gold is left out."""
@@ -325,17 +328,27 @@ class Judge:
 
 
 def evaluate_item(
-    system: MemorySystem, item: QAItem, *, metrics: Metrics = "all", judge: Judge | None = None,
+    system: MemorySystem,
+    item: QAItem,
+    *,
+    metrics: Metrics = "all",
+    judge: Judge | None = None,
     protocol: Protocol = "full",
-) -> ItemResult:  # fmt: skip
+) -> ItemResult:
     """Evaluate one QA item; never raises — a failure is recorded with its stage and scores 0."""
     t0 = time.perf_counter()
     res = ItemResult(
-        qa_id=item.id, question=item.question, question_type=item.question_type,
-        answer_type=str(item.answer_type), reference=item.answer, evidence_ids=list(item.evidence_ids),
+        qa_id=item.id,
+        question=item.question,
+        question_type=item.question_type,
+        answer_type=str(item.answer_type),
+        reference=item.answer,
+        evidence_ids=list(item.evidence_ids),
         question_date=item.question_date.isoformat() if item.question_date else None,
-        design_key=system.design.key(), metrics=metrics, qa_hash=qa_content_hash([item]),
-    )  # fmt: skip
+        design_key=system.design.key(),
+        metrics=metrics,
+        qa_hash=qa_content_hash([item]),
+    )
     as_of = item.question_date if protocol == "as_of" else None
     history = system.user_history
     gold = [e for e in item.evidence_ids if e in history]
@@ -350,9 +363,7 @@ def evaluate_item(
         res.trace = trace
         res.empty_context = trace.empty_context
         for k in RECALL_KS:
-            setattr(
-                res, f"recall_at_{k}", recall_at_k(trace.ranked_record_ids, gold, k)
-            )
+            setattr(res, f"recall_at_{k}", recall_at_k(trace.ranked_record_ids, gold, k))
         res.delivered_recall = delivered_recall(trace.delivered_record_ids, gold)
         res.any_all_recall = _item_any_all(system, item, trace)
         if metrics == "all":
@@ -382,9 +393,13 @@ def evaluate_item(
 
 
 def evaluation_key(
-    system: MemorySystem, *, metrics: str, protocol: str, judge_lm: Any = None,
+    system: MemorySystem,
+    *,
+    metrics: str,
+    protocol: str,
+    judge_lm: Any = None,
     options: dict[str, Any] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The same-run key of an evaluation (see :mod:`memsteer_dspy.runfolder`): history, protocol,
     design, metrics and the LMs whose answers enter the scores. QA content is checked per item
     (each result carries its item's ``qa_hash``), so a run resumed with more items (a larger
@@ -398,17 +413,24 @@ def evaluation_key(
     if metrics == "all":
         lms["judge"] = judge_lm
     return run_key(
-        "evaluate", history=system.user_history, protocol=protocol, design_key=design.key(),
-        metrics=metrics, lms=lms, options=options or {},
-    )  # fmt: skip
+        "evaluate",
+        history=system.user_history,
+        protocol=protocol,
+        design_key=design.key(),
+        metrics=metrics,
+        lms=lms,
+        options=options or {},
+    )
 
 
 def unresolved_evidence(history: Any, items: Iterable[QAItem]) -> list[dict[str, str]]:
     """Evidence ids of ``items`` that are not record ids of ``history``, one entry each."""
     return [
         {"qa_id": q.id, "evidence_id": e, "reason": "no record with this id in the history"}
-        for q in items for e in q.evidence_ids if e not in history
-    ]  # fmt: skip
+        for q in items
+        for e in q.evidence_ids
+        if e not in history
+    ]
 
 
 def evaluate_design(
@@ -465,9 +487,12 @@ def evaluate_design(
     if out_dir is not None:
         folder = RunFolder.open(
             out_dir,
-            evaluation_key(system, metrics=metrics, protocol=protocol, judge_lm=judge_lm, options=key_options),
-            restart=restart or not resume, legacy_files=("items.jsonl", "summary.json"),
-        )  # fmt: skip
+            evaluation_key(
+                system, metrics=metrics, protocol=protocol, judge_lm=judge_lm, options=key_options
+            ),
+            restart=restart or not resume,
+            legacy_files=("items.jsonl", "summary.json"),
+        )
         try:
             done = _finished_items(folder, items)
         except BaseException:
@@ -508,14 +533,19 @@ def evaluate_design(
     for r in ordered:
         by_type.setdefault(r.question_type or "unknown", []).append(r)
     summary = EvaluationSummary(
-        **overall.model_dump(), design_key=key, design_name=system.design.name, metrics=metrics,
-        protocol=protocol, user=system.user_history.user_id, history_fingerprint=system.user_history.fingerprint,
+        **overall.model_dump(),
+        design_key=key,
+        design_name=system.design.name,
+        metrics=metrics,
+        protocol=protocol,
+        user=system.user_history.user_id,
+        history_fingerprint=system.user_history.fingerprint,
         by_type={t: summarize_items(rs, metrics) for t, rs in sorted(by_type.items())},
         unresolved_evidence=unresolved_evidence(system.user_history, items),
         unresolved_items=sum(bool(r.unresolved_evidence) for r in ordered),
         no_evidence=sum(not r.evidence_ids for r in ordered),
         seconds=round(time.perf_counter() - t0, 3),
-    )  # fmt: skip
+    )
     report = EvaluationReport(summary=summary, items=ordered)
     if folder is not None:
         folder.write_text("items.jsonl", "".join(r.model_dump_json() + "\n" for r in ordered))
@@ -549,10 +579,16 @@ def _finished_items(folder: RunFolder, items: list[QAItem]) -> dict[str, ItemRes
     if others:
         names = list(others)
         shown = ", ".join(repr(n) for n in names[:3]) + (" ..." if len(names) > 3 else "")
-        raise RunMismatchError(folder.path, [(
-            "qa_items", f"results for {len(names)} item(s) this run does not have ({shown})",
-            f"{len(items)} item(s); a smaller --limit or a shorter QA file is a different run",
-        )])  # fmt: skip
+        raise RunMismatchError(
+            folder.path,
+            [
+                (
+                    "qa_items",
+                    f"results for {len(names)} item(s) this run does not have ({shown})",
+                    f"{len(items)} item(s); a smaller --limit or a shorter QA file is a different run",
+                )
+            ],
+        )
     return done
 
 
@@ -611,20 +647,34 @@ def evaluate_instances(
                 design, loaded.history, cache_dir=cache_dir, lms=lms, threads=threads
             )
             report = evaluate_design(
-                system, loaded.qa_items, metrics=metrics, judge_lm=judge_lm, protocol=protocol,
-                threads=threads, out_dir=out / _safe_name(user) if out is not None else None,
-            )  # fmt: skip
+                system,
+                loaded.qa_items,
+                metrics=metrics,
+                judge_lm=judge_lm,
+                protocol=protocol,
+                threads=threads,
+                out_dir=out / _safe_name(user) if out is not None else None,
+            )
         except (InputError, ConfigError):
             raise  # a bad design or option fails every instance alike: stop at the first
         except Exception as exc:  # this instance's memory could not be built: its items score 0
             report = None
             for q in loaded.qa_items:
-                pooled.append(ItemResult(
-                    qa_id=q.id, question=q.question, question_type=q.question_type, reference=q.answer,
-                    evidence_ids=list(q.evidence_ids), correct=False if metrics == "all" else None,
-                    qs=0.0 if metrics == "all" else None, error=f"{type(exc).__name__}: {exc}",
-                    error_stage="build", design_key=design.key(), metrics=metrics,
-                ))  # fmt: skip
+                pooled.append(
+                    ItemResult(
+                        qa_id=q.id,
+                        question=q.question,
+                        question_type=q.question_type,
+                        reference=q.answer,
+                        evidence_ids=list(q.evidence_ids),
+                        correct=False if metrics == "all" else None,
+                        qs=0.0 if metrics == "all" else None,
+                        error=f"{type(exc).__name__}: {exc}",
+                        error_stage="build",
+                        design_key=design.key(),
+                        metrics=metrics,
+                    )
+                )
         else:
             pooled.extend(report.items)
         if on_instance is not None:
@@ -636,11 +686,16 @@ def evaluate_instances(
     for r in pooled:
         by_type.setdefault(r.question_type or "unknown", []).append(r)
     summary = EvaluationSummary(
-        **overall.model_dump(), design_key=design.key(), design_name=design.name, metrics=metrics,
-        protocol=protocol, user=f"{users} instances", no_evidence=sum(not r.evidence_ids for r in pooled),
+        **overall.model_dump(),
+        design_key=design.key(),
+        design_name=design.name,
+        metrics=metrics,
+        protocol=protocol,
+        user=f"{users} instances",
+        no_evidence=sum(not r.evidence_ids for r in pooled),
         by_type={t: summarize_items(rs, metrics) for t, rs in sorted(by_type.items())},
         seconds=round(time.perf_counter() - t0, 3),
-    )  # fmt: skip
+    )
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         write_atomic(out / "summary.json", summary.model_dump_json(indent=2) + "\n")

@@ -202,14 +202,18 @@ class RecordGraph:
         try:
             obj = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
         except (OSError, ValueError) as exc:
-            raise InputError(f"not a saved record graph: {exc}", file=path,
-                             hint="delete the file; it is rebuilt on the next run") from None  # fmt: skip
+            raise InputError(
+                f"not a saved record graph: {exc}",
+                file=path,
+                hint="delete the file; it is rebuilt on the next run",
+            ) from None
         if obj.get("fingerprint") != history.fingerprint:
             raise InputError(
                 f"graph was built from history {obj.get('fingerprint')}, not {history.fingerprint}",
-                file=path, field="fingerprint",
+                file=path,
+                field="fingerprint",
                 hint="the history changed since the graph was saved; rebuild it (delete the file)",
-            )  # fmt: skip
+            )
         g = nx.MultiGraph()
         g.add_nodes_from(r.id for r in history.records)
         for u, v, k, w in obj["edges"]:

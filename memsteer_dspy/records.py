@@ -51,10 +51,43 @@ class AnswerType(StrEnum):
 
 # Words that end in a period without ending a sentence.
 _ABBREVIATIONS = {
-    "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "e.g", "i.e", "inc", "ltd",
-    "co", "no", "fig", "approx", "dept", "est", "jan", "feb", "mar", "apr", "jun", "jul", "aug",
-    "sep", "sept", "oct", "nov", "dec", "a.m", "p.m", "u.s", "u.k",
-}  # fmt: skip
+    "mr",
+    "mrs",
+    "ms",
+    "dr",
+    "prof",
+    "sr",
+    "jr",
+    "st",
+    "vs",
+    "etc",
+    "e.g",
+    "i.e",
+    "inc",
+    "ltd",
+    "co",
+    "no",
+    "fig",
+    "approx",
+    "dept",
+    "est",
+    "jan",
+    "feb",
+    "mar",
+    "apr",
+    "jun",
+    "jul",
+    "aug",
+    "sep",
+    "sept",
+    "oct",
+    "nov",
+    "dec",
+    "a.m",
+    "p.m",
+    "u.s",
+    "u.k",
+}
 # A sentence boundary candidate: end punctuation (optionally closed by quotes/brackets), then
 # whitespace, then something that can start a sentence.
 _BOUNDARY = re.compile(r"""(?<=[.!?])["')\]]*\s+(?=["'(\[]?[A-Z0-9])""")
@@ -154,9 +187,15 @@ def split_spans(record_id: str, text: str) -> list[Span]:
         a += len(segment) - len(segment.lstrip())
         b = a + len(stripped)
         spans.append(
-            Span(id=f"{record_id}#{len(spans) + 1}", record_id=record_id,
-                 index=len(spans) + 1, text=stripped, start=a, end=b)
-        )  # fmt: skip
+            Span(
+                id=f"{record_id}#{len(spans) + 1}",
+                record_id=record_id,
+                index=len(spans) + 1,
+                text=stripped,
+                start=a,
+                end=b,
+            )
+        )
     return spans
 
 
@@ -179,13 +218,19 @@ class Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     id: str = Field(min_length=1, description="Unique within a history.")
-    kind: str = Field(min_length=1, description="conversation_turn, email, document_section, note, ...")
+    kind: str = Field(
+        min_length=1, description="conversation_turn, email, document_section, note, ..."
+    )
     text: str
     timestamp: datetime | None = None
     author: str | None = Field(default=None, description="Author or speaker.")
-    thread_id: str | None = Field(default=None, description="Conversation, email thread or document.")
+    thread_id: str | None = Field(
+        default=None, description="Conversation, email thread or document."
+    )
     position: int | None = Field(default=None, description="Position within the thread.")
-    references: list[str] = Field(default_factory=list, description="Ids this record explicitly refers to.")
+    references: list[str] = Field(
+        default_factory=list, description="Ids this record explicitly refers to."
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("id")
@@ -291,10 +336,13 @@ class History:
         return iter(
             sorted(
                 self._records,
-                key=lambda r: (r.timestamp is None, _naive(r.timestamp) if r.timestamp else datetime.min,
-                               order[r.id]),
+                key=lambda r: (
+                    r.timestamp is None,
+                    _naive(r.timestamp) if r.timestamp else datetime.min,
+                    order[r.id],
+                ),
             )
-        )  # fmt: skip
+        )
 
     def spans(self) -> Iterator[Span]:
         for r in self._records:
@@ -343,9 +391,10 @@ class History:
         kept = [r for r in self._records if keep(r)]
         if not kept:
             raise EmptyHistoryError(
-                f"no records of {self.user_id!r} as of {when}", file=self.source,
+                f"no records of {self.user_id!r} as of {when}",
+                file=self.source,
                 hint="the cut-off date is before the first record",
-            )  # fmt: skip
+            )
         return History(self.user_id, kept, source=self.source)
 
     def filter(self, predicate) -> History:
@@ -374,7 +423,9 @@ class History:
             "records": len(self._records),
             "records_by_kind": dict(Counter(r.kind for r in self._records).most_common()),
             # counted without caching every Span object (ingest of a large history stays small)
-            "spans": sum(len(r.__dict__.get("spans") or split_spans(r.id, r.text)) for r in self._records),
+            "spans": sum(
+                len(r.__dict__.get("spans") or split_spans(r.id, r.text)) for r in self._records
+            ),
             "threads": len({r.thread_id for r in self._records if r.thread_id is not None}),
             "date_range": [min(dated).isoformat(), max(dated).isoformat()] if dated else None,
             "fingerprint": self.fingerprint,
@@ -421,8 +472,11 @@ def check_record_dict(obj: Any, *, file: str | None, line: int | None) -> Record
             first = errors[0]
             field = ".".join(str(p) for p in first.get("loc", ())) or None
             raise InputError(
-                first.get("msg", str(exc)), file=file, line=line, field=field,
+                first.get("msg", str(exc)),
+                file=file,
+                line=line,
+                field=field,
                 record=obj.get("id") if isinstance(obj.get("id"), str) else None,
                 hint="see the README's 'History formats' section for the record schema",
-            ) from None  # fmt: skip
+            ) from None
         raise InputError(str(exc), file=file, line=line) from None

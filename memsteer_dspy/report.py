@@ -107,8 +107,10 @@ def load_run(run_dir: str | Path) -> RunFiles:
     if not traj.exists():
         raise InputError(
             "no trajectory.jsonl: this is not a memsteer optimize output folder, or no iteration "
-            "has finished yet", file=folder, hint="pass the --out folder of a memsteer optimize run",
-        )  # fmt: skip
+            "has finished yet",
+            file=folder,
+            hint="pass the --out folder of a memsteer optimize run",
+        )
     entries: list[dict[str, Any]] = []
     lines = traj.read_text(encoding="utf-8").splitlines()
     for n, line in enumerate(lines, 1):
@@ -149,14 +151,23 @@ def score_rows(run: RunFiles) -> list[dict[str, Any]]:
     for e in run.entries:
         s = e.get("score") or {}
         best = e.get("best_score") or {}
-        rows.append({
-            "iteration": e["iteration"], "status": e["status"], "accepted": bool(e.get("accepted")),
-            "score": s.get(metric), "screen_recall": (e.get("screen_score") or {}).get("delivered_recall"),
-            "best": best.get(metric), "recall_at_10": _score(e).get("recall_at_10"),
-            "delivered_recall": _score(e).get("delivered_recall"), "accuracy": s.get("accuracy"),
-            "changes": list(e.get("changes") or []), "reason": e.get("reason"),
-            "selected_by": e.get("selected_by"), "rationale": e.get("rationale") or "",
-        })  # fmt: skip
+        rows.append(
+            {
+                "iteration": e["iteration"],
+                "status": e["status"],
+                "accepted": bool(e.get("accepted")),
+                "score": s.get(metric),
+                "screen_recall": (e.get("screen_score") or {}).get("delivered_recall"),
+                "best": best.get(metric),
+                "recall_at_10": _score(e).get("recall_at_10"),
+                "delivered_recall": _score(e).get("delivered_recall"),
+                "accuracy": s.get("accuracy"),
+                "changes": list(e.get("changes") or []),
+                "reason": e.get("reason"),
+                "selected_by": e.get("selected_by"),
+                "rationale": e.get("rationale") or "",
+            }
+        )
     return rows
 
 
@@ -173,9 +184,13 @@ def diagnosis_rows(run: RunFiles) -> list[dict[str, Any]]:
 def cost_by_role(run: RunFiles) -> dict[str, dict[str, int]]:
     """LM calls and tokens per role over the whole run (the last entry's running total)."""
     total = (run.entries[-1].get("cost_total") or {}).get("by_role") or {}
-    return {role: {k: int(v.get(k, 0) or 0) for k in ("calls", "prompt_tokens", "completion_tokens",
-                                                       "total_tokens")}
-            for role, v in sorted(total.items())}  # fmt: skip
+    return {
+        role: {
+            k: int(v.get(k, 0) or 0)
+            for k in ("calls", "prompt_tokens", "completion_tokens", "total_tokens")
+        }
+        for role, v in sorted(total.items())
+    }
 
 
 # -- figures -----------------------------------------------------------------------------------
@@ -208,8 +223,16 @@ def plot_scores(run: RunFiles, path: Path) -> Path:
     xs = [r["iteration"] for r in rows]
     best = [r["best"] for r in rows]
     if any(b is not None for b in best):
-        ax.step(xs, [b if b is not None else float("nan") for b in best], where="post",
-                color="#2ca02c", lw=2, alpha=0.8, label="best so far (accepted path)", zorder=1)  # fmt: skip
+        ax.step(
+            xs,
+            [b if b is not None else float("nan") for b in best],
+            where="post",
+            color="#2ca02c",
+            lw=2,
+            alpha=0.8,
+            label="best so far (accepted path)",
+            zorder=1,
+        )
     scored = [r["score"] for r in rows if r["score"] is not None]
     lo, hi = (min(scored), max(scored)) if scored else (0.0, 1.0)
     span = max(hi - lo, 0.1)
@@ -224,17 +247,37 @@ def plot_scores(run: RunFiles, path: Path) -> Path:
         with_score = [r for r in pts if r["score"] is not None]
         without = [r for r in pts if r["score"] is None]
         if with_score:
-            ax.scatter([r["iteration"] for r in with_score], [r["score"] for r in with_score],
-                       c=colour, marker=marker, s=60 if status in ("accepted", "baseline") else 36, zorder=3,
-                       edgecolors="black" if status in ("accepted", "baseline") else "none",
-                       label=status)  # fmt: skip
+            ax.scatter(
+                [r["iteration"] for r in with_score],
+                [r["score"] for r in with_score],
+                c=colour,
+                marker=marker,
+                s=60 if status in ("accepted", "baseline") else 36,
+                zorder=3,
+                edgecolors="black" if status in ("accepted", "baseline") else "none",
+                label=status,
+            )
         if without:
-            ax.scatter([r["iteration"] for r in without], [floor] * len(without), c=colour,
-                       marker="x", s=40, zorder=3, label=f"{status} (no score)")  # fmt: skip
+            ax.scatter(
+                [r["iteration"] for r in without],
+                [floor] * len(without),
+                c=colour,
+                marker="x",
+                s=40,
+                zorder=3,
+                label=f"{status} (no score)",
+            )
     for r in rows:
         if r["accepted"] and r["score"] is not None:
-            ax.annotate(f"{r['score']:.3f}", (r["iteration"], r["score"]), textcoords="offset points",
-                        xytext=(0, 8), ha="center", fontsize=8, color="#1a661a")  # fmt: skip
+            ax.annotate(
+                f"{r['score']:.3f}",
+                (r["iteration"], r["score"]),
+                textcoords="offset points",
+                xytext=(0, 8),
+                ha="center",
+                fontsize=8,
+                color="#1a661a",
+            )
     ax.set_ylim(floor - 0.1 * span, hi + 0.15 * span)
     ax.set_xlim(xs[0] - 0.5, xs[-1] + 0.5)
     ax.set_xlabel("iteration (0 = initial design)")
@@ -262,8 +305,15 @@ def plot_diagnosis(run: RunFiles, path: Path) -> Path | None:
         bars = ax.bar(labels, vals, bottom=bottom, color=STAGE_COLOURS[s], label=s)
         for b, v, y0, r in zip(bars, vals, bottom, rows, strict=True):
             if v and v < sum(r[x] for x in STAGES):  # a share of the bar: label it
-                ax.text(b.get_x() + b.get_width() / 2, y0 + v / 2, str(v), ha="center", va="center",
-                        fontsize=8, color="white")  # fmt: skip
+                ax.text(
+                    b.get_x() + b.get_width() / 2,
+                    y0 + v / 2,
+                    str(v),
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="white",
+                )
         bottom = [a + v for a, v in zip(bottom, vals, strict=True)]
     for i, total in enumerate(bottom):
         ax.text(i, total, f"{total}", ha="center", va="bottom", fontsize=9)
@@ -292,8 +342,13 @@ def plot_cost(run: RunFiles, path: Path) -> Path | None:
     ax.barh(names, prompt, color="#1f77b4", label="prompt tokens")
     ax.barh(names, completion, left=prompt, color="#aec7e8", label="completion tokens")
     for i, r in enumerate(names):
-        ax.text(prompt[i] + completion[i], i, f"  {roles[r]['calls']:,} calls, {roles[r]['total_tokens']:,} tokens",
-                va="center", fontsize=8)  # fmt: skip
+        ax.text(
+            prompt[i] + completion[i],
+            i,
+            f"  {roles[r]['calls']:,} calls, {roles[r]['total_tokens']:,} tokens",
+            va="center",
+            fontsize=8,
+        )
     ax.set_xlabel("tokens")
     ax.set_xlim(0, max(p + c for p, c in zip(prompt, completion, strict=True)) * 1.6 or 1)
     ax.set_title("LM cost by role (whole run)")
@@ -319,17 +374,31 @@ def plot_heldout(run: RunFiles, path: Path) -> Path | None:
         colour = {"better": "#2ca02c", "worse": "#d62728"}.get(
             "better" if lo > 0 else "worse" if hi < 0 else "", "#7f7f7f"
         )
-        ax.errorbar(diff[m], i, xerr=[[diff[m] - lo], [hi - diff[m]]], fmt="o", color=colour,
-                    capsize=4, lw=2.5 if m == primary else 1.2)  # fmt: skip
+        ax.errorbar(
+            diff[m],
+            i,
+            xerr=[[diff[m] - lo], [hi - diff[m]]],
+            fmt="o",
+            color=colour,
+            capsize=4,
+            lw=2.5 if m == primary else 1.2,
+        )
         ax.text(hi, i, f"  {diff[m]:+.3f} [{lo:+.3f}, {hi:+.3f}]", va="center", fontsize=8)
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(range(len(metrics)))
     initial, best = test.get("initial") or {}, test.get("best") or {}
-    ax.set_yticklabels([
-        METRIC_LABELS.get(m, m) + (" (primary)" if m == primary else "")
-        + (f"\n{_fmt(initial.get(m))} → {_fmt(best.get(m))}" if m in initial and m in best else "")
-        for m in metrics
-    ])  # fmt: skip
+    ax.set_yticklabels(
+        [
+            METRIC_LABELS.get(m, m)
+            + (" (primary)" if m == primary else "")
+            + (
+                f"\n{_fmt(initial.get(m))} → {_fmt(best.get(m))}"
+                if m in initial and m in best
+                else ""
+            )
+            for m in metrics
+        ]
+    )
     ax.set_ylim(len(metrics) - 0.5, -0.5)
     lo_all = min((ci.get(m) or [diff[m]])[0] for m in metrics)
     hi_all = max((ci.get(m) or [0, diff[m]])[-1] for m in metrics)
@@ -385,16 +454,20 @@ def render_html(run: RunFiles, figures: dict[str, Path | None], data: dict[str, 
         f"{', '.join(str(x['iteration']) for x in rows if x['accepted'])}</li>",
     ]
     if r.get("parent_run_id"):
-        parts.append(f"<li>MLflow parent run <code>{html.escape(str(r['parent_run_id']))}</code> in "
-                     f"<code>{html.escape(str(r.get('tracking_uri', '')))}</code></li>")  # fmt: skip
+        parts.append(
+            f"<li>MLflow parent run <code>{html.escape(str(r['parent_run_id']))}</code> in "
+            f"<code>{html.escape(str(r.get('tracking_uri', '')))}</code></li>"
+        )
     parts.append("</ul>")
     parts += ["<h2>Held-out verdict</h2>"]
     test = run.test
     if test:
         verdict = str(test.get("verdict", "?"))
-        parts.append(f"<p>On {_fmt(test.get('n'))} items the run never used ({_fmt(test.get('source'))}), the best "
-                     f"design is <span class='{html.escape(verdict)}'>{html.escape(verdict)}</span> than the initial "
-                     f"one (primary metric <code>{_fmt(test.get('primary') or metric)}</code>).</p>")  # fmt: skip
+        parts.append(
+            f"<p>On {_fmt(test.get('n'))} items the run never used ({_fmt(test.get('source'))}), the best "
+            f"design is <span class='{html.escape(verdict)}'>{html.escape(verdict)}</span> than the initial "
+            f"one (primary metric <code>{_fmt(test.get('primary') or metric)}</code>).</p>"
+        )
         parts.append(
             "<table><tr><th>metric</th><th>initial</th><th>best</th><th>diff</th><th>95 % interval</th></tr>"
         )
@@ -402,29 +475,38 @@ def render_html(run: RunFiles, figures: dict[str, Path | None], data: dict[str, 
             ci = (test.get("ci95") or {}).get(m)
             ci_text = f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "–"
             d = (test.get("diff") or {}).get(m)
-            parts.append(f"<tr><td>{_fmt(m)}</td><td class=num>{_fmt((test.get('initial') or {}).get(m))}</td>"
-                         f"<td class=num>{_fmt((test.get('best') or {}).get(m))}</td>"
-                         f"<td class=num>{'–' if d is None else f'{d:+.3f}'}</td><td class=num>{ci_text}</td></tr>")  # fmt: skip
+            parts.append(
+                f"<tr><td>{_fmt(m)}</td><td class=num>{_fmt((test.get('initial') or {}).get(m))}</td>"
+                f"<td class=num>{_fmt((test.get('best') or {}).get(m))}</td>"
+                f"<td class=num>{'–' if d is None else f'{d:+.3f}'}</td><td class=num>{ci_text}</td></tr>"
+            )
         parts.append("</table>")
         parts.append(_img(figures.get("heldout"), "held-out paired differences"))
     else:
-        parts.append("<p><b>No held-out verdict</b>: this run's <code>summary.json</code> has no <code>test</code> "
-                     "object. The scores below are on the validation items the run selected designs with, so "
-                     "they overstate what the best design would do on new questions.</p>")  # fmt: skip
+        parts.append(
+            "<p><b>No held-out verdict</b>: this run's <code>summary.json</code> has no <code>test</code> "
+            "object. The scores below are on the validation items the run selected designs with, so "
+            "they overstate what the best design would do on new questions.</p>"
+        )
     parts += [
         "<h2>Score per iteration</h2>",
         _img(figures.get("score"), "validation score per iteration"),
     ]
-    parts += ["<h2>Accepted steps</h2>", "<table><tr><th>iteration</th><th>score</th><th>design diff</th>"
-              "<th>selected by</th><th>rationale</th></tr>"]  # fmt: skip
+    parts += [
+        "<h2>Accepted steps</h2>",
+        "<table><tr><th>iteration</th><th>score</th><th>design diff</th>"
+        "<th>selected by</th><th>rationale</th></tr>",
+    ]
     for x in rows:
         if not x["accepted"]:
             continue
         diff = "<br>".join(html.escape(c) for c in x["changes"]) or (
             "(initial design)" if x["iteration"] == 0 else "–"
         )
-        parts.append(f"<tr><td class=num>{x['iteration']}</td><td class=num>{_fmt(x['score'])}</td><td>{diff}</td>"
-                     f"<td>{_fmt(x['selected_by'])}</td><td>{html.escape(x['rationale'][:600])}</td></tr>")  # fmt: skip
+        parts.append(
+            f"<tr><td class=num>{x['iteration']}</td><td class=num>{_fmt(x['score'])}</td><td>{diff}</td>"
+            f"<td>{_fmt(x['selected_by'])}</td><td>{html.escape(x['rationale'][:600])}</td></tr>"
+        )
     parts.append("</table>")
     parts += ["<h2>Training failures by stage</h2>"]
     if data["diagnosis"]:
@@ -435,35 +517,52 @@ def render_html(run: RunFiles, figures: dict[str, Path | None], data: dict[str, 
             + "</tr>"
         )
         for d in data["diagnosis"]:
-            parts.append(f"<tr><td>iteration {d['iteration']}</td>"
-                         + "".join(f"<td class=num>{d[s]}</td>" for s in STAGES) + "</tr>")  # fmt: skip
+            parts.append(
+                f"<tr><td>iteration {d['iteration']}</td>"
+                + "".join(f"<td class=num>{d[s]}</td>" for s in STAGES)
+                + "</tr>"
+            )
         parts.append("</table>")
     else:
         parts.append("<p>No diagnosis recorded.</p>")
     parts += ["<h2>Cost by role</h2>"]
     if data["cost_by_role"]:
         parts.append(_img(figures.get("cost"), "LM cost by role"))
-        parts.append("<table><tr><th>role</th><th>calls</th><th>prompt tokens</th><th>completion tokens</th>"
-                     "<th>total tokens</th></tr>")  # fmt: skip
+        parts.append(
+            "<table><tr><th>role</th><th>calls</th><th>prompt tokens</th><th>completion tokens</th>"
+            "<th>total tokens</th></tr>"
+        )
         for role, c in data["cost_by_role"].items():
-            parts.append(f"<tr><td>{html.escape(role)}</td>" + "".join(
-                f"<td class=num>{c[k]:,}</td>" for k in ("calls", "prompt_tokens", "completion_tokens", "total_tokens"))
-                + "</tr>")  # fmt: skip
+            parts.append(
+                f"<tr><td>{html.escape(role)}</td>"
+                + "".join(
+                    f"<td class=num>{c[k]:,}</td>"
+                    for k in ("calls", "prompt_tokens", "completion_tokens", "total_tokens")
+                )
+                + "</tr>"
+            )
         parts.append("</table>")
     else:
         parts.append("<p>No LM usage recorded.</p>")
     total = run.entries[-1].get("cost_total") or {}
-    parts.append(f"<p>Whole run: {int(total.get('calls', 0)):,} LM calls, {int(total.get('total_tokens', 0)):,} "
-                 f"tokens, {float(total.get('seconds', 0.0)):.0f} s.</p>")  # fmt: skip
-    parts += ["<h2>All iterations</h2>", "<table><tr><th>iter</th><th>status</th>"
-              f"<th>{METRIC_LABELS.get(metric, metric)}</th><th>best so far</th><th>changes / outcome</th></tr>"]  # fmt: skip
+    parts.append(
+        f"<p>Whole run: {int(total.get('calls', 0)):,} LM calls, {int(total.get('total_tokens', 0)):,} "
+        f"tokens, {float(total.get('seconds', 0.0)):.0f} s.</p>"
+    )
+    parts += [
+        "<h2>All iterations</h2>",
+        "<table><tr><th>iter</th><th>status</th>"
+        f"<th>{METRIC_LABELS.get(metric, metric)}</th><th>best so far</th><th>changes / outcome</th></tr>",
+    ]
     for x in rows:
         what = "; ".join(x["changes"]) or ("(initial)" if x["iteration"] == 0 else "–")
         if x["reason"] and not x["accepted"]:
             what += f" — {x['reason']}"
-        parts.append(f"<tr><td class=num>{x['iteration']}</td><td>{html.escape(x['status'])}</td>"
-                     f"<td class=num>{_fmt(x['score'])}</td><td class=num>{_fmt(x['best'])}</td>"
-                     f"<td>{html.escape(what[:400])}</td></tr>")  # fmt: skip
+        parts.append(
+            f"<tr><td class=num>{x['iteration']}</td><td>{html.escape(x['status'])}</td>"
+            f"<td class=num>{_fmt(x['score'])}</td><td class=num>{_fmt(x['best'])}</td>"
+            f"<td>{html.escape(what[:400])}</td></tr>"
+        )
     parts.append("</table></body></html>")
     return "\n".join(parts) + "\n"
 
@@ -483,9 +582,13 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Report:
         if p is None and (folder / f"{name}.png").exists():
             (folder / f"{name}.png").unlink()
     data = {
-        "objective": run.objective, "metric": primary_metric(run.objective), "iterations": score_rows(run),
-        "diagnosis": diagnosis_rows(run), "cost_by_role": cost_by_role(run), "test": run.test,
-    }  # fmt: skip
+        "objective": run.objective,
+        "metric": primary_metric(run.objective),
+        "iterations": score_rows(run),
+        "diagnosis": diagnosis_rows(run),
+        "cost_by_role": cost_by_role(run),
+        "test": run.test,
+    }
     (folder / "report.json").write_text(
         json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
     )

@@ -165,9 +165,11 @@ class JsonlLog:
                 if pending_error is not None:  # a bad line with more lines after it
                     raise InputError(
                         f"line {pending_error[0]} of the run log is damaged ({pending_error[1]}) and is "
-                        "not the last line, so it is not a torn write", file=self.path, line=pending_error[0],
+                        "not the last line, so it is not a torn write",
+                        file=self.path,
+                        line=pending_error[0],
                         hint="rerun with --restart to start this run over, or use a new --out folder",
-                    )  # fmt: skip
+                    )
                 if not raw.endswith(b"\n"):
                     break  # torn: killed mid-write
                 if not raw.strip():
@@ -252,8 +254,10 @@ def run_key(
     if qa is not None:
         key["qa_hash"] = qa_content_hash(qa)
     if lms is not None:
-        key["lms"] = {r: (v if isinstance(v, str) or v is None else lm_identity(v))
-                      for r, v in sorted(lms.items())}  # fmt: skip
+        key["lms"] = {
+            r: (v if isinstance(v, str) or v is None else lm_identity(v))
+            for r, v in sorted(lms.items())
+        }
     if options is not None:
         key["options"] = json.loads(json.dumps(dict(options), sort_keys=True, default=str))
     return key
@@ -267,10 +271,11 @@ class RunMismatchError(InputError):
         parts = [f"{f}: folder has {a!r}, this run has {b!r}" for f, a, b in differences]
         super().__init__(
             f"{folder} holds a different run ({'; '.join(parts)}); nothing was reused",
-            file=folder / KEY_FILE, field=differences[0][0] if differences else None,
+            file=folder / KEY_FILE,
+            field=differences[0][0] if differences else None,
             hint="rerun with the folder's settings to resume it, pass --restart to start over "
             "in this folder, or use a new --out folder",
-        )  # fmt: skip
+        )
 
 
 def _differences(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
@@ -303,10 +308,12 @@ class FolderBusyError(InputError):
                 who += f", started {self.holder['started']},"
         super().__init__(
             f"{who} is writing to this run folder; one run writes a folder at a time, so this one "
-            "did not start", file=folder, field="--out",
+            "did not start",
+            file=folder,
+            field="--out",
             hint="wait for that run to finish (rerun this command then to resume or reuse it), or "
             "use a new --out folder",
-        )  # fmt: skip
+        )
 
 
 def _state_of(folder: Path) -> dict[str, Any] | None:
@@ -356,13 +363,16 @@ def check_not_inputs(
             continue
         src = src.resolve()
         if target == src or target.is_relative_to(src) or src.is_relative_to(target):
-            where = ("is" if target == src else "lies inside" if target.is_relative_to(src)
-                     else "holds")  # fmt: skip
+            where = (
+                "is" if target == src else "lies inside" if target.is_relative_to(src) else "holds"
+            )
             raise InputError(
                 f"the output folder {where} this command's input {given}; nothing was written, so "
-                "the input cannot be overwritten or deleted", file=out, field=option,
+                "the input cannot be overwritten or deleted",
+                file=out,
+                field=option,
                 hint=f"pass an {option} folder apart from the inputs (e.g. runs/<name>)",
-            )  # fmt: skip
+            )
 
 
 _SECRET_FLAG = re.compile(r"key|token|secret|passw", re.I)
@@ -391,16 +401,21 @@ def _redacted(arg: str, after: str) -> str:
 def _command_line() -> str:
     """This process's command line for the lock file and a refused writer's message (no secrets)."""
     args = sys.argv[1:]
-    argv = [Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python",
-            *(_redacted(a, args[i - 1] if i else "") for i, a in enumerate(args))]  # fmt: skip
+    argv = [
+        Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python",
+        *(_redacted(a, args[i - 1] if i else "") for i, a in enumerate(args)),
+    ]
     text = shlex.join(argv)
     return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _write_holder(fd: int) -> None:
     """Into the lock file, while holding it: who holds it (read by a refused second writer)."""
-    info = {"pid": os.getpid(), "command": _command_line(),
-            "started": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
+    info = {
+        "pid": os.getpid(),
+        "command": _command_line(),
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
     os.write(fd, (json.dumps(info) + "\n").encode("utf-8"))
@@ -431,9 +446,11 @@ def _refuse_foreign(path: Path, *, restart: bool, legacy_files: Iterable[str]) -
     if present:
         raise InputError(
             f"{path} holds results ({', '.join(present)}) but {reason.removeprefix('it ')}, so it "
-            "cannot be checked to be the same run; it was left as it is", file=path, field="--out",
+            "cannot be checked to be the same run; it was left as it is",
+            file=path,
+            field="--out",
             hint="use a new --out folder, or delete the folder yourself if its contents are not needed",
-        )  # fmt: skip
+        )
     names = _contents(path)
     if names:
         what = (
@@ -443,9 +460,11 @@ def _refuse_foreign(path: Path, *, restart: bool, legacy_files: Iterable[str]) -
         )
         raise InputError(
             f"{path} is not a memsteer run folder ({reason}) and holds {_listing(names)}; {what}, "
-            "so nothing was deleted or written", file=path, field="--out",
+            "so nothing was deleted or written",
+            file=path,
+            field="--out",
             hint="pass an --out folder that does not exist yet (e.g. runs/<name>)",
-        )  # fmt: skip
+        )
 
 
 def _same_run(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
@@ -482,8 +501,9 @@ class RunFolder:
         self.key = key
         self.state = state
         self.session: dict[str, Any] = {
-            "started": datetime.now(UTC).isoformat(timespec="seconds"), "wall_seconds": 0.0,
-        }  # fmt: skip
+            "started": datetime.now(UTC).isoformat(timespec="seconds"),
+            "wall_seconds": 0.0,
+        }
         self.state.setdefault("sessions", []).append(self.session)
         self._t0 = time.perf_counter()
         self._logs: dict[str, JsonlLog] = {}
@@ -513,8 +533,12 @@ class RunFolder:
         key = json.loads(json.dumps(dict(key), sort_keys=True, default=str))
         check_not_inputs(path, inputs)
         if path.exists() and not path.is_dir():
-            raise InputError("the output folder is a file", file=path, field="--out",
-                             hint="pass an --out folder that does not exist yet, or a run folder to resume")  # fmt: skip
+            raise InputError(
+                "the output folder is a file",
+                file=path,
+                field="--out",
+                hint="pass an --out folder that does not exist yet, or a run folder to resume",
+            )
         # checked before anything is written (a refusal leaves the folder as it was), and again
         # under the lock (another run may have changed it meanwhile)
         _refuse_foreign(path, restart=restart, legacy_files=legacy_files)

@@ -41,8 +41,9 @@ def paired_differences(a: Sequence[float | None], b: Sequence[float | None]) -> 
     """``b - a`` over the pairs where both are measured (a length mismatch is an error)."""
     if len(a) != len(b):
         raise ValueError(f"paired scores need equally long vectors (got {len(a)} and {len(b)})")
-    return np.array([y - x for x, y in zip(a, b, strict=True) if x is not None and y is not None],
-                    dtype=float)  # fmt: skip
+    return np.array(
+        [y - x for x, y in zip(a, b, strict=True) if x is not None and y is not None], dtype=float
+    )
 
 
 def _resampled_means(d: np.ndarray, resamples: int, seed: int) -> np.ndarray:
@@ -52,9 +53,13 @@ def _resampled_means(d: np.ndarray, resamples: int, seed: int) -> np.ndarray:
 
 
 def paired_bootstrap_ci(
-    a: Sequence[float | None], b: Sequence[float | None], *, resamples: int = RESAMPLES,
-    seed: int = SEED, level: float = LEVEL,
-) -> tuple[float, float] | None:  # fmt: skip
+    a: Sequence[float | None],
+    b: Sequence[float | None],
+    *,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+    level: float = LEVEL,
+) -> tuple[float, float] | None:
     """Percentile bootstrap interval of the mean of ``b - a`` (None without any pair)."""
     d = paired_differences(a, b)
     if len(d) == 0:
@@ -66,8 +71,12 @@ def paired_bootstrap_ci(
 
 
 def paired_bootstrap_p(
-    a: Sequence[float | None], b: Sequence[float | None], *, resamples: int = RESAMPLES, seed: int = SEED,
-) -> float:  # fmt: skip
+    a: Sequence[float | None],
+    b: Sequence[float | None],
+    *,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+) -> float:
     """One-sided p-value that ``b`` is not better than ``a`` on average (1.0 without any pair)."""
     d = paired_differences(a, b)
     if len(d) == 0 or not np.any(d):
@@ -159,8 +168,18 @@ def paired_comparison(
         raise ValueError(f"primary metric {primary_metric!r} is not among the scores given")
     metrics = [m for m in initial_scores if m in best_scores]
     n = max((len(initial_scores[m]) for m in metrics), default=0)
-    out = PairedComparison(n=n, source=source, primary=primary_metric, initial={}, best={}, diff={}, ci95={},
-                           resamples=resamples, seed=seed, level=level)  # fmt: skip
+    out = PairedComparison(
+        n=n,
+        source=source,
+        primary=primary_metric,
+        initial={},
+        best={},
+        diff={},
+        ci95={},
+        resamples=resamples,
+        seed=seed,
+        level=level,
+    )
     for m in metrics:
         a, b = initial_scores[m], best_scores[m]
         d = paired_differences(a, b)
@@ -181,9 +200,15 @@ RECALL_METRICS = ("recall_at_10", "delivered_recall")
 
 
 def compare_item_results(
-    initial_items: Sequence[object], best_items: Sequence[object], *, answered: bool,
-    primary: str | None = None, source: str = "", seed: int = SEED, resamples: int = RESAMPLES,
-) -> PairedComparison:  # fmt: skip
+    initial_items: Sequence[object],
+    best_items: Sequence[object],
+    *,
+    answered: bool,
+    primary: str | None = None,
+    source: str = "",
+    seed: int = SEED,
+    resamples: int = RESAMPLES,
+) -> PairedComparison:
     """:func:`paired_comparison` of two designs' per-item evaluation results (objects with
     ``qa_id``, ``recall_at_10``, ``delivered_recall`` and, when ``answered``, ``correct``), paired
     by ``qa_id`` in the order of ``initial_items``. ``primary`` defaults to ``accuracy`` when

@@ -54,9 +54,14 @@ EXPERIMENT_KIND = "custom_model_development"
 VIEW_KEY = "memsteer"
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 KEY_METRICS = (
-    "val_accuracy", "val_delivered_recall", "val_recall_at_10",
-    "test_accuracy", "test_delivered_recall", "test_recall_at_10", "best_score",
-)  # fmt: skip
+    "val_accuracy",
+    "val_delivered_recall",
+    "val_recall_at_10",
+    "test_accuracy",
+    "test_delivered_recall",
+    "test_recall_at_10",
+    "best_score",
+)
 KEY_TAGS = ("accepted", "status", "test_verdict", "memsteer.resumed")
 PID_TAG, HOST_TAG, PID_START_TAG = "memsteer.pid", "memsteer.host", "memsteer.pid_start"
 RESUMED_TAG, ENDED_TAG = "memsteer.resumed", "memsteer.end_reason"
@@ -179,13 +184,25 @@ def runs_view() -> str:
     """The value of the ``mlflow.sharedViewState.memsteer`` experiment tag (see ``VIEW_KEY``)."""
     now = int(time.time() * 1000)
     state = {
-        "searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False, "startTime": "ALL",
-        "lifecycleFilter": "Active", "modelVersionFilter": "All Runs", "datasetsFilter": [],
-        "selectedColumns": [f"metrics.`{m}`" for m in KEY_METRICS] + [f"tags.`{t}`" for t in KEY_TAGS],
+        "searchFilter": "",
+        "orderByKey": "attributes.start_time",
+        "orderByAsc": False,
+        "startTime": "ALL",
+        "lifecycleFilter": "Active",
+        "modelVersionFilter": "All Runs",
+        "datasetsFilter": [],
+        "selectedColumns": [f"metrics.`{m}`" for m in KEY_METRICS]
+        + [f"tags.`{t}`" for t in KEY_TAGS],
         "runsHiddenMode": "SHOW_ALL",
-    }  # fmt: skip
-    return json.dumps({"name": "memsteer: candidates and key metrics", "createdAt": now, "updatedAt": now,
-                       "state": json.dumps(state)})  # fmt: skip
+    }
+    return json.dumps(
+        {
+            "name": "memsteer: candidates and key metrics",
+            "createdAt": now,
+            "updatedAt": now,
+            "state": json.dumps(state),
+        }
+    )
 
 
 def _param_value(v: Any) -> str:
@@ -339,8 +356,10 @@ class Tracker:
                 continue
             metrics = getattr(run.data, "_metric_objs", None) or []  # latest value of each metric
             last = max([m.timestamp for m in metrics] + [run.info.start_time or 0])
-            reason = (f"process {pid} on {host} ended without closing the run (killed); "
-                      f"marked KILLED at {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC")  # fmt: skip
+            reason = (
+                f"process {pid} on {host} ended without closing the run (killed); "
+                f"marked KILLED at {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC"
+            )
             note = (tags.get(NOTE_TAG, "") + f"\n\nKilled: {reason}.").strip()
             client.log_batch(
                 run.info.run_id, tags=[RunTag(ENDED_TAG, reason), RunTag(NOTE_TAG, note)]
@@ -354,9 +373,13 @@ class Tracker:
 
     # -- runs -------------------------------------------------------------------------------
     def start_run(
-        self, name: str, *, parent_run_id: str | None = None, tags: Mapping[str, Any] | None = None,
+        self,
+        name: str,
+        *,
+        parent_run_id: str | None = None,
+        tags: Mapping[str, Any] | None = None,
         resume_run_id: str | None = None,
-    ) -> str | None:  # fmt: skip
+    ) -> str | None:
         """Create a run (nested under ``parent_run_id`` if given), or mark ``resume_run_id``
         running again if it still exists. Returns the run id (None when tracking is off)."""
 
@@ -399,7 +422,7 @@ class Tracker:
                 and tags.get(HOST_TAG) == socket.gethostname()
                 and process_alive(int(pid), tags.get(PID_START_TAG) or None)
             )
-            was = "RUNNING (another process is still writing it)" if alive else "KILLED"  # fmt: skip
+            was = "RUNNING (another process is still writing it)" if alive else "KILLED"
         n = int(tags.get(RESUMED_TAG, "0") or 0) + 1
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
         note = tags.get(NOTE_TAG, "")
@@ -423,9 +446,12 @@ class Tracker:
         """The nested runs of ``parent_run_id``."""
         res = self._call(
             "searching runs",
-            lambda c: c.search_runs([self._experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
-                                    max_results=5000),
-        )  # fmt: skip
+            lambda c: c.search_runs(
+                [self._experiment_id],
+                filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
+                max_results=5000,
+            ),
+        )
         return list(res or [])
 
     # -- values -----------------------------------------------------------------------------

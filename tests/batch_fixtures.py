@@ -114,6 +114,16 @@ def jsonl_rows(path: Path) -> list[dict]:
 def item_keys(folder: Path) -> dict[str, list[tuple]]:
     """What a generate run decided, per output file: id (or candidate index), question, answer,
     rejection stage and reason."""
-    return {name: [(r.get("id", r.get("index")), r.get("question"), r.get("answer"), r.get("stage"), r.get("reason"))
-                   for r in jsonl_rows(folder / name)]
-            for name in ("train.jsonl", "val.jsonl", "rejected.jsonl")}  # fmt: skip
+    return {
+        name: [
+            (
+                r.get("id", r.get("index")),
+                r.get("question"),
+                r.get("answer"),
+                r.get("stage"),
+                r.get("reason"),
+            )
+            for r in jsonl_rows(folder / name)
+        ]
+        for name in ("train.jsonl", "val.jsonl", "rejected.jsonl")
+    }

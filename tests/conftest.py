@@ -9,7 +9,9 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-pytest_plugins = ["lm_server_fixtures"]  # llama_server, embedded_gguf: a real OpenAI-compatible server
+pytest_plugins = [
+    "lm_server_fixtures"
+]  # llama_server, embedded_gguf: a real OpenAI-compatible server
 
 
 @pytest.fixture(autouse=True)

@@ -39,9 +39,17 @@ class _Engine(DummyEngine):
         system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
         user = messages[-1]["content"]
         text = owner.reply_text(system, user)
-        return Response(id=None, model=owner.model, message=Message.assistant([TextPart(text)]),
-                        finish_reason="stop", usage=Usage(input_tokens=len(user) // 4, output_tokens=len(text) // 4,
-                                                          total_tokens=(len(user) + len(text)) // 4))  # fmt: skip
+        return Response(
+            id=None,
+            model=owner.model,
+            message=Message.assistant([TextPart(text)]),
+            finish_reason="stop",
+            usage=Usage(
+                input_tokens=len(user) // 4,
+                output_tokens=len(text) // 4,
+                total_tokens=(len(user) + len(text)) // 4,
+            ),
+        )
 
 
 class HandlerLM(DummyLM):
@@ -74,8 +82,15 @@ class FaultyLM(HandlerLM):
 
     ``faults`` lists every injected fault as ``(kind, request digest)``."""
 
-    def __init__(self, handler: Handler, *, seed: int, rate: float = 0.2, adapter: Any = None,
-                 model: str = "scripted/faulty"):  # fmt: skip
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        seed: int,
+        rate: float = 0.2,
+        adapter: Any = None,
+        model: str = "scripted/faulty",
+    ):
         super().__init__(handler, adapter=adapter, model=model)
         self.seed = seed
         self.rate = rate

@@ -23,9 +23,12 @@ class _ScriptedEngine(DummyEngine):
         from dspy.lm15 import Message, Response, TextPart, Usage
 
         return Response(
-            id=None, model="scripted", message=Message.assistant([TextPart(owner._format_answer_fields(outputs))]),
-            finish_reason="stop", usage=Usage(input_tokens=0, output_tokens=0, total_tokens=0),
-        )  # fmt: skip
+            id=None,
+            model="scripted",
+            message=Message.assistant([TextPart(owner._format_answer_fields(outputs))]),
+            finish_reason="stop",
+            usage=Usage(input_tokens=0, output_tokens=0, total_tokens=0),
+        )
 
 
 class ScriptedLM(DummyLM):
@@ -59,21 +62,41 @@ def field_value(user: str, name: str) -> str:
 def signature_of(system: str) -> str:
     """Which memory signature a system prompt belongs to (by its output fields)."""
     for out, name in (
-        ("[[ ## ranked_ids ## ]]", "rerank"), ("[[ ## facts ## ]]", "facts"),
-        ("[[ ## supported ## ]]", "verify"), ("[[ ## correct ## ]]", "judge"),
-        ("[[ ## sub_questions ## ]]", "decompose"), ("[[ ## records ## ]]", "hyde"),
-        ("[[ ## queries ## ]]", "multi_query"), ("[[ ## query ## ]]", "rewrite"),
+        ("[[ ## ranked_ids ## ]]", "rerank"),
+        ("[[ ## facts ## ]]", "facts"),
+        ("[[ ## supported ## ]]", "verify"),
+        ("[[ ## correct ## ]]", "judge"),
+        ("[[ ## sub_questions ## ]]", "decompose"),
+        ("[[ ## records ## ]]", "hyde"),
+        ("[[ ## queries ## ]]", "multi_query"),
+        ("[[ ## query ## ]]", "rewrite"),
         ("[[ ## answer ## ]]", "answer"),
-    ):  # fmt: skip
+    ):
         if out in system:
             return name
     raise AssertionError(f"unknown signature: {system[:300]}")
 
 
-def rec(rid: str, text: str, day: str, thread: str | None = None, pos: int | None = None, kind: str = "conversation_turn",
-        author: str | None = "user", **meta) -> Record:  # fmt: skip
-    return Record(id=rid, kind=kind, text=text, timestamp=datetime.fromisoformat(day), thread_id=thread,
-                  position=pos, author=author, metadata=meta)  # fmt: skip
+def rec(
+    rid: str,
+    text: str,
+    day: str,
+    thread: str | None = None,
+    pos: int | None = None,
+    kind: str = "conversation_turn",
+    author: str | None = "user",
+    **meta,
+) -> Record:
+    return Record(
+        id=rid,
+        kind=kind,
+        text=text,
+        timestamp=datetime.fromisoformat(day),
+        thread_id=thread,
+        position=pos,
+        author=author,
+        metadata=meta,
+    )
 
 
 def small_history() -> History:
@@ -118,7 +141,7 @@ def small_history() -> History:
             author=None,
             heading="Budget",
             document="doc.md",
-        ),  # fmt: skip
+        ),
         rec(
             "doc.md:Travel",
             "# Travel\nPlanned trip to Porto in May with Anna.",
@@ -129,7 +152,7 @@ def small_history() -> History:
             author=None,
             heading="Travel",
             document="doc.md",
-        ),  # fmt: skip
+        ),
         rec(
             "mail:1",
             "Subject: Conference\nDear Anna, the marine biology conference in Lisbon starts on 12 March.",
@@ -139,7 +162,7 @@ def small_history() -> History:
             kind="email",
             author="Elena",
             subject="Conference",
-        ),  # fmt: skip
+        ),
     ]
     return History("tester", records)
 
@@ -153,7 +176,7 @@ def small_qa() -> list[QAItem]:
             evidence_ids=["s1:1"],
             question_date="2024-03-01",
             question_type="fact",
-        ),  # fmt: skip
+        ),
         QAItem(
             id="q2",
             question="Where is Anna's marine biology conference?",
@@ -161,7 +184,7 @@ def small_qa() -> list[QAItem]:
             evidence_ids=["s2:2", "mail:1"],
             question_date="2024-03-01",
             question_type="multi",
-        ),  # fmt: skip
+        ),
         QAItem(
             id="q3",
             question="How much did Tom pay for the bicycle?",
@@ -170,7 +193,7 @@ def small_qa() -> list[QAItem]:
             evidence_ids=["s3:2"],
             question_date="2024-04-01",
             question_type="fact",
-        ),  # fmt: skip
+        ),
         QAItem(
             id="q4",
             question="Which people are mentioned with the bicycle?",
@@ -179,5 +202,5 @@ def small_qa() -> list[QAItem]:
             evidence_ids=["s1:2", "s3:1"],
             question_date="2024-04-01",
             question_type="multi",
-        ),  # fmt: skip
+        ),
     ]

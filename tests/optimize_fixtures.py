@@ -42,8 +42,13 @@ class _ProposerEngine(DummyEngine):
         if isinstance(reply, BaseException):
             raise reply
         text = reply if isinstance(reply, str) else json.dumps(reply)
-        return Response(id=None, model="scripted-proposer", message=Message.assistant([TextPart(text)]),
-                        finish_reason="stop", usage=Usage(input_tokens=10, output_tokens=5, total_tokens=15))  # fmt: skip
+        return Response(
+            id=None,
+            model="scripted-proposer",
+            message=Message.assistant([TextPart(text)]),
+            finish_reason="stop",
+            usage=Usage(input_tokens=10, output_tokens=5, total_tokens=15),
+        )
 
 
 class ProposerLM(DummyLM):
@@ -78,17 +83,35 @@ def proposal(
 
 
 def result(
-    qa_id: str, *, delivered: list[str], context: str = "", correct: bool | None = False, ranked: list[str] | None = None,
-    prediction: str | None = "wrong", delivered_recall: float | None = None, error: str | None = None,
-) -> ItemResult:  # fmt: skip
+    qa_id: str,
+    *,
+    delivered: list[str],
+    context: str = "",
+    correct: bool | None = False,
+    ranked: list[str] | None = None,
+    prediction: str | None = "wrong",
+    delivered_recall: float | None = None,
+    error: str | None = None,
+) -> ItemResult:
     """An ItemResult with a hand-built trace."""
     ranked = ranked if ranked is not None else delivered
     trace = MemoryTrace(
-        question="q", ranked_unit_ids=ranked, ranked_record_ids=[[r] for r in ranked], delivered_record_ids=delivered,
-        delivered_unit_ids=delivered, context=context,
-    )  # fmt: skip
-    return ItemResult(qa_id=qa_id, question="q", prediction=prediction if correct is not None else None,
-                      correct=correct, trace=trace, delivered_recall=delivered_recall, error=error)  # fmt: skip
+        question="q",
+        ranked_unit_ids=ranked,
+        ranked_record_ids=[[r] for r in ranked],
+        delivered_record_ids=delivered,
+        delivered_unit_ids=delivered,
+        context=context,
+    )
+    return ItemResult(
+        qa_id=qa_id,
+        question="q",
+        prediction=prediction if correct is not None else None,
+        correct=correct,
+        trace=trace,
+        delivered_recall=delivered_recall,
+        error=error,
+    )
 
 
 def scripted_lm(handler: Callable[[str, str], dict[str, Any]]):

@@ -26,10 +26,14 @@ def _field(user: str, name: str) -> str:
 
 def _plan(system: str, user: str) -> dict[str, Any]:
     return {
-        "fact_span_ids": ["R1.1"], "answer_span_id": "R1.1", "answer": "MacBook Air", "answer_type": "entity",
+        "fact_span_ids": ["R1.1"],
+        "answer_span_id": "R1.1",
+        "answer": "MacBook Air",
+        "answer_type": "entity",
         "evidence": [{"record_id": "R1", "contribution": "names the laptop packed for the trip"}],
-        "operations": ["lookup"], "ask": "which laptop the user packed for the trip with Ana",
-    }  # fmt: skip
+        "operations": ["lookup"],
+        "ask": "which laptop the user packed for the trip with Ana",
+    }
 
 
 def _question(system: str, user: str) -> dict[str, Any]:
@@ -43,9 +47,11 @@ def _audit(system: str, user: str) -> dict[str, Any]:
     return {
         "fact_checks": [{"span_id": "R1.1", "rationale": "stated", "verdict": "supported"}],
         "record_checks": [{"record_id": "R1", "rationale": "contributes", "verdict": "supported"}],
-        "answer_rationale": "the record names it", "answer_support": "supported",
-        "consistency_rationale": "asks what the plan says", "consistency": "supported",
-    }  # fmt: skip
+        "answer_rationale": "the record names it",
+        "answer_support": "supported",
+        "consistency_rationale": "asks what the plan says",
+        "consistency": "supported",
+    }
 
 
 def _blind(system: str, user: str) -> dict[str, Any]:
@@ -99,8 +105,13 @@ def role_lms(
         if fault_seed is None:
             out[role] = HandlerLM(handler, adapter=adapter, model=f"scripted/{role}")
         else:
-            out[role] = FaultyLM(handler, seed=fault_seed * 101 + i, rate=rate, adapter=adapter,
-                                 model=f"scripted/{role}")  # fmt: skip
+            out[role] = FaultyLM(
+                handler,
+                seed=fault_seed * 101 + i,
+                rate=rate,
+                adapter=adapter,
+                model=f"scripted/{role}",
+            )
     return out
 
 

@@ -52,8 +52,23 @@ def invoke(args):
 
 
 def batch(command, root, out, *extra, users="all"):
-    return invoke(["batch", command, "--users", users, "--format", "jsonl", "--path", str(root), "--out", str(out),
-                   "--workers", "3", *extra])  # fmt: skip
+    return invoke(
+        [
+            "batch",
+            command,
+            "--users",
+            users,
+            "--format",
+            "jsonl",
+            "--path",
+            str(root),
+            "--out",
+            str(out),
+            "--workers",
+            "3",
+            *extra,
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,8 +106,20 @@ def test_batch_generate_writes_what_the_single_user_command_writes(scripted, use
     assert set(summary["users"]) == set(USERS) and summary["statuses"] == {"ok": 3}
     # the single-user command for one user writes the same items
     single = tmp_path / "single-ben"
-    res = invoke(["generate", "--format", "jsonl", "--path", str(users_root / "ben"), "--user", "ben",
-                  "--out", str(single), *GEN])  # fmt: skip
+    res = invoke(
+        [
+            "generate",
+            "--format",
+            "jsonl",
+            "--path",
+            str(users_root / "ben"),
+            "--user",
+            "ben",
+            "--out",
+            str(single),
+            *GEN,
+        ]
+    )
     assert res.exit_code == 0, res.output
     assert item_keys(out / "ben") == item_keys(single)
     assert item_keys(out / "ben")["train.jsonl"]
@@ -108,8 +135,14 @@ def test_batch_generate_writes_what_the_single_user_command_writes(scripted, use
 def test_rerun_skips_finished_users_and_reruns_changed_settings(scripted, users_root, tmp_path):
     out = tmp_path / "gen"
     assert batch("generate", users_root, out, *GEN).exit_code == 0
-    first = {u: attempts(t) for u, t in zip(USERS, build_tasks("generate", USERS, out, format="jsonl",
-                                                                path=users_root, extra=GEN), strict=True)}  # fmt: skip
+    first = {
+        u: attempts(t)
+        for u, t in zip(
+            USERS,
+            build_tasks("generate", USERS, out, format="jsonl", path=users_root, extra=GEN),
+            strict=True,
+        )
+    }
     assert all(len(a) == 1 for a in first.values())
     res = batch("generate", users_root, out, *GEN, "--json")
     assert res.exit_code == 0, res.output
@@ -149,8 +182,9 @@ def test_a_users_bad_input_is_reported_without_failing_the_batch(scripted, users
     assert "records.jsonl:1" in (out / "_batch" / "ben.log").read_text()
 
 
-def test_a_user_failing_otherwise_fails_the_batch_after_the_others_finish(scripted, users_root, tmp_path,
-                                                                        monkeypatch):  # fmt: skip
+def test_a_user_failing_otherwise_fails_the_batch_after_the_others_finish(
+    scripted, users_root, tmp_path, monkeypatch
+):
     import memsteer_dspy.supervision.run as run_mod
 
     real = run_mod.generate_supervision
@@ -199,8 +233,17 @@ def test_batch_ingest_reports_each_user_and_the_pooled_counts(users_root, tmp_pa
 
 def test_batch_evaluate_pools_over_items(users_root, tmp_path):
     out = tmp_path / "eval"
-    res = batch("evaluate", users_root, out, "--", "--metrics", "recall", "--qa", str(users_root / "{user}" / "qa.jsonl"),
-                "--no-cache")  # fmt: skip
+    res = batch(
+        "evaluate",
+        users_root,
+        out,
+        "--",
+        "--metrics",
+        "recall",
+        "--qa",
+        str(users_root / "{user}" / "qa.jsonl"),
+        "--no-cache",
+    )
     assert res.exit_code == 0, res.output
     summary = json.loads((out / "batch_summary.json").read_text())
     items = []
@@ -224,8 +267,20 @@ def test_batch_optimize_one_experiment_parent_run_per_user(scripted, users_root,
     more = ["--n", "8", "--max-candidates", "10", *GEN[4:]]  # enough items for train, val and test
     assert batch("generate", users_root, gen, *more).exit_code == 0
     out = tmp_path / "opt"
-    res = batch("optimize", users_root, out, "--supervision", str(gen / "{user}"), "--objective", "recall",
-                "--iterations", "2", "--no-cache", "--experiment", "pop-1")  # fmt: skip
+    res = batch(
+        "optimize",
+        users_root,
+        out,
+        "--supervision",
+        str(gen / "{user}"),
+        "--objective",
+        "recall",
+        "--iterations",
+        "2",
+        "--no-cache",
+        "--experiment",
+        "pop-1",
+    )
     assert res.exit_code == 0, res.output
     summary = json.loads((out / "batch_summary.json").read_text())
     for u in USERS:
@@ -252,9 +307,21 @@ def test_optimize_summary_reads_held_out_figures(tmp_path):
         ("b", 30, 0.6, 0.6, "no difference"),
     ):
         (tmp_path / user).mkdir()
-        (tmp_path / user / "summary.json").write_text(json.dumps({"test": {
-            "n": n, "source": "official", "initial": {"recall_at_10": init}, "best": {"recall_at_10": best},
-            "diff": {"recall_at_10": best - init}, "ci95": {"recall_at_10": [-0.05, 0.2]}, "verdict": verdict}}))  # fmt: skip
+        (tmp_path / user / "summary.json").write_text(
+            json.dumps(
+                {
+                    "test": {
+                        "n": n,
+                        "source": "official",
+                        "initial": {"recall_at_10": init},
+                        "best": {"recall_at_10": best},
+                        "diff": {"recall_at_10": best - init},
+                        "ci95": {"recall_at_10": [-0.05, 0.2]},
+                        "verdict": verdict,
+                    }
+                }
+            )
+        )
     s = collect("optimize", tmp_path, {"a": {"status": "ok"}, "b": {"status": "ok"}})
     assert s["pooled"]["test"]["n"] == 40
     assert s["pooled"]["test"]["initial"]["recall_at_10"] == pytest.approx(
@@ -327,8 +394,11 @@ def test_cross_user_scorer_matches_per_user_evaluation_and_reuses_systems(users_
         assert set(scores) == set(USERS)
         for u in USERS:
             loaded = load_history("jsonl", users_root / u, user=u)
-            direct = evaluate_design(MemorySystem.from_design(base, loaded.history),
-                                     read_qa_jsonl(users_root / u / "qa.jsonl"), metrics="recall")  # fmt: skip
+            direct = evaluate_design(
+                MemorySystem.from_design(base, loaded.history),
+                read_qa_jsonl(users_root / u / "qa.jsonl"),
+                metrics="recall",
+            )
             assert [r.recall_at_10 for r in scores[u]] == [r.recall_at_10 for r in direct.items]
         builds = sum(s["builds"] for s in scorer.stats())
         assert builds == 3

@@ -37,8 +37,20 @@ TESTS = Path(__file__).resolve().parent
 # the scripted questions share one template, which the copied-demo check rejects once demos exist.
 # The full profile (the small one steers toward number/date tasks the scripted world cannot write) and
 # enough items for optimize's train / validation / held-out split.
-GEN = ["--n", "8", "--max-candidates", "10", "--profile", "full", "--seed", "1", "--batch-size", "1",
-       "--max-demos", "0"]  # fmt: skip
+GEN = [
+    "--n",
+    "8",
+    "--max-candidates",
+    "10",
+    "--profile",
+    "full",
+    "--seed",
+    "1",
+    "--batch-size",
+    "1",
+    "--max-demos",
+    "0",
+]
 LATENCY = (
     "0.15"  # seconds per scripted LM call under Ray: a user takes long enough to be killed mid-run
 )
@@ -50,10 +62,18 @@ def cluster():
     if ray.is_initialized():
         ray.shutdown()
     path = os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="memsteer", configure_logging=False,
-             _node_ip_address="127.0.0.1",
-             runtime_env={"worker_process_setup_hook": "batch_fixtures.install_scripted_lm",
-                          "env_vars": {"PYTHONPATH": path, "MEMSTEER_TEST_LM_LATENCY": LATENCY}})  # fmt: skip
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        namespace="memsteer",
+        configure_logging=False,
+        _node_ip_address="127.0.0.1",
+        runtime_env={
+            "worker_process_setup_hook": "batch_fixtures.install_scripted_lm",
+            "env_vars": {"PYTHONPATH": path, "MEMSTEER_TEST_LM_LATENCY": LATENCY},
+        },
+    )
     yield ray
     ray.shutdown()
 
@@ -73,8 +93,19 @@ def local_runs(users_root, tmp_path_factory):
     root = tmp_path_factory.mktemp("local")
     try:
         assert _batch("generate", users_root, root / "gen", "local", *GEN).exit_code == 0
-        res = _batch("optimize", users_root, root / "opt", "local", "--supervision", str(root / "gen" / "{user}"),
-                     "--objective", "recall", "--iterations", "2", "--no-cache")  # fmt: skip
+        res = _batch(
+            "optimize",
+            users_root,
+            root / "opt",
+            "local",
+            "--supervision",
+            str(root / "gen" / "{user}"),
+            "--objective",
+            "recall",
+            "--iterations",
+            "2",
+            "--no-cache",
+        )
         assert res.exit_code == 0, res.output
     finally:
         mp.undo()
@@ -86,8 +117,24 @@ def local_runs(users_root, tmp_path_factory):
 
 
 def _batch(command, root, out, executor, *extra):
-    return CliRunner().invoke(app, ["batch", command, "--users", "all", "--format", "jsonl", "--path", str(root),
-                                    "--out", str(out), "--executor", executor, *extra])  # fmt: skip
+    return CliRunner().invoke(
+        app,
+        [
+            "batch",
+            command,
+            "--users",
+            "all",
+            "--format",
+            "jsonl",
+            "--path",
+            str(root),
+            "--out",
+            str(out),
+            "--executor",
+            executor,
+            *extra,
+        ],
+    )
 
 
 def test_killed_worker_mid_batch_user_is_rerun_and_results_equal_local(
@@ -138,8 +185,21 @@ def test_killed_worker_mid_batch_user_is_rerun_and_results_equal_local(
 
 def test_batch_optimize_on_ray_equals_local(cluster, users_root, local_runs, tmp_path):
     out = tmp_path / "opt"
-    res = _batch("optimize", users_root, out, "ray", "--supervision", str(local_runs / "gen" / "{user}"),
-                 "--objective", "recall", "--iterations", "2", "--no-cache", "--max-concurrent-lm", "1")  # fmt: skip
+    res = _batch(
+        "optimize",
+        users_root,
+        out,
+        "ray",
+        "--supervision",
+        str(local_runs / "gen" / "{user}"),
+        "--objective",
+        "recall",
+        "--iterations",
+        "2",
+        "--no-cache",
+        "--max-concurrent-lm",
+        "1",
+    )
     assert res.exit_code == 0, res.output
     assert json.loads((out / "batch_summary.json").read_text())["statuses"] == {"ok": 3}
     for u in USERS:
@@ -150,8 +210,10 @@ def test_batch_optimize_on_ray_equals_local(cluster, users_root, local_runs, tmp
             (e["iteration"], e["status"], e.get("best_key"))
             for e in jsonl_rows(out / u / "trajectory.jsonl")
         ]
-        ref_steps = [(e["iteration"], e["status"], e.get("best_key"))
-                     for e in jsonl_rows(local_runs / "opt" / u / "trajectory.jsonl")]  # fmt: skip
+        ref_steps = [
+            (e["iteration"], e["status"], e.get("best_key"))
+            for e in jsonl_rows(local_runs / "opt" / u / "trajectory.jsonl")
+        ]
         assert steps == ref_steps
     from mlflow import MlflowClient
 

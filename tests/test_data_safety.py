@@ -44,8 +44,19 @@ def _history_folder(tmp_path: Path, name: str = "hist") -> Path:
 
 
 def _evaluate(path: Path, out: Path, *extra: str):
-    return _cli("evaluate", "--format", "jsonl", "--path", path, "--metrics", "recall", "--out", out,
-                "--no-cache", *extra)  # fmt: skip
+    return _cli(
+        "evaluate",
+        "--format",
+        "jsonl",
+        "--path",
+        path,
+        "--metrics",
+        "recall",
+        "--out",
+        out,
+        "--no-cache",
+        *extra,
+    )
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
@@ -130,23 +141,56 @@ def test_a_smaller_rerun_is_refused_and_deletes_nothing(tmp_path):
 def test_export_over_its_own_history_is_refused(tmp_path):
     hist = _history_folder(tmp_path)
     before = _tree(hist)
-    res = _cli("export", "--to", "mstar", "--format", "jsonl", "--path", hist, "--supervision", "official",
-               "--out", hist)  # fmt: skip
+    res = _cli(
+        "export",
+        "--to",
+        "mstar",
+        "--format",
+        "jsonl",
+        "--path",
+        hist,
+        "--supervision",
+        "official",
+        "--out",
+        hist,
+    )
     assert res.exit_code == 2, res.output
     assert _tree(hist) == before
     # and into a folder of the user's that is not an earlier export
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "README.md").write_text("my notes\n")
-    res = _cli("export", "--to", "mstar", "--format", "jsonl", "--path", hist, "--supervision", "official",
-               "--out", mine)  # fmt: skip
+    res = _cli(
+        "export",
+        "--to",
+        "mstar",
+        "--format",
+        "jsonl",
+        "--path",
+        hist,
+        "--supervision",
+        "official",
+        "--out",
+        mine,
+    )
     assert res.exit_code == 2 and "not an earlier export" in res.output
     assert (mine / "README.md").read_text() == "my notes\n"
     # a fresh folder, then the same folder again (an earlier export is replaced)
     out = tmp_path / "export"
     for _ in range(2):
-        res = _cli("export", "--to", "mstar", "--format", "jsonl", "--path", hist, "--supervision", "official",
-                   "--out", out)  # fmt: skip
+        res = _cli(
+            "export",
+            "--to",
+            "mstar",
+            "--format",
+            "jsonl",
+            "--path",
+            hist,
+            "--supervision",
+            "official",
+            "--out",
+            out,
+        )
         assert res.exit_code == 0, res.output
 
 
@@ -155,8 +199,19 @@ def test_export_warns_about_evidence_not_in_the_history(tmp_path):
     items = small_qa()
     items[0] = items[0].model_copy(update={"evidence_ids": ["no-such-record"]})
     (hist / "qa.jsonl").write_text("".join(q.to_json() + "\n" for q in items))
-    res = _cli("export", "--to", "mstar", "--format", "jsonl", "--path", hist, "--supervision", "official",
-               "--out", tmp_path / "export")  # fmt: skip
+    res = _cli(
+        "export",
+        "--to",
+        "mstar",
+        "--format",
+        "jsonl",
+        "--path",
+        hist,
+        "--supervision",
+        "official",
+        "--out",
+        tmp_path / "export",
+    )
     assert res.exit_code == 0, res.output
     assert "warning: 1 evidence id(s)" in res.output and "no-such-record" in res.output
 
@@ -202,16 +257,36 @@ def test_twenty_simultaneous_pairs_exactly_one_writes_each_folder(tmp_path):
     script = tmp_path / "contender.py"
     script.write_text(_CONTENDER)
     go = tmp_path / "go"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
-                                                       os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
     procs = []
     for pair in range(20):
         for side in ("a", "b"):
             ready = tmp_path / f"ready-{pair}-{side}"
-            procs.append((pair, ready, subprocess.Popen(
-                [sys.executable, str(script), str(tmp_path / f"run-{pair}"), str(go), str(ready), side],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-            )))  # fmt: skip
+            procs.append(
+                (
+                    pair,
+                    ready,
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            str(script),
+                            str(tmp_path / f"run-{pair}"),
+                            str(go),
+                            str(ready),
+                            side,
+                        ],
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                        env=env,
+                    ),
+                )
+            )
     deadline = time.monotonic() + 120
     while not all(r.exists() for _, r, _ in procs) and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -234,20 +309,44 @@ def test_two_identical_optimize_runs_one_proceeds_and_the_folder_resumes(tmp_pat
     """The issue's case: both exited 0 with the trajectory interleaved and MLflow's tables created
     twice. The lock is taken before the tracker opens mlflow.db."""
     out = tmp_path / "opt"
-    args = ["optimize", "--format", "jsonl", "--path", str(DEMO), "--supervision", "official", "--search", "random",
-            "--objective", "recall", "--iterations", "1", "--no-cache", "--out", str(out)]  # fmt: skip
+    args = [
+        "optimize",
+        "--format",
+        "jsonl",
+        "--path",
+        str(DEMO),
+        "--supervision",
+        "official",
+        "--search",
+        "random",
+        "--objective",
+        "recall",
+        "--iterations",
+        "1",
+        "--no-cache",
+        "--out",
+        str(out),
+    ]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     code = "import sys; from memsteer_dspy.cli import app; sys.argv[0] = 'memsteer'; app()"
+
     def start():
-        return subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, "-c", code, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
 
     # the first run is paused while it holds the folder, so the second always meets the lock
     # (started together, a loaded machine sometimes let the first finish before the second began)
     first = start()
     deadline = time.monotonic() + 120
     while not (out / ".memsteer.lock").exists() or not (out / "run.json").exists():
-        assert first.poll() is None and time.monotonic() < deadline, first.stdout.read() if first.poll() else ""
+        assert first.poll() is None and time.monotonic() < deadline, (
+            first.stdout.read() if first.poll() else ""
+        )
         time.sleep(0.05)
     os.kill(first.pid, signal.SIGSTOP)
     try:
@@ -276,20 +375,35 @@ def test_a_busy_folder_names_the_holder_and_frees_on_close(tmp_path):
         "RunFolder.open(sys.argv[1], run_key('evaluate'))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True,
-                         env=env)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True, env=env
+    )
     assert res.returncode != 0 and f"process {os.getpid()}" in res.stderr
     run.close()
-    res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True,
-                         env=env)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True, env=env
+    )
     assert res.returncode == 0, res.stderr
 
 
 def test_the_lock_file_holds_no_secret_of_the_command_line(monkeypatch):
     from memsteer_dspy.runfolder import _command_line
 
-    monkeypatch.setattr(sys, "argv", ["/venv/bin/memsteer", "evaluate", "--api-base", "http://me:s3cret@host:8080/v1",
-                                      "--api-key", "sk-live-123", "--token=abc", "--out", "runs/x"])  # fmt: skip
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "/venv/bin/memsteer",
+            "evaluate",
+            "--api-base",
+            "http://me:s3cret@host:8080/v1",
+            "--api-key",
+            "sk-live-123",
+            "--token=abc",
+            "--out",
+            "runs/x",
+        ],
+    )
     line = _command_line()
     assert "s3cret" not in line and "sk-live-123" not in line and "abc" not in line
     assert (
@@ -361,8 +475,22 @@ def test_batch_marks_a_non_utf8_qa_file_bad_input(tmp_path):
 
     qa = tmp_path / "qa.jsonl"
     qa.write_bytes(b'{"id": "x", "question": "caf\xe9?", "answer": "a"}\n')
-    code, error = invoke_command(["evaluate", "--format", "jsonl", "--path", str(DEMO), "--metrics", "recall",
-                                  "--qa", str(qa), "--no-cache", "--out", str(tmp_path / "out")])  # fmt: skip
+    code, error = invoke_command(
+        [
+            "evaluate",
+            "--format",
+            "jsonl",
+            "--path",
+            str(DEMO),
+            "--metrics",
+            "recall",
+            "--qa",
+            str(qa),
+            "--no-cache",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert classify(code, error, tmp_path / "out")[0] == "bad_input"
 
 
@@ -374,9 +502,20 @@ def test_out_that_is_a_file_is_a_clear_error(tmp_path, command):
     args = {
         "evaluate": ["evaluate", "--metrics", "recall", "--no-cache"],
         "export": ["export", "--to", "mstar", "--supervision", "official"],
-        "optimize": ["optimize", "--supervision", "official", "--objective", "recall", "--iterations", "0",
-                     "--no-tracking", "--no-cache", "--test-fraction", "0"],
-    }[command]  # fmt: skip
+        "optimize": [
+            "optimize",
+            "--supervision",
+            "official",
+            "--objective",
+            "recall",
+            "--iterations",
+            "0",
+            "--no-tracking",
+            "--no-cache",
+            "--test-fraction",
+            "0",
+        ],
+    }[command]
     res = _cli(*args, "--format", "jsonl", "--path", hist, "--out", out)
     assert res.exit_code == 2, res.output
     assert "is a file" in res.output and "Traceback" not in res.output
@@ -441,10 +580,17 @@ def _generated_lines(items: list[QAItem]) -> str:
 
     out = []
     for i, q in enumerate(items):
-        q = q.model_copy(update={"source": "generated", "metadata": {
-            "facts": [f"fact {i}"], "plan": {"kind": "single"}, "audit": {"verdict": "pass"},
-            "provenance": {"bundle_id": f"b{i}", "method": "memsteer"},
-        }})  # fmt: skip
+        q = q.model_copy(
+            update={
+                "source": "generated",
+                "metadata": {
+                    "facts": [f"fact {i}"],
+                    "plan": {"kind": "single"},
+                    "audit": {"verdict": "pass"},
+                    "provenance": {"bundle_id": f"b{i}", "method": "memsteer"},
+                },
+            }
+        )
         out.append(json.dumps(item_line(q)) + "\n")
     return "".join(out)
 
@@ -457,8 +603,19 @@ def test_evaluate_reads_the_train_jsonl_generate_writes(tmp_path):
     assert "facts" in json.loads(
         train.read_text().splitlines()[0]
     )  # the top-level field generate writes
-    res = _cli("evaluate", "--format", "jsonl", "--path", hist, "--qa", train, "--metrics", "recall",
-               "--no-cache", "--json")  # fmt: skip
+    res = _cli(
+        "evaluate",
+        "--format",
+        "jsonl",
+        "--path",
+        hist,
+        "--qa",
+        train,
+        "--metrics",
+        "recall",
+        "--no-cache",
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["n"] == len(small_qa())
 

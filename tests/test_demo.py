@@ -32,10 +32,19 @@ from memsteer_dspy.normalize import normalize_text
 from memsteer_dspy.runfolder import RunMismatchError
 
 TINY = DemoSettings(
-    size="tiny", n_supervision=4, max_candidates=8, bundle_profile="small", iterations=2,
-    objective="recall", feedback_tokens=400, per_stage=2, accuracy_items=5, context_budget=300,
-    answer_max_tokens=64, max_resamples=1,
-)  # fmt: skip
+    size="tiny",
+    n_supervision=4,
+    max_candidates=8,
+    bundle_profile="small",
+    iterations=2,
+    objective="recall",
+    feedback_tokens=400,
+    per_stage=2,
+    accuracy_items=5,
+    context_budget=300,
+    answer_max_tokens=64,
+    max_resamples=1,
+)
 
 LABEL = re.compile(r"^\[(R\d+\.\d+)\] (.*)$", re.M)
 WORD = re.compile(r"[A-Za-z]{5,}")
@@ -98,8 +107,15 @@ class DemoEngine:
         with self._lock:
             self.log.append((role, prompt, completion))
             self.max_tokens.append((role, request.config.max_tokens))
-        return Response(id=None, model="scripted", message=Message.assistant(text), finish_reason="stop",
-                        usage=Usage(input_tokens=prompt, output_tokens=completion, total_tokens=prompt + completion))  # fmt: skip
+        return Response(
+            id=None,
+            model="scripted",
+            message=Message.assistant(text),
+            finish_reason="stop",
+            usage=Usage(
+                input_tokens=prompt, output_tokens=completion, total_tokens=prompt + completion
+            ),
+        )
 
     def reply(self, system: str, user: str) -> tuple[str, dict]:
         if "`fact_span_ids`" in system:
@@ -110,18 +126,27 @@ class DemoEngine:
             facts = re.findall(r"R\d+\.\d+", field_value(user, "facts"))
             records = sorted(set(re.findall(r"\bR\d+\b", field_value(user, "evidence"))))
             return "auditor", {
-                "fact_checks": [{"span_id": f, "rationale": "stated", "verdict": "supported"} for f in facts],
-                "record_checks": [{"record_id": r, "rationale": "used", "verdict": "supported"} for r in records],
-                "answer_rationale": "stated", "answer_support": "supported",
-                "consistency_rationale": "as planned", "consistency": "supported",
-            }  # fmt: skip
+                "fact_checks": [
+                    {"span_id": f, "rationale": "stated", "verdict": "supported"} for f in facts
+                ],
+                "record_checks": [
+                    {"record_id": r, "rationale": "used", "verdict": "supported"} for r in records
+                ],
+                "answer_rationale": "stated",
+                "answer_support": "supported",
+                "consistency_rationale": "as planned",
+                "consistency": "supported",
+            }
         if "`cited_ids`" in system:
             answer, sentences = self.planned[field_value(user, "question")]
             lines = dict(
                 (text, label) for label, text in LABEL.findall(field_value(user, "records"))
             )
-            return "blind_reader", {"cited_ids": [lines[s] for s in sentences if s in lines], "answer": answer,
-                                    "answerable": True}  # fmt: skip
+            return "blind_reader", {
+                "cited_ids": [lines[s] for s in sentences if s in lines],
+                "answer": answer,
+                "answerable": True,
+            }
         if "`design_space`" in system:
             change = self.proposals.pop(0)
             design = json.loads(field_value(user, "current_design"))
@@ -160,10 +185,14 @@ class DemoEngine:
         others = [text for r in list(by_record)[count:] for _, text in by_record[r]]
         self.hints[answer] = (others or [""])[0]
         return {
-            "fact_span_ids": facts, "answer_span_id": answer_label, "answer": answer, "answer_type": "entity",
+            "fact_span_ids": facts,
+            "answer_span_id": answer_label,
+            "answer": answer,
+            "answer_type": "entity",
             "evidence": [{"record_id": r, "contribution": "states a fact"} for r in chosen],
-            "operations": ["lookup"], "ask": "which word the sentence holds",
-        }  # fmt: skip
+            "operations": ["lookup"],
+            "ask": "which word the sentence holds",
+        }
 
     def question(self, user: str) -> dict:
         answer = field_value(user, "answer")
@@ -181,8 +210,17 @@ def scripted_config(engine: DemoEngine) -> LMConfig:
     """Every role on the scripted engine, booking usage under its role like a real LM."""
     cfg = LMConfig.uniform("openai/scripted-demo")
     for role in cfg.roles:
-        cfg.set_lm(role, RoleLM("scripted/demo", role=role, meter=cfg.meter, engine=engine, num_retries=0,
-                                cache=False))  # fmt: skip
+        cfg.set_lm(
+            role,
+            RoleLM(
+                "scripted/demo",
+                role=role,
+                meter=cfg.meter,
+                engine=engine,
+                num_retries=0,
+                cache=False,
+            ),
+        )
     return cfg
 
 
@@ -270,7 +308,9 @@ def test_every_stage_runs_and_is_reported(demo_run):
     # the optimizer's LM-dependent options, resolved once at the start (an API proposer: the paper's)
     resolved = "  MemSteer-Opt resolved: paper setting, --proposer-output design"
     assert any(line.startswith(resolved) for line in lines)
-    assert result.optimization["resolved"].startswith(resolved.strip().removeprefix("MemSteer-Opt "))
+    assert result.optimization["resolved"].startswith(
+        resolved.strip().removeprefix("MemSteer-Opt ")
+    )
 
 
 def test_table_comes_from_real_computation(demo_run):
@@ -295,8 +335,10 @@ def test_table_comes_from_real_computation(demo_run):
         assert row.recall_at_10 == pytest.approx(rep.summary.recall_at_10)
         assert row.delivered_recall == pytest.approx(rep.summary.delivered_recall)
         # accuracy: the scripted answerer is right exactly when the delivered context holds the answer
-        hits = [_contains(system.retrieve(q.question, question_date=q.question_date).context, q.answer)
-                for q in answered]  # fmt: skip
+        hits = [
+            _contains(system.retrieve(q.question, question_date=q.question_date).context, q.answer)
+            for q in answered
+        ]
         assert row.n_answered == len(answered)
         assert row.accuracy == pytest.approx(sum(hits) / len(hits))
         # LM calls: one answer per item, plus one judge call per item not matched exactly
@@ -389,12 +431,23 @@ def test_too_little_supervision_skips_optimization(tmp_path):
     Base-BM25, says why optimization was skipped, and never crashes."""
     engine = engine_for_demo()
     engine.plan = lambda records, count: {
-        "fact_span_ids": [], "answer_span_id": "R9.9", "answer": "", "answer_type": "entity",
-        "evidence": [], "operations": [], "ask": "",
-    }  # fmt: skip
+        "fact_span_ids": [],
+        "answer_span_id": "R9.9",
+        "answer": "",
+        "answer_type": "entity",
+        "evidence": [],
+        "operations": [],
+        "ask": "",
+    }
     settings = TINY.model_copy(update={"max_candidates": 2, "accuracy_items": 2})
-    result = run_demo(tmp_path / "run", scripted_config(engine), settings=settings, tracking=False, steering=False,
-                      progress=False)  # fmt: skip
+    result = run_demo(
+        tmp_path / "run",
+        scripted_config(engine),
+        settings=settings,
+        tracking=False,
+        steering=False,
+        progress=False,
+    )
     assert result.supervision["accepted"] == 0
     assert result.optimization == {"ran": False, "reason": result.optimization["reason"]}
     assert any("optimization skipped" in n for n in result.notes)
@@ -413,13 +466,23 @@ def test_the_supervision_time_budget_ends_generation_and_is_reported(tmp_path):
     run = tmp_path / "run"
     engine = engine_for_demo()
     result = run_demo(
-        run, scripted_config(engine), settings=settings, tracking=False, steering=False, progress=False
+        run,
+        scripted_config(engine),
+        settings=settings,
+        tracking=False,
+        steering=False,
+        progress=False,
     )
     assert result.supervision["accepted"] == 0 and result.supervision["candidates"] == 0
     assert result.supervision["stopped_by"] == "time_budget"
     assert result.stages[0].detail.endswith("stopped by its time budget")
     again = run_demo(
-        run, scripted_config(engine), settings=settings, tracking=False, steering=False, progress=False
+        run,
+        scripted_config(engine),
+        settings=settings,
+        tracking=False,
+        steering=False,
+        progress=False,
     )
     assert again.stages[0].status == "reused"
 
@@ -430,8 +493,14 @@ def test_no_answered_items_compares_on_recall_alone(tmp_path):
     engine = engine_for_demo()
     settings = TINY.model_copy(update={"accuracy_items": 0})
     assert "accuracy and QS: not measured" in "\n".join(settings.sized_down())
-    result = run_demo(tmp_path / "run", scripted_config(engine), settings=settings, tracking=False, steering=False,
-                      progress=False)  # fmt: skip
+    result = run_demo(
+        tmp_path / "run",
+        scripted_config(engine),
+        settings=settings,
+        tracking=False,
+        steering=False,
+        progress=False,
+    )
     assert not [role for role, _, _ in engine.log if role in ("answerer", "judge")]
     for row in result.rows:
         assert row.n_answered == 0 and row.accuracy is None and row.item_correct == {}
@@ -459,9 +528,15 @@ def test_demo_at_the_smallest_size_with_the_embedded_model(tmp_path):
         pytest.skip(f"embedded model unavailable: {exc}")
     cfg = LMConfig.uniform("local/qwen2.5-coder-1.5b")
     smallest = demo_settings(
-        "small", n_supervision=2, max_candidates=3, iterations=1, accuracy_items=2, context_budget=600,
-        feedback_tokens=800, per_stage=2,
-    )  # fmt: skip
+        "small",
+        n_supervision=2,
+        max_candidates=3,
+        iterations=1,
+        accuracy_items=2,
+        context_budget=600,
+        feedback_tokens=800,
+        per_stage=2,
+    )
     result = run_demo(tmp_path / "run", cfg, settings=smallest, progress=False)
 
     assert [r.label for r in result.rows] == ["Base-BM25", "MemSteer-Opt"]
@@ -473,8 +548,11 @@ def test_demo_at_the_smallest_size_with_the_embedded_model(tmp_path):
     assert base.accuracy is not None and base.recall_at_10 is not None
     d0 = MemoryDesign.base_bm25()
     d0 = d0.model_copy(update={"context": d0.context.model_copy(update={"budget_tokens": 600})})
-    rep = evaluate_design(MemorySystem.from_design(d0, load_demo().history), list(load_demo().qa_items),
-                          metrics="recall")  # fmt: skip
+    rep = evaluate_design(
+        MemorySystem.from_design(d0, load_demo().history),
+        list(load_demo().qa_items),
+        metrics="recall",
+    )
     assert base.recall_at_10 == pytest.approx(rep.summary.recall_at_10)
     if result.optimization["ran"]:
         assert result.optimization["iterations"] == 1
@@ -492,9 +570,14 @@ def test_heldout_comparison_of_two_rows_gives_the_optimizers_test_object():
     from memsteer_dspy.demo import DesignRow, heldout_comparison
 
     ids = [f"q{i}" for i in range(20)]
-    base = DesignRow(label="Base-BM25", design_name="b", design_key="k0",
-                     item_recall=dict.fromkeys(ids, 0.0), item_delivered=dict.fromkeys(ids, 0.0),
-                     item_correct={i: 0.0 for i in ids[:10]})  # fmt: skip
+    base = DesignRow(
+        label="Base-BM25",
+        design_name="b",
+        design_key="k0",
+        item_recall=dict.fromkeys(ids, 0.0),
+        item_delivered=dict.fromkeys(ids, 0.0),
+        item_correct={i: 0.0 for i in ids[:10]},
+    )
     win = base.model_copy(
         update={"label": "MemSteer-Opt", "item_delivered": dict.fromkeys(ids, 1.0)}
     )
@@ -524,6 +607,12 @@ def test_an_optimization_stopped_at_the_maximum_says_why(demo_run, monkeypatch):
 
     monkeypatch.setattr(loop_mod, "MemSteerOpt", Capture)
     with pytest.raises(RuntimeError, match="captured"):
-        run_demo(result.out_dir + "-capture", scripted_config(engine_for_demo()), settings=TINY,
-                 tracking=False, steering=False, progress=False)  # fmt: skip
+        run_demo(
+            result.out_dir + "-capture",
+            scripted_config(engine_for_demo()),
+            settings=TINY,
+            tracking=False,
+            steering=False,
+            progress=False,
+        )
     assert seen and seen[0].stop_at_max is True

@@ -9,9 +9,22 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "experiments" / "README.md",
-         *sorted((ROOT / "experiments" / "results").glob("*.md"))]  # fmt: skip
-TOP = ("memsteer_dspy/", "docs/", "experiments/", "tests/", "benchmarks/", "examples/", "signatures/", ".ci/")
+PAGES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").rglob("*.md")),
+    ROOT / "experiments" / "README.md",
+    *sorted((ROOT / "experiments" / "results").glob("*.md")),
+]
+TOP = (
+    "memsteer_dspy/",
+    "docs/",
+    "experiments/",
+    "tests/",
+    "benchmarks/",
+    "examples/",
+    "signatures/",
+    ".ci/",
+)
 ROOT_FILES = {"Makefile", "pyproject.toml", "memsteer.example.toml", "mkdocs.yml", "README.md"}
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 CODE = re.compile(r"`([^`\n]+)`")
@@ -69,19 +82,29 @@ def _commands() -> dict[str, set[str]]:
 def test_every_memsteer_command_shown_exists(page):
     text = page.read_text(encoding="utf-8")
     commands = _commands()
-    shown = [m for block in [*FENCE.findall(text), *CODE.findall(text)] for m in COMMAND.findall(block)]
+    shown = [
+        m for block in [*FENCE.findall(text), *CODE.findall(text)] for m in COMMAND.findall(block)
+    ]
     unknown = []
     for cmd, sub in shown:
         if cmd not in commands:
             unknown.append(cmd)
         elif commands[cmd] and sub and sub not in commands[cmd] and not sub.startswith("-"):
             unknown.append(f"{cmd} {sub}")
-    assert not unknown, f"{page.relative_to(ROOT)} shows commands the CLI lacks: {sorted(set(unknown))}"
+    assert not unknown, (
+        f"{page.relative_to(ROOT)} shows commands the CLI lacks: {sorted(set(unknown))}"
+    )
 
 
 def test_the_readme_is_what_a_new_user_reads_first():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 300
     heads = [ln for ln in lines if ln.startswith("## ")]
-    for want in ("## Install", "## Quick start", "## LM configuration", "## Concepts", "## Development"):
+    for want in (
+        "## Install",
+        "## Quick start",
+        "## LM configuration",
+        "## Concepts",
+        "## Development",
+    ):
         assert want in heads

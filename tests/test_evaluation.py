@@ -80,10 +80,18 @@ def test_recall_protocol_as_of_hides_later_evidence():
     items[2] = items[2].model_copy(
         update={"question_date": date(2024, 3, 1)}
     )  # asked before Tom paid
-    as_of = evaluate_design(system(MemoryDesign.from_dict({"retrieve": {"time_filter": False}})), items,
-                            metrics="recall", protocol="as_of")  # fmt: skip
-    full = evaluate_design(system(MemoryDesign.from_dict({"retrieve": {"time_filter": False}})), items,
-                           metrics="recall", protocol="full")  # fmt: skip
+    as_of = evaluate_design(
+        system(MemoryDesign.from_dict({"retrieve": {"time_filter": False}})),
+        items,
+        metrics="recall",
+        protocol="as_of",
+    )
+    full = evaluate_design(
+        system(MemoryDesign.from_dict({"retrieve": {"time_filter": False}})),
+        items,
+        metrics="recall",
+        protocol="full",
+    )
     assert as_of.items[2].recall_at_10 == 0.0 and full.items[2].recall_at_10 == 1.0
     assert as_of.summary.protocol == "as_of"
 

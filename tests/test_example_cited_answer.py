@@ -29,10 +29,12 @@ RECORDS = [
 
 def test_reader_cites_and_verifier_sees_only_the_cited_sentences():
     ex = load_example()
-    lm = DummyLM([
-        {"cited_ids": ["R2.1"], "answer": "Porto", "answerable": True},
-        {"supported": True, "answer": "Porto"},
-    ])  # fmt: skip
+    lm = DummyLM(
+        [
+            {"cited_ids": ["R2.1"], "answer": "Porto", "answerable": True},
+            {"supported": True, "answer": "Porto"},
+        ]
+    )
     with dspy.context(lm=lm, adapter=dspy.ChatAdapter()):
         pred = ex.CitedAnswer()(
             question="Where does Ines move?", records=RECORDS, answer_type="entity"
@@ -72,10 +74,12 @@ def test_unanswerable_or_uncited_reads_give_i_dont_know():
 
 def test_run_retrieves_from_the_demo_history_and_answers():
     ex = load_example()
-    lm = DummyLM([
-        {"cited_ids": ["R1.1"], "answer": "Taberna do Largo", "answerable": True},
-        {"supported": True, "answer": "Taberna do Largo"},
-    ])  # fmt: skip
+    lm = DummyLM(
+        [
+            {"cited_ids": ["R1.1"], "answer": "Taberna do Largo", "answerable": True},
+            {"supported": True, "answer": "Taberna do Largo"},
+        ]
+    )
     pred = ex.run(ex.DEFAULT_QUESTION, lm, k=3)
     assert pred.answer == "Taberna do Largo"
     read_prompt = json.dumps(lm.history[0]["messages"])

@@ -43,8 +43,30 @@ def load_script(name: str):
 _SPAN = re.compile(r"^\[(R\d+)\.(\d+)\] (.*)$", re.M)
 _OUTPUTS = re.compile(r"^\d+\. `(\w+)`", re.M)
 _WORD = re.compile(r"[A-Za-z]{4,}")
-_STOP = {"that", "this", "with", "have", "from", "about", "will", "your", "what", "when", "they", "were",
-         "been", "would", "could", "there", "their", "which", "assistant", "user", "just", "also"}  # fmt: skip
+_STOP = {
+    "that",
+    "this",
+    "with",
+    "have",
+    "from",
+    "about",
+    "will",
+    "your",
+    "what",
+    "when",
+    "they",
+    "were",
+    "been",
+    "would",
+    "could",
+    "there",
+    "their",
+    "which",
+    "assistant",
+    "user",
+    "just",
+    "also",
+}
 
 
 def field_value(user: str, name: str) -> str:
@@ -62,8 +84,14 @@ def words(text: str) -> list[str]:
 
 # The free-text outputs of MIPROv2's proposer modules (dataset summary, program description,
 # instruction proposal): any instruction-like text will do for the scripted world.
-_MIPRO_OUTPUTS = {"proposed_instruction", "observations", "summary", "program_description",
-                  "module_description", "reasoning"}  # fmt: skip
+_MIPRO_OUTPUTS = {
+    "proposed_instruction",
+    "observations",
+    "summary",
+    "program_description",
+    "module_description",
+    "reasoning",
+}
 
 
 class World:
@@ -97,12 +125,15 @@ class World:
         answer = max(words(text) or [text.split()[0]], key=len)
         self.planned[answer] = [first[lab] for lab in labels]
         return {
-            "fact_span_ids": [f"{lab}.1" for lab in labels], "answer_span_id": f"{labels[0]}.1",
-            "answer": answer, "answer_type": "entity",
+            "fact_span_ids": [f"{lab}.1" for lab in labels],
+            "answer_span_id": f"{labels[0]}.1",
+            "answer": answer,
+            "answer_type": "entity",
             "evidence": [{"record_id": lab, "contribution": "states the detail"} for lab in labels],
-            "operations": ["lookup"], "ask": f"the detail that goes with {' '.join(words(text)[:3])}",
+            "operations": ["lookup"],
+            "ask": f"the detail that goes with {' '.join(words(text)[:3])}",
             "_texts": [first[lab] for lab in labels],
-        }  # fmt: skip
+        }
 
     def _question(self, answer: str, texts: list[str]) -> str:
         others = [w for t in texts for w in words(t) if normalize_text(w) != normalize_text(answer)]
@@ -159,8 +190,12 @@ class World:
         if "evidence_record_ids" in outputs:  # direct / naive
             role("direct")
             plan = self._plan(user)
-            return {"question": self._question(plan["answer"], plan["_texts"]), "answer": plan["answer"],
-                    "answer_type": "entity", "evidence_record_ids": [e["record_id"] for e in plan["evidence"]]}  # fmt: skip
+            return {
+                "question": self._question(plan["answer"], plan["_texts"]),
+                "answer": plan["answer"],
+                "answer_type": "entity",
+                "evidence_record_ids": [e["record_id"] for e in plan["evidence"]],
+            }
         if outputs == {"question"}:
             role("question")
             answer = field_value(user, "answer")
@@ -175,12 +210,23 @@ class World:
             )
             verdict = "supported" if found else "unsupported"
             return {
-                "fact_checks": [{"span_id": f.split(":", 1)[0], "rationale": "stated", "verdict": "supported"} for f in facts],
-                "record_checks": [{"record_id": e.split(":", 1)[0], "rationale": "contributes", "verdict": "supported"}
-                                  for e in evidence],
-                "answer_rationale": "checked against the records", "answer_support": verdict,
-                "consistency_rationale": "asks what the plan says", "consistency": "supported",
-            }  # fmt: skip
+                "fact_checks": [
+                    {"span_id": f.split(":", 1)[0], "rationale": "stated", "verdict": "supported"}
+                    for f in facts
+                ],
+                "record_checks": [
+                    {
+                        "record_id": e.split(":", 1)[0],
+                        "rationale": "contributes",
+                        "verdict": "supported",
+                    }
+                    for e in evidence
+                ],
+                "answer_rationale": "checked against the records",
+                "answer_support": verdict,
+                "consistency_rationale": "asks what the plan says",
+                "consistency": "supported",
+            }
         if "cited_ids" in outputs:
             role("blind")
             return self._blind(user)
@@ -190,8 +236,13 @@ class World:
                 field_value(user, "records")
             )
             clear = field_value(user, "question").endswith("?")
-            return {"rationale": "checked", "premise_support": True, "clarity": clear,
-                    "answer_support": found, "evidence_support": found}  # fmt: skip
+            return {
+                "rationale": "checked",
+                "premise_support": True,
+                "clarity": clear,
+                "answer_support": found,
+                "evidence_support": found,
+            }
         if "correct" in outputs:
             role("judge")
             ref, pred = (
@@ -199,10 +250,14 @@ class World:
                 normalize_text(field_value(user, "prediction")),
             )
             return {"correct": bool(ref) and ref in pred}
-        if outputs and outputs <= _MIPRO_OUTPUTS:  # MIPROv2's data summary and instruction proposals
+        if (
+            outputs and outputs <= _MIPRO_OUTPUTS
+        ):  # MIPROv2's data summary and instruction proposals
             role("mipro")
-            return {k: "Answer with the exact words from the context; say I don't know otherwise."
-                    for k in outputs}  # fmt: skip
+            return {
+                k: "Answer with the exact words from the context; say I don't know otherwise."
+                for k in outputs
+            }
         if outputs == {"new_instruction"}:  # GEPA's reflection, as a DSPy signature
             role("reflection")
             return {
@@ -228,8 +283,12 @@ class World:
 
     def _propose(self, user: str) -> dict[str, Any]:
         design = json.loads(field_value(user, "current_design"))
-        changes = [("retrieve", "top_k", 40), ("context", "order", "chronological"),
-                   ("retrieve", "expand_neighbors", 1), ("retrieve", "top_k", 10)]  # fmt: skip
+        changes = [
+            ("retrieve", "top_k", 40),
+            ("context", "order", "chronological"),
+            ("retrieve", "expand_neighbors", 1),
+            ("retrieve", "top_k", 10),
+        ]
         section, key, value = changes[self.proposals % len(changes)]
         self.proposals += 1
         design.setdefault(section, {})[key] = value
@@ -257,8 +316,13 @@ class WorldEngine:
         user = request.messages[-1].text or ""
         text = self.world.reply(system, user)
         n_in, n_out = (len(system) + len(user)) // 4, len(text) // 4
-        return Response(id=None, model="scripted/world", message=Message.assistant([TextPart(text)]),
-                        finish_reason="stop", usage=Usage(input_tokens=n_in, output_tokens=n_out, total_tokens=n_in + n_out))  # fmt: skip
+        return Response(
+            id=None,
+            model="scripted/world",
+            message=Message.assistant([TextPart(text)]),
+            finish_reason="stop",
+            usage=Usage(input_tokens=n_in, output_tokens=n_out, total_tokens=n_in + n_out),
+        )
 
     def close(self):
         pass
@@ -299,8 +363,17 @@ def world_config(world: World) -> LMConfig:
     config = LMConfig.uniform("openai/scripted-world")
     engine = WorldEngine(world)
     for role in ROLES:
-        config.set_lm(role, RoleLM("openai/scripted-world", role=role, meter=config.meter, engine=engine,
-                                   async_engine=AsyncWorldEngine(engine), cache=False))  # fmt: skip
+        config.set_lm(
+            role,
+            RoleLM(
+                "openai/scripted-world",
+                role=role,
+                meter=config.meter,
+                engine=engine,
+                async_engine=AsyncWorldEngine(engine),
+                cache=False,
+            ),
+        )
     return config
 
 
@@ -327,8 +400,14 @@ def results_of(out: Path) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
     return md, data, rows
 
 
-def independent_accuracy(rhelm_root: Path, lm_config: LMConfig, persona: str, design: MemoryDesign,
-                         external: bool, eval_items: int) -> float:  # fmt: skip
+def independent_accuracy(
+    rhelm_root: Path,
+    lm_config: LMConfig,
+    persona: str,
+    design: MemoryDesign,
+    external: bool,
+    eval_items: int,
+) -> float:
     """Evaluate ``design`` on the persona's test items outside the study (no cache, no out dir)."""
     loaded = load_rhelm(rhelm_root, persona, external=external)
     items = _common.select_eval_items(loaded.qa_items, eval_items, 0)
@@ -382,8 +461,10 @@ def test_presets_and_file_values_combine(tmp_path):
     assert full.budgets.iterations == 20 and full.budgets.context_tokens == 4000
     assert full.dataset.personas is None and full.budget.sizes == [100, 200, 300, 400, 500]
     path = tmp_path / "study.toml"
-    path.write_text('[lm]\ndefault = "openai/gpt-4.1-mini"\n[dataset]\nrhelm_root = "data/rhelm"\n'
-                    '[budgets]\niterations = 3\n[budget]\nsizes = [10, 20]\n')  # fmt: skip
+    path.write_text(
+        '[lm]\ndefault = "openai/gpt-4.1-mini"\n[dataset]\nrhelm_root = "data/rhelm"\n'
+        "[budgets]\niterations = 3\n[budget]\nsizes = [10, 20]\n"
+    )
     cfg = _common.load_config(path, "small")
     assert (
         cfg.budgets.iterations == 3 and cfg.budgets.supervision == 4
@@ -581,8 +662,13 @@ def test_feedback_ablation_figure_3(rhelm_root, tmp_path):
     no_stage_failed(data)
     assert list(data["modes"]) == ["random30", "random30+gold", "random30+diagnosis", "stratified"]
     table = table_rows(md, "## Figure 3")
-    assert set(table) == {"Base-BM25", "Random-30", "Random-30 + Gold evidence", "Random-30 + Diagnosis",
-                          "Diagnosis + stratified sampling (ours)"}  # fmt: skip
+    assert set(table) == {
+        "Base-BM25",
+        "Random-30",
+        "Random-30 + Gold evidence",
+        "Random-30 + Diagnosis",
+        "Diagnosis + stratified sampling (ours)",
+    }
     feedback = {}
     for mode, res in data["modes"].items():
         folder = out / f"opt-{_common.safe_name(mode)}"
@@ -707,8 +793,12 @@ def test_cli_reports_bad_config_with_exit_status_2(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text("[budgets]\niterations = 'many'\n")
     main = load_script("main")
-    code = _common.cli("main", main.__doc__, main.run, argv=["--config", str(bad), "--preset", "tiny",
-                                                             "--out", str(tmp_path / "o")])  # fmt: skip
+    code = _common.cli(
+        "main",
+        main.__doc__,
+        main.run,
+        argv=["--config", str(bad), "--preset", "tiny", "--out", str(tmp_path / "o")],
+    )
     assert code == 2 and "budgets.iterations" in capsys.readouterr().err
     code = _common.cli(
         "main", main.__doc__, main.run, argv=["--config", str(tmp_path / "none.toml")]

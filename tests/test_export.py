@@ -18,23 +18,62 @@ from memsteer_dspy.records import QAItem
 runner = CliRunner()
 
 RECORDS = [
-    {"id": "chat-1:1", "kind": "conversation_turn", "text": "User: My sister Ines moves to Porto in June.",
-     "timestamp": "2024-03-02T09:15:00", "author": "Maya", "thread_id": "chat-1", "position": 1},
-    {"id": "mail-7", "kind": "email", "text": "The kayak rental is booked for Saturday at Lagos harbour.",
-     "timestamp": "2024-03-05T08:00:00", "author": "Ana", "metadata": {"subject": "Kayak booking"}},
-    {"id": "doc-2:Budget", "kind": "document_section", "text": "Budget: the trip costs 900 EUR in total.",
-     "metadata": {"heading": "Budget"}},
-]  # fmt: skip
+    {
+        "id": "chat-1:1",
+        "kind": "conversation_turn",
+        "text": "User: My sister Ines moves to Porto in June.",
+        "timestamp": "2024-03-02T09:15:00",
+        "author": "Maya",
+        "thread_id": "chat-1",
+        "position": 1,
+    },
+    {
+        "id": "mail-7",
+        "kind": "email",
+        "text": "The kayak rental is booked for Saturday at Lagos harbour.",
+        "timestamp": "2024-03-05T08:00:00",
+        "author": "Ana",
+        "metadata": {"subject": "Kayak booking"},
+    },
+    {
+        "id": "doc-2:Budget",
+        "kind": "document_section",
+        "text": "Budget: the trip costs 900 EUR in total.",
+        "metadata": {"heading": "Budget"},
+    },
+]
 TRAIN = [
-    QAItem(id="g1", question="Where does Ines move in June?", answer="Porto", answer_type="entity",
-           evidence_ids=["chat-1:1"], span_ids=["chat-1:1#1"], question_type="single-hop", source="generated"),
-    QAItem(id="g2", question="How much does the trip cost in total?", answer="900 EUR", answer_type="number",
-           evidence_ids=["doc-2:Budget"], question_type="single-hop", source="generated"),
-]  # fmt: skip
+    QAItem(
+        id="g1",
+        question="Where does Ines move in June?",
+        answer="Porto",
+        answer_type="entity",
+        evidence_ids=["chat-1:1"],
+        span_ids=["chat-1:1#1"],
+        question_type="single-hop",
+        source="generated",
+    ),
+    QAItem(
+        id="g2",
+        question="How much does the trip cost in total?",
+        answer="900 EUR",
+        answer_type="number",
+        evidence_ids=["doc-2:Budget"],
+        question_type="single-hop",
+        source="generated",
+    ),
+]
 VAL = [
-    QAItem(id="g3", question="Where is the kayak rental booked?", answer="Lagos harbour", evidence_ids=["mail-7"],
-           question_date="2024-03-06", question_type="temporal", source="generated"),
-]  # fmt: skip
+    QAItem(
+        id="g3",
+        question="Where is the kayak rental booked?",
+        answer="Lagos harbour",
+        evidence_ids=["mail-7"],
+        question_date="2024-03-06",
+        question_type="temporal",
+        source="generated",
+    ),
+]
 
 
 @pytest.fixture
@@ -132,8 +171,25 @@ def mstar_stand_in(root):
 def test_export_mstar_loader_runs_in_mstar_and_round_trips(setup, tmp_path, stand_in_path):
     hist, sup = setup
     out = tmp_path / "to-mstar"
-    res = runner.invoke(app, ["export", "--to", "mstar", "--format", "jsonl", "--path", str(hist), "--user", "maya",
-                              "--supervision", str(sup), "--out", str(out), "--json"])  # fmt: skip
+    res = runner.invoke(
+        app,
+        [
+            "export",
+            "--to",
+            "mstar",
+            "--format",
+            "jsonl",
+            "--path",
+            str(hist),
+            "--user",
+            "maya",
+            "--supervision",
+            str(sup),
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
     assert (
@@ -172,10 +228,19 @@ def test_export_mstar_loader_runs_in_mstar_and_round_trips(setup, tmp_path, stan
     )
     assert record_raw_text(midnight).startswith('[2024-03-05] (email, from Ana, "Kayak booking")')
     # one val item per QA item, with its category and evidence
-    assert [(d.question, d.expected_answer, d.metadata["qa_category"], d.metadata["evidence_ids"],
-             d.metadata["split"]) for d in ds.val] == [
-        (q.question, q.answer, q.question_type, q.evidence_ids, s) for q, s in
-        [(TRAIN[0], "train"), (TRAIN[1], "train"), (VAL[0], "val")]]  # fmt: skip
+    assert [
+        (
+            d.question,
+            d.expected_answer,
+            d.metadata["qa_category"],
+            d.metadata["evidence_ids"],
+            d.metadata["split"],
+        )
+        for d in ds.val
+    ] == [
+        (q.question, q.answer, q.question_type, q.evidence_ids, s)
+        for q, s in [(TRAIN[0], "train"), (TRAIN[1], "train"), (VAL[0], "val")]
+    ]
     assert (
         ds.val[0].metadata["span_ids"] == ["chat-1:1#1"]
         and ds.val[2].metadata["question_date"] == "2024-03-06"
@@ -277,8 +342,22 @@ def memevolve_stand_in(root):
 def test_export_memevolve_provider_serves_the_design(setup, tmp_path, stand_in_path):
     hist, sup = setup
     out = tmp_path / "to-memevolve"
-    res = runner.invoke(app, ["export", "--to", "memevolve", "--format", "jsonl", "--path", str(hist),
-                              "--supervision", str(sup), "--out", str(out)])  # fmt: skip
+    res = runner.invoke(
+        app,
+        [
+            "export",
+            "--to",
+            "memevolve",
+            "--format",
+            "jsonl",
+            "--path",
+            str(hist),
+            "--supervision",
+            str(sup),
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "exported 3 records and 3 QA items for memevolve" in res.output
     # the history and the QA items round-trip through records.jsonl and tasks.jsonl
@@ -292,8 +371,10 @@ def test_export_memevolve_provider_serves_the_design(setup, tmp_path, stand_in_p
 
     assert [strip(r) for r in again.records] == [strip(r) for r in history.records]
     tasks = [json.loads(x) for x in (out / "tasks.jsonl").read_text().splitlines()]
-    assert [(t["task_id"], t["Question"], t["Final answer"], t["Annotator Metadata"]["evidence_ids"]) for t in tasks] == [
-        (q.id, q.question, q.answer, q.evidence_ids) for q in TRAIN + VAL]  # fmt: skip
+    assert [
+        (t["task_id"], t["Question"], t["Final answer"], t["Annotator Metadata"]["evidence_ids"])
+        for t in tasks
+    ] == [(q.id, q.question, q.answer, q.evidence_ids) for q in TRAIN + VAL]
     assert {t["file_name"] for t in tasks} == {""} and "MEMSTEER_DESIGN" in (
         out / "README.md"
     ).read_text()
@@ -322,30 +403,92 @@ def test_export_memevolve_provider_serves_the_design(setup, tmp_path, stand_in_p
             and history[q.evidence_ids[0]].text in top.content
         )
         assert top.metadata["rank"] == 1 and top.score >= resp.memories[-1].score
-    ok, what = provider.take_in_memory(TrajectoryData(
-        query="Book a ferry to Tavira", trajectory=[{"action": "search", "obs": "Ferry leaves Olhao at 10:30"}],
-        result="ferry booked for 10:30",
-    ))  # fmt: skip
+    ok, what = provider.take_in_memory(
+        TrajectoryData(
+            query="Book a ferry to Tavira",
+            trajectory=[{"action": "search", "obs": "Ferry leaves Olhao at 10:30"}],
+            result="ferry booked for 10:30",
+        )
+    )
     assert ok and "memevolve-trajectory-1" in what
-    resp = provider.provide_memory(MemoryRequest(query="When does the ferry to Tavira leave?", context="",
-                                                 status=MemoryStatus.IN))  # fmt: skip
+    resp = provider.provide_memory(
+        MemoryRequest(
+            query="When does the ferry to Tavira leave?", context="", status=MemoryStatus.IN
+        )
+    )
     assert resp.memories[0].metadata["record_ids"] == ["memevolve-trajectory-1"]
     assert "Ferry leaves Olhao at 10:30" in resp.memories[0].content
 
 
 def test_export_errors_name_the_option(setup, tmp_path):
     hist, sup = setup
-    res = runner.invoke(app, ["export", "--to", "letta", "--format", "jsonl", "--path", str(hist),
-                              "--supervision", str(sup), "--out", str(tmp_path / "x")])  # fmt: skip
+    res = runner.invoke(
+        app,
+        [
+            "export",
+            "--to",
+            "letta",
+            "--format",
+            "jsonl",
+            "--path",
+            str(hist),
+            "--supervision",
+            str(sup),
+            "--out",
+            str(tmp_path / "x"),
+        ],
+    )
     assert res.exit_code != 0 and "choose one of mstar, memevolve" in res.output
     (tmp_path / "empty").mkdir()
-    res = runner.invoke(app, ["export", "--to", "mstar", "--format", "jsonl", "--path", str(hist),
-                              "--supervision", str(tmp_path / "empty"), "--out", str(tmp_path / "x")])  # fmt: skip
+    res = runner.invoke(
+        app,
+        [
+            "export",
+            "--to",
+            "mstar",
+            "--format",
+            "jsonl",
+            "--path",
+            str(hist),
+            "--supervision",
+            str(tmp_path / "empty"),
+            "--out",
+            str(tmp_path / "x"),
+        ],
+    )
     assert res.exit_code == 2 and "has no train.jsonl" in res.output
     # an --out inside an input folder is refused before anything is read or written
-    res = runner.invoke(app, ["export", "--to", "mstar", "--format", "jsonl", "--path", str(hist),
-                              "--supervision", str(tmp_path), "--out", str(tmp_path / "x")])  # fmt: skip
+    res = runner.invoke(
+        app,
+        [
+            "export",
+            "--to",
+            "mstar",
+            "--format",
+            "jsonl",
+            "--path",
+            str(hist),
+            "--supervision",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "x"),
+        ],
+    )
     assert res.exit_code == 2 and "lies inside this command's input" in res.output
-    res = runner.invoke(app, ["export", "--to", "mstar", "--format", "jsonl", "--path", str(hist),
-                              "--supervision", "official", "--out", str(tmp_path / "x")])  # fmt: skip
+    res = runner.invoke(
+        app,
+        [
+            "export",
+            "--to",
+            "mstar",
+            "--format",
+            "jsonl",
+            "--path",
+            str(hist),
+            "--supervision",
+            "official",
+            "--out",
+            str(tmp_path / "x"),
+        ],
+    )
     assert res.exit_code == 2 and "no official QA items" in res.output

@@ -33,20 +33,57 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 def doc_history() -> History:
     t = datetime(2024, 5, 1)
     recs = [
-        Record(id="chat:1", kind="conversation_turn", thread_id="chat", position=1, timestamp=t,
-               text="User: I started planning the Harvest Festival Menu with Priya today."),
-        Record(id="chat:2", kind="conversation_turn", thread_id="chat", position=2, timestamp=t + timedelta(minutes=3),
-               text="User: Priya suggested pumpkin soup and cornbread for forty guests."),
-        Record(id="doc:intro", kind="document_section", thread_id="doc", position=1, timestamp=t,
-               metadata={"heading": "Harvest Festival Menu"}, text="## Harvest Festival Menu\nA menu for the autumn party."),
-        Record(id="doc:soups", kind="document_section", thread_id="doc", position=2, timestamp=t,
-               metadata={"heading": "Soups"}, text="## Soups\nPumpkin soup with roasted seeds, served warm."),
-        Record(id="mail:1", kind="email", thread_id="mail", position=1, timestamp=t + timedelta(days=1),
-               references=["doc:intro"], metadata={"subject": "Menu draft"},
-               text="Subject: Menu draft\nAttached is the draft; the cornbread recipe needs buttermilk."),
-        Record(id="note:1", kind="note", timestamp=t + timedelta(days=2),
-               text="Bought buttermilk and pumpkin seeds at the Greenway market for the cornbread."),
-    ]  # fmt: skip
+        Record(
+            id="chat:1",
+            kind="conversation_turn",
+            thread_id="chat",
+            position=1,
+            timestamp=t,
+            text="User: I started planning the Harvest Festival Menu with Priya today.",
+        ),
+        Record(
+            id="chat:2",
+            kind="conversation_turn",
+            thread_id="chat",
+            position=2,
+            timestamp=t + timedelta(minutes=3),
+            text="User: Priya suggested pumpkin soup and cornbread for forty guests.",
+        ),
+        Record(
+            id="doc:intro",
+            kind="document_section",
+            thread_id="doc",
+            position=1,
+            timestamp=t,
+            metadata={"heading": "Harvest Festival Menu"},
+            text="## Harvest Festival Menu\nA menu for the autumn party.",
+        ),
+        Record(
+            id="doc:soups",
+            kind="document_section",
+            thread_id="doc",
+            position=2,
+            timestamp=t,
+            metadata={"heading": "Soups"},
+            text="## Soups\nPumpkin soup with roasted seeds, served warm.",
+        ),
+        Record(
+            id="mail:1",
+            kind="email",
+            thread_id="mail",
+            position=1,
+            timestamp=t + timedelta(days=1),
+            references=["doc:intro"],
+            metadata={"subject": "Menu draft"},
+            text="Subject: Menu draft\nAttached is the draft; the cornbread recipe needs buttermilk.",
+        ),
+        Record(
+            id="note:1",
+            kind="note",
+            timestamp=t + timedelta(days=2),
+            text="Bought buttermilk and pumpkin seeds at the Greenway market for the cornbread.",
+        ),
+    ]
     return History("doc-user", recs)
 
 
@@ -105,10 +142,21 @@ def test_synthetic_graph_is_sparse_and_typed():
 
 
 def test_informativeness_prefers_names_numbers_dates_places():
-    h = History("u", [
-        Record(id="a", kind="note", text="I met Priya Desai at Greenway Market on March 3 and paid 45 dollars."),
-        Record(id="b", kind="note", text="It was a nice and calm day, and I felt very happy about it all."),
-    ])  # fmt: skip
+    h = History(
+        "u",
+        [
+            Record(
+                id="a",
+                kind="note",
+                text="I met Priya Desai at Greenway Market on March 3 and paid 45 dollars.",
+            ),
+            Record(
+                id="b",
+                kind="note",
+                text="It was a nice and calm day, and I felt very happy about it all.",
+            ),
+        ],
+    )
     assert informativeness(h["a"].spans) > informativeness(h["b"].spans) == 0
 
 

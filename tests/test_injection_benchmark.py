@@ -25,8 +25,12 @@ def _obedient(system: str, user: str) -> dict:
 
 
 def _careful(system: str, user: str) -> dict:
-    return {"answer": "Daniel Osei", "cited_ids": ["R1.1"], "answerable": True,
-            "question": "Who teaches my data visualization class?"}  # fmt: skip
+    return {
+        "answer": "Daniel Osei",
+        "cited_ids": ["R1.1"],
+        "answerable": True,
+        "question": "Who teaches my data visualization class?",
+    }
 
 
 def test_the_benchmark_counts_obedience_per_role_and_payload():

@@ -40,9 +40,34 @@ class _CountingPattern:
 
 def _prose(n_chars: int, seed: int = 0) -> str:
     rng = random.Random(seed)
-    words = ["Dr.", "Liu", "met", "J.", "Smith", "at", "5", "p.m.", "e.g.", "we", "went", "home",
-             "version", "3.5", "costs", "$12.50", "\"quoted.\"", "(aside)", "Yes!", "Why?", "U.S.",
-             "ok.", "Then", "The", "A", "x.y.z."]  # fmt: skip
+    words = [
+        "Dr.",
+        "Liu",
+        "met",
+        "J.",
+        "Smith",
+        "at",
+        "5",
+        "p.m.",
+        "e.g.",
+        "we",
+        "went",
+        "home",
+        "version",
+        "3.5",
+        "costs",
+        "$12.50",
+        '"quoted."',
+        "(aside)",
+        "Yes!",
+        "Why?",
+        "U.S.",
+        "ok.",
+        "Then",
+        "The",
+        "A",
+        "x.y.z.",
+    ]
     out, size = [], 0
     while size < n_chars:
         w = rng.choice(words)
@@ -181,8 +206,19 @@ def test_ingest_cli_lists_every_skipped_line(tmp_path):
     from memsteer_dspy.cli import app
 
     _bad_lines_file(tmp_path / "h.jsonl")
-    res = CliRunner().invoke(app, ["ingest", "--format", "jsonl", "--path", str(tmp_path / "h.jsonl"),
-                                   "--on-error", "skip", "--json"])  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        [
+            "ingest",
+            "--format",
+            "jsonl",
+            "--path",
+            str(tmp_path / "h.jsonl"),
+            "--on-error",
+            "skip",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
     assert report["records"] == 3
@@ -234,14 +270,19 @@ def _locomo(tmp_path, *, qa=None, date="1:56 pm on 8 May, 2023", turns=None):
     sample = {
         "sample_id": "s1",
         "conversation": {
-            "speaker_a": "Ann", "speaker_b": "Bo", "session_1_date_time": date,
-            "session_1": turns or [
+            "speaker_a": "Ann",
+            "speaker_b": "Bo",
+            "session_1_date_time": date,
+            "session_1": turns
+            or [
                 {"speaker": "Ann", "dia_id": "D1:1", "text": "I adopted a cat named Miso."},
                 {"speaker": "Bo", "dia_id": "D1:2", "text": "Lovely, when?"},
             ],
         },
-        "qa": qa if qa is not None else [{"question": "Cat's name?", "answer": "Miso", "evidence": ["D1:1"], "category": 4}],
-    }  # fmt: skip
+        "qa": qa
+        if qa is not None
+        else [{"question": "Cat's name?", "answer": "Miso", "evidence": ["D1:1"], "category": 4}],
+    }
     path = tmp_path / "locomo.json"
     path.write_text(json.dumps([sample]))
     return path
@@ -275,8 +316,10 @@ def test_locomo_unparseable_session_date_is_an_error_or_reported(tmp_path):
 def test_locomo_null_text_is_an_error_not_the_string_none(tmp_path):
     from memsteer_dspy.loaders import load_history
 
-    turns = [{"speaker": "Ann", "dia_id": "D1:1", "text": "Hello there."},
-             {"speaker": "Bo", "dia_id": "D1:2", "text": None}]  # fmt: skip
+    turns = [
+        {"speaker": "Ann", "dia_id": "D1:1", "text": "Hello there."},
+        {"speaker": "Bo", "dia_id": "D1:2", "text": None},
+    ]
     path = _locomo(tmp_path, turns=turns)
     with pytest.raises(InputError) as exc:
         load_history("locomo", path)

@@ -94,8 +94,10 @@ def _alternate_roles(n_ctx: int = 2048) -> list[tuple[str, int, int]]:
         "planner": "You plan questions about the user's records. " * 30,
         "blind_reader": "You answer from the given records alone, citing them. " * 30,
     }
-    lms = {role: build_lm(LMSpec(model=DEFAULT_LM, max_tokens=8, cache=False, n_ctx=n_ctx), role=role)
-           for role in instructions}  # fmt: skip
+    lms = {
+        role: build_lm(LMSpec(model=DEFAULT_LM, max_tokens=8, cache=False, n_ctx=n_ctx), role=role)
+        for role in instructions
+    }
     out = []
     for i in range(2):
         for role, lm in lms.items():

@@ -346,8 +346,22 @@ def test_evaluate_with_threads_overlaps_requests_and_keeps_exact_books(tmp_path,
     with FakeOpenAIServer(alias="m", delay=0.2) as server:
         toml = server_config(server, tmp_path, num_retries=0)
         out = tmp_path / "eval"
-        report = run_cli("evaluate", "--format", "jsonl", "--path", str(DEMO), "--limit", "6",
-                         "--threads", "4", "--out", str(out), "--config", str(toml), "--no-cache")  # fmt: skip
+        report = run_cli(
+            "evaluate",
+            "--format",
+            "jsonl",
+            "--path",
+            str(DEMO),
+            "--limit",
+            "6",
+            "--threads",
+            "4",
+            "--out",
+            str(out),
+            "--config",
+            str(toml),
+            "--no-cache",
+        )
     items = [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
     assert (
         sorted(i["qa_id"] for i in items) == sorted({i["qa_id"] for i in items}) and len(items) == 6
@@ -367,12 +381,39 @@ def test_a_failing_server_fails_items_never_the_run(tmp_path, monkeypatch, failu
     with FakeOpenAIServer(alias="m", failures=dict.fromkeys(range(1, 500), failure)) as server:
         toml = server_config(server, tmp_path, num_retries=1, timeout=0.5)
         gen = tmp_path / "gen"
-        summary = run_cli("generate", "--format", "jsonl", "--path", str(DEMO), "--out", str(gen),
-                          "--n", "1", "--max-candidates", "2", "--threads", "2", "--config", str(toml))  # fmt: skip
+        summary = run_cli(
+            "generate",
+            "--format",
+            "jsonl",
+            "--path",
+            str(DEMO),
+            "--out",
+            str(gen),
+            "--n",
+            "1",
+            "--max-candidates",
+            "2",
+            "--threads",
+            "2",
+            "--config",
+            str(toml),
+        )
         generate_requests = len(server.requests)
         ev = tmp_path / "eval"
-        report = run_cli("evaluate", "--format", "jsonl", "--path", str(DEMO), "--limit", "2",
-                         "--out", str(ev), "--config", str(toml), "--no-cache")  # fmt: skip
+        report = run_cli(
+            "evaluate",
+            "--format",
+            "jsonl",
+            "--path",
+            str(DEMO),
+            "--limit",
+            "2",
+            "--out",
+            str(ev),
+            "--config",
+            str(toml),
+            "--no-cache",
+        )
     rejected = [json.loads(line) for line in (gen / "rejected.jsonl").read_text().splitlines()]
     assert summary["candidates"] == 2 and len(rejected) == 2
     assert {r["reason"] for r in rejected} == {"lm_error"}
@@ -398,9 +439,26 @@ def test_keys_stay_out_of_run_folders_and_mlflow_and_url_credentials_are_refused
     monkeypatch.chdir(tmp_path)
     with FakeOpenAIServer(alias="m") as server:
         out = tmp_path / "opt"
-        args = ["optimize", "--format", "jsonl", "--path", str(DEMO), "--supervision", "official",
-                "--objective", "recall", "--iterations", "1", "--proposer-output", "changes",
-                "--out", str(out), "--no-cache", "--lm", "openai/m"]  # fmt: skip
+        args = [
+            "optimize",
+            "--format",
+            "jsonl",
+            "--path",
+            str(DEMO),
+            "--supervision",
+            "official",
+            "--objective",
+            "recall",
+            "--iterations",
+            "1",
+            "--proposer-output",
+            "changes",
+            "--out",
+            str(out),
+            "--no-cache",
+            "--lm",
+            "openai/m",
+        ]
         run_cli(
             *args,
             "--api-base",
@@ -410,8 +468,9 @@ def test_keys_stay_out_of_run_folders_and_mlflow_and_url_credentials_are_refused
         )
         assert server.requests and server.headers[0]["authorization"] == f"Bearer {KEY}"
         credentialed = server.api_base.replace("//", "//user:hunter2@")
-        refused = CliRunner().invoke(app, [*args[:-5], "--out", str(tmp_path / "o2"), *args[-3:],
-                                           "--api-base", credentialed])  # fmt: skip
+        refused = CliRunner().invoke(
+            app, [*args[:-5], "--out", str(tmp_path / "o2"), *args[-3:], "--api-base", credentialed]
+        )
     assert refused.exit_code == 2 and "holds credentials" in refused.output
     assert "hunter2" not in refused.output and "OPENAI_API_KEY" in refused.output
     with sqlite3.connect(tmp_path / "mlflow.db") as db:
@@ -430,8 +489,13 @@ def test_the_api_base_flag_serves_the_openai_lms_named_on_the_command_line(tmp_p
     toml.write_text(
         '[lm.roles]\nauditor = "openai/file-model"\n[lm.options."openai/file-model"]\napi_base = "http://file:1/v1"\n'
     )
-    cfg = load_lm_config(toml, lm="openai/a", role_lms={"judge": "local/qwen2.5-coder-1.5b", "auditor": "openai/file-model"},
-                         env={}, api_base="http://h:1/v1")  # fmt: skip
+    cfg = load_lm_config(
+        toml,
+        lm="openai/a",
+        role_lms={"judge": "local/qwen2.5-coder-1.5b", "auditor": "openai/file-model"},
+        env={},
+        api_base="http://h:1/v1",
+    )
     assert cfg.spec("planner").api_base == "http://h:1/v1" and cfg.spec("planner").on_server
     assert cfg.spec("auditor").api_base == "http://h:1/v1"  # the flag beats the file
     assert cfg.spec("judge").api_base is None  # the embedded model takes no endpoint

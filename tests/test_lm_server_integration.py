@@ -94,23 +94,51 @@ def test_generate_evaluate_optimize_against_the_server(llama_server, tmp_path):
     # candidate, one thread: two llama.cpp engines at once on 2 cores only slow each other down;
     # concurrency against a server is tested on the fake endpoint in test_lm_server.py)
     summary = invoke(
-        "generate", "--format", "jsonl", "--path", str(DEMO), "--out", str(gen), "--n", "1",
-        "--max-candidates", "1", "--config", str(toml), "--lm-planner", "local/qwen2.5-coder-1.5b",
-        "--profile", "small",
-    )  # fmt: skip
+        "generate",
+        "--format",
+        "jsonl",
+        "--path",
+        str(DEMO),
+        "--out",
+        str(gen),
+        "--n",
+        "1",
+        "--max-candidates",
+        "1",
+        "--config",
+        str(toml),
+        "--lm-planner",
+        "local/qwen2.5-coder-1.5b",
+        "--profile",
+        "small",
+    )
     usage = summary["lm_usage_by_role"]
     assert usage["planner"]["calls"] >= 1 and usage["planner"]["errors"] == 0
-    outcomes = [json.loads(line) for name in ("train.jsonl", "val.jsonl", "rejected.jsonl")
-                if (gen / name).exists() for line in (gen / name).read_text().splitlines()]  # fmt: skip
+    outcomes = [
+        json.loads(line)
+        for name in ("train.jsonl", "val.jsonl", "rejected.jsonl")
+        if (gen / name).exists()
+        for line in (gen / name).read_text().splitlines()
+    ]
     assert len(outcomes) == summary["candidates"] == 1  # the run folder holds the candidate once
     lm_errors = [o for o in outcomes if o.get("reason") == "lm_error"]
     assert not lm_errors, lm_errors  # every server role parsed (structured outputs)
 
     ev = tmp_path / "eval"
     report = invoke(
-        "evaluate", "--format", "jsonl", "--path", str(DEMO), "--limit", "2", "--out", str(ev),
-        "--config", str(toml), "--no-cache",
-    )  # fmt: skip
+        "evaluate",
+        "--format",
+        "jsonl",
+        "--path",
+        str(DEMO),
+        "--limit",
+        "2",
+        "--out",
+        str(ev),
+        "--config",
+        str(toml),
+        "--no-cache",
+    )
     items = [json.loads(line) for line in (ev / "items.jsonl").read_text().splitlines()]
     assert len(items) == 2 and all(i["error"] is None for i in items), items
     assert (
@@ -122,11 +150,29 @@ def test_generate_evaluate_optimize_against_the_server(llama_server, tmp_path):
 
     opt = tmp_path / "opt"
     result = invoke(
-        "optimize", "--format", "jsonl", "--path", str(DEMO), "--supervision", "official",
-        "--objective", "recall", "--iterations", "2", "--proposer-output", "changes",
-        "--feedback-tokens", "600", "--out", str(opt), "--config", str(toml), "--no-cache",
-        "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
-    )  # fmt: skip
+        "optimize",
+        "--format",
+        "jsonl",
+        "--path",
+        str(DEMO),
+        "--supervision",
+        "official",
+        "--objective",
+        "recall",
+        "--iterations",
+        "2",
+        "--proposer-output",
+        "changes",
+        "--feedback-tokens",
+        "600",
+        "--out",
+        str(opt),
+        "--config",
+        str(toml),
+        "--no-cache",
+        "--tracking-uri",
+        f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )
     lines = (opt / "trajectory.jsonl").read_text().splitlines()
     assert [json.loads(line)["iteration"] for line in lines] == [0, 1, 2]
     assert result["lm_usage"]["proposer"]["calls"] >= 2

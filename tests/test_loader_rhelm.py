@@ -24,10 +24,17 @@ from memsteer_dspy.records import AnswerType, RecordKind
 # --------------------------------------------------------------------------------------------
 
 PERSONAS = [
-    "David_R._Ellis", "David_Reyes", "Dr._Alastair_McEwan", "Dr._Elena_Markovic",
-    "Dr._Elias_Romero", "Dr._Marcus_Ellison", "Elena_Morales", "Jonas_Richter",
-    "Justice_Arvind_Prakash_Mehra", "Martin_Keller",
-]  # fmt: skip
+    "David_R._Ellis",
+    "David_Reyes",
+    "Dr._Alastair_McEwan",
+    "Dr._Elena_Markovic",
+    "Dr._Elias_Romero",
+    "Dr._Marcus_Ellison",
+    "Elena_Morales",
+    "Jonas_Richter",
+    "Justice_Arvind_Prakash_Mehra",
+    "Martin_Keller",
+]
 
 _CACHE: dict[tuple[str, bool], object] = {}
 
@@ -97,10 +104,11 @@ def test_email_records(rhelm_root):
 def test_email_replies_share_a_thread_and_refer_back(rhelm_root):
     h = _load(rhelm_root, "Martin_Keller").history
     reply = next(
-        r for r in h.records
+        r
+        for r in h.records
         if r.kind == RecordKind.EMAIL
         and r.metadata["subject"] == "Re: Apology and Request to Reschedule Missed Viewing"
-    )  # fmt: skip
+    )
     (original_id,) = reply.references
     original = h[original_id]
     assert original.metadata["subject"] == "Apology and Request to Reschedule Missed Viewing"
@@ -146,40 +154,108 @@ def test_attachments_carry_the_date_of_their_nn_email(rhelm_root):
     [
         # conversation turns, single and in lists
         ("Martin_Keller", "fact_b530ec", "2024-08-26:7", ["2024-08-26:7"]),
-        ("David_Reyes", "aggregation_8888d3", "2024-06-26:13,17,18",
-         ["2024-06-26:13", "2024-06-26:17", "2024-06-26:18"]),
-        ("David_R._Ellis", "aggregation_5139b8", "2024-05-28:9,2024-05-28:10,2024-05-28:11,2024-05-28:13",
-         ["2024-05-28:9", "2024-05-28:10", "2024-05-28:11", "2024-05-28:13"]),
+        (
+            "David_Reyes",
+            "aggregation_8888d3",
+            "2024-06-26:13,17,18",
+            ["2024-06-26:13", "2024-06-26:17", "2024-06-26:18"],
+        ),
+        (
+            "David_R._Ellis",
+            "aggregation_5139b8",
+            "2024-05-28:9,2024-05-28:10,2024-05-28:11,2024-05-28:13",
+            ["2024-05-28:9", "2024-05-28:10", "2024-05-28:11", "2024-05-28:13"],
+        ),
         # emails: numbered, bare, header, header with From/To, to a recipient
-        ("David_R._Ellis", "email_174911", "Emails_2024-01-15:Email 3", ["Emails_2024-01-15:Email 3"]),
-        ("David_R._Ellis", "email_3705fc", "Emails_2024-04-14:Email", ["Emails_2024-04-14:Email 2"]),
-        ("David_R._Ellis", "email_fc7bf9", "Emails_2024-04-17:Header", ["Emails_2024-04-17:Email 1"]),
-        ("David_R._Ellis", "email_d02bf9",
-         "Emails_2024-07-11:Header: ## Email:From: Alicia Torres <alicia.torres@email.com>To: David R. Ellis <david.ellis@email.com>",
-         ["Emails_2024-07-11:Email 3"]),
-        ("Martin_Keller", "email_98cb34", "Emails_2024-11-01:Email to Lukas Weber", ["Emails_2024-11-01:Email 2"]),
-        ("Martin_Keller", "email_98cb34", "Emails_2024-11-01:Email to Freiburg Property Manager",
-         ["Emails_2024-11-01:Email 3"]),
+        (
+            "David_R._Ellis",
+            "email_174911",
+            "Emails_2024-01-15:Email 3",
+            ["Emails_2024-01-15:Email 3"],
+        ),
+        (
+            "David_R._Ellis",
+            "email_3705fc",
+            "Emails_2024-04-14:Email",
+            ["Emails_2024-04-14:Email 2"],
+        ),
+        (
+            "David_R._Ellis",
+            "email_fc7bf9",
+            "Emails_2024-04-17:Header",
+            ["Emails_2024-04-17:Email 1"],
+        ),
+        (
+            "David_R._Ellis",
+            "email_d02bf9",
+            "Emails_2024-07-11:Header: ## Email:From: Alicia Torres <alicia.torres@email.com>To: David R. Ellis <david.ellis@email.com>",
+            ["Emails_2024-07-11:Email 3"],
+        ),
+        (
+            "Martin_Keller",
+            "email_98cb34",
+            "Emails_2024-11-01:Email to Lukas Weber",
+            ["Emails_2024-11-01:Email 2"],
+        ),
+        (
+            "Martin_Keller",
+            "email_98cb34",
+            "Emails_2024-11-01:Email to Freiburg Property Manager",
+            ["Emails_2024-11-01:Email 3"],
+        ),
         # document sections: exact, unnumbered, label only, prefix, header, markdown, bold label
-        ("Dr._Elias_Romero", "mixed_2f5929",
-         "38_notes_task_ae25d187.md:Advancing Public Health Through Innovative Communication",
-         ["38_notes_task_ae25d187.md:Advancing Public Health Through Innovative Communication"]),
-        ("David_R._Ellis", "mixed_fcafac", "60_notes_task_1876871b.md:Exercise Routine Table",
-         ["60_notes_task_1876871b.md:1. Exercise Routine Table"]),
-        ("Dr._Elias_Romero", "mixed_e76f55", "39_notes_task_29a768f5.md:Section 5",
-         ["39_notes_task_29a768f5.md:Section 5: Academic Table of Recipe Updates"]),
-        ("Dr._Marcus_Ellison", "mixed_db4673", "55_notes_task_26403a8e.md:II",
-         ["55_notes_task_26403a8e.md:II. Live Jazz Trio: A Night of Music, Memory, and Urban Renewal"]),
-        ("Dr._Alastair_McEwan", "mixed_1f1740", "35_notes_task_e3601074.md:Required Permissions",
-         ["35_notes_task_e3601074.md:Required Permissions (Advance Arrangements Confirmed)"]),
-        ("Dr._Marcus_Ellison", "mixed_6c84d0", "52_notes_task_f4a077ab.md:Header",
-         ["52_notes_task_f4a077ab.md:Spicy Lentil Soup Collaborative Recipe Update Log"]),
-        ("Martin_Keller", "mixed_5836a4", "47_notes_task_cf44e0de.md:Header: ## Spicy Chickpea Stew",
-         ["47_notes_task_cf44e0de.md:Spicy Chickpea Stew"]),
-        ("Martin_Keller", "attachment_f8a3da", "30_notes_task_3d4efda4.md:Eggplants (Aubergines)",
-         ["30_notes_task_3d4efda4.md:Core Ingredients & Step-by-Step Preparation"]),
+        (
+            "Dr._Elias_Romero",
+            "mixed_2f5929",
+            "38_notes_task_ae25d187.md:Advancing Public Health Through Innovative Communication",
+            ["38_notes_task_ae25d187.md:Advancing Public Health Through Innovative Communication"],
+        ),
+        (
+            "David_R._Ellis",
+            "mixed_fcafac",
+            "60_notes_task_1876871b.md:Exercise Routine Table",
+            ["60_notes_task_1876871b.md:1. Exercise Routine Table"],
+        ),
+        (
+            "Dr._Elias_Romero",
+            "mixed_e76f55",
+            "39_notes_task_29a768f5.md:Section 5",
+            ["39_notes_task_29a768f5.md:Section 5: Academic Table of Recipe Updates"],
+        ),
+        (
+            "Dr._Marcus_Ellison",
+            "mixed_db4673",
+            "55_notes_task_26403a8e.md:II",
+            [
+                "55_notes_task_26403a8e.md:II. Live Jazz Trio: A Night of Music, Memory, and Urban Renewal"
+            ],
+        ),
+        (
+            "Dr._Alastair_McEwan",
+            "mixed_1f1740",
+            "35_notes_task_e3601074.md:Required Permissions",
+            ["35_notes_task_e3601074.md:Required Permissions (Advance Arrangements Confirmed)"],
+        ),
+        (
+            "Dr._Marcus_Ellison",
+            "mixed_6c84d0",
+            "52_notes_task_f4a077ab.md:Header",
+            ["52_notes_task_f4a077ab.md:Spicy Lentil Soup Collaborative Recipe Update Log"],
+        ),
+        (
+            "Martin_Keller",
+            "mixed_5836a4",
+            "47_notes_task_cf44e0de.md:Header: ## Spicy Chickpea Stew",
+            ["47_notes_task_cf44e0de.md:Spicy Chickpea Stew"],
+        ),
+        (
+            "Martin_Keller",
+            "attachment_f8a3da",
+            "30_notes_task_3d4efda4.md:Eggplants (Aubergines)",
+            ["30_notes_task_3d4efda4.md:Core Ingredients & Step-by-Step Preparation"],
+        ),
     ],
-)  # fmt: skip
+)
 def test_official_evidence_quirks_resolve_to_the_right_record(
     rhelm_root, persona, qa_id, raw, expected
 ):
@@ -290,8 +366,14 @@ def _session(day: str, turns: list[dict]) -> str:
 
 
 def _turn(n: int, day: str, user: str, assistant: str, **extra) -> dict:
-    return {"turn": n, "timestamp": f"{day}T09:0{n}:00", "message_type": "status_update",
-            "user": user, "assistant": assistant, **extra}  # fmt: skip
+    return {
+        "turn": n,
+        "timestamp": f"{day}T09:0{n}:00",
+        "message_type": "status_update",
+        "user": user,
+        "assistant": assistant,
+        **extra,
+    }
 
 
 EMAILS_1 = """Sender: Ada Lovelace <ada@example.com>
@@ -351,9 +433,17 @@ REPORT_HTML = """<!DOCTYPE html><html><head><title>02_report_task_bbbb2222</titl
 def _qa(
     id_: str, question: str, answer: str, evidence: list[str], qdate: str = "2024-02-01"
 ) -> str:
-    return json.dumps({"id": id_, "question": question, "answer": answer, "question_date": qdate,
-                       "question_type": "fact", "supporting_evidence": evidence,
-                       "characteristics": ["Fact Retrieval"]})  # fmt: skip
+    return json.dumps(
+        {
+            "id": id_,
+            "question": question,
+            "answer": answer,
+            "question_date": qdate,
+            "question_type": "fact",
+            "supporting_evidence": evidence,
+            "characteristics": ["Fact Retrieval"],
+        }
+    )
 
 
 def make_rhelm(tmp_path: Path) -> Path:
@@ -361,23 +451,52 @@ def make_rhelm(tmp_path: Path) -> Path:
     data = tmp_path / "rhelm" / "data"
     conv = data / "conversations" / "Ada_Lovelace"
     conv.mkdir(parents=True)
-    (conv / "conversation_2024_01_01.json").write_text(_session("2024-01-01", [
-        _turn(1, "2024-01-01", "I started the engine notes.", "Great start."),
-        _turn(2, "2024-01-01", "[Upload 01_notes_task_aaaa1111] Please review.", "Done.",
-              research_document="01_notes_task_aaaa1111"),
-    ]), encoding="utf-8")  # fmt: skip
-    (conv / "conversation_2024_01_03.json").write_text(_session("2024-01-03", [
-        _turn(1, "2024-01-03", "Tea with Mary on Sunday.", "Enjoy."),
-        _turn(2, "2024-01-03", "The report is ready.", "Well done."),
-        _turn(3, "2024-01-03", "Costs look high.", "Noted."),
-    ]), encoding="utf-8")  # fmt: skip
+    (conv / "conversation_2024_01_01.json").write_text(
+        _session(
+            "2024-01-01",
+            [
+                _turn(1, "2024-01-01", "I started the engine notes.", "Great start."),
+                _turn(
+                    2,
+                    "2024-01-01",
+                    "[Upload 01_notes_task_aaaa1111] Please review.",
+                    "Done.",
+                    research_document="01_notes_task_aaaa1111",
+                ),
+            ],
+        ),
+        encoding="utf-8",
+    )
+    (conv / "conversation_2024_01_03.json").write_text(
+        _session(
+            "2024-01-03",
+            [
+                _turn(1, "2024-01-03", "Tea with Mary on Sunday.", "Enjoy."),
+                _turn(2, "2024-01-03", "The report is ready.", "Well done."),
+                _turn(3, "2024-01-03", "Costs look high.", "Noted."),
+            ],
+        ),
+        encoding="utf-8",
+    )
     bob = data / "conversations" / "Bob"
     bob.mkdir(parents=True)
     (bob / "conversation_2024_01_01.json").write_text(
-        json.dumps({"character": "Bob", "date": "2024-01-01", "conversation": [
-            {"turn": 1, "timestamp": "2024-01-01T08:00:00", "user": "Hi", "assistant": "Hello"}]}),
+        json.dumps(
+            {
+                "character": "Bob",
+                "date": "2024-01-01",
+                "conversation": [
+                    {
+                        "turn": 1,
+                        "timestamp": "2024-01-01T08:00:00",
+                        "user": "Hi",
+                        "assistant": "Hello",
+                    }
+                ],
+            }
+        ),
         encoding="utf-8",
-    )  # fmt: skip
+    )
     emails = data / "emails" / "Ada_Lovelace"
     emails.mkdir(parents=True)
     (emails / "01_email_2024_01_01.txt").write_text(EMAILS_1, encoding="utf-8")
@@ -388,25 +507,83 @@ def make_rhelm(tmp_path: Path) -> Path:
     (att / "02_report_task_bbbb2222.html").write_text(REPORT_HTML, encoding="utf-8")
     qa = data / "QA_final"
     qa.mkdir(parents=True)
-    (qa / "low_score_qa_Ada_Lovelace_all_validated.jsonl").write_text("\n".join([
-        _qa("fact_1", "What did I start?", "Engine notes", ["2024-01-01:1"]),
-        _qa("agg_1", "What happened on the 3rd?", "Tea, report and costs", ["2024-01-03:1,2,3"]),
-        _qa("email_1", "When do the punched cards arrive, as Charles told me?", "Friday",
-            ["Emails_2024-01-01:Email"]),
-        _qa("email_2", "Whom did I invite to tea?", "Mary Somerville", ["Emails_2024-01-03:Email 1"]),
-        _qa("email_3", "Who wrote to me?", "Charles Babbage",
-            ["Emails_2024-01-01:Header: Email:From: Charles Babbage <charles@example.com>To: Ada"]),
-        _qa("email_4", "What were my notes about?", "The engine", ["Emails_2024-01-01:Email to Charles"]),
-        _qa("doc_1", "Where do the cards come from?", "The Jacquard loom",
-            ["01_notes_task_aaaa1111.md:Punched Cards"]),
-        _qa("doc_2", "How many numbers does the store keep?", "1000",
-            ["01_notes_task_aaaa1111.md:Notes"]),
-        _qa("doc_3", "What does the mill cost?", "300 pounds", ["02_report_task_bbbb2222.html:costs"]),
-        _qa("doc_4", "Which number will I compute?", "The seventh Bernoulli number",
-            ["01_notes_task_aaaa1111.md:Bernoulli Plan"]),
-        _qa("doc_5", "Who is the report for?", "Charles", ["02_report_task_bbbb2222:Engine Report"]),
-        _qa("bad_1", "Which turn?", "None", ["2024-01-01:9", "03_notes_task_cccc.md:Nothing"]),
-    ]) + "\n", encoding="utf-8")  # fmt: skip
+    (qa / "low_score_qa_Ada_Lovelace_all_validated.jsonl").write_text(
+        "\n".join(
+            [
+                _qa("fact_1", "What did I start?", "Engine notes", ["2024-01-01:1"]),
+                _qa(
+                    "agg_1",
+                    "What happened on the 3rd?",
+                    "Tea, report and costs",
+                    ["2024-01-03:1,2,3"],
+                ),
+                _qa(
+                    "email_1",
+                    "When do the punched cards arrive, as Charles told me?",
+                    "Friday",
+                    ["Emails_2024-01-01:Email"],
+                ),
+                _qa(
+                    "email_2",
+                    "Whom did I invite to tea?",
+                    "Mary Somerville",
+                    ["Emails_2024-01-03:Email 1"],
+                ),
+                _qa(
+                    "email_3",
+                    "Who wrote to me?",
+                    "Charles Babbage",
+                    [
+                        "Emails_2024-01-01:Header: Email:From: Charles Babbage <charles@example.com>To: Ada"
+                    ],
+                ),
+                _qa(
+                    "email_4",
+                    "What were my notes about?",
+                    "The engine",
+                    ["Emails_2024-01-01:Email to Charles"],
+                ),
+                _qa(
+                    "doc_1",
+                    "Where do the cards come from?",
+                    "The Jacquard loom",
+                    ["01_notes_task_aaaa1111.md:Punched Cards"],
+                ),
+                _qa(
+                    "doc_2",
+                    "How many numbers does the store keep?",
+                    "1000",
+                    ["01_notes_task_aaaa1111.md:Notes"],
+                ),
+                _qa(
+                    "doc_3",
+                    "What does the mill cost?",
+                    "300 pounds",
+                    ["02_report_task_bbbb2222.html:costs"],
+                ),
+                _qa(
+                    "doc_4",
+                    "Which number will I compute?",
+                    "The seventh Bernoulli number",
+                    ["01_notes_task_aaaa1111.md:Bernoulli Plan"],
+                ),
+                _qa(
+                    "doc_5",
+                    "Who is the report for?",
+                    "Charles",
+                    ["02_report_task_bbbb2222:Engine Report"],
+                ),
+                _qa(
+                    "bad_1",
+                    "Which turn?",
+                    "None",
+                    ["2024-01-01:9", "03_notes_task_cccc.md:Nothing"],
+                ),
+            ]
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     return tmp_path / "rhelm"
 
 
@@ -476,8 +653,18 @@ def test_fixture_without_external_sources(tmp_path):
     assert len(loaded.history) == 5
     assert len(loaded.qa_items) == 12
     external = {u.qa_id for u in loaded.unresolved if u.reason == EXTERNAL_NOT_LOADED}
-    assert external == {"email_1", "email_2", "email_3", "email_4", "doc_1", "doc_2", "doc_3",
-                        "doc_4", "doc_5", "bad_1"}  # fmt: skip
+    assert external == {
+        "email_1",
+        "email_2",
+        "email_3",
+        "email_4",
+        "doc_1",
+        "doc_2",
+        "doc_3",
+        "doc_4",
+        "doc_5",
+        "bad_1",
+    }
     assert "references" not in loaded.history["2024-01-01:2"].model_dump(exclude_defaults=True)
 
 

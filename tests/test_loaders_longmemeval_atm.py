@@ -26,18 +26,39 @@ def lme_instance(qid="e47becba", answer="Business Administration"):
         "answer": answer,
         "question_date": "2023/05/30 (Tue) 23:40",
         "haystack_session_ids": ["sharegpt_yywfJrO_0", "answer_280352e9", "ultrachat_1"],
-        "haystack_dates": ["2023/05/20 (Sat) 02:21", "2023/05/21 (Sun) 11:02", "2023/05/22 (Mon) 09:00"],
+        "haystack_dates": [
+            "2023/05/20 (Sat) 02:21",
+            "2023/05/21 (Sun) 11:02",
+            "2023/05/22 (Mon) 09:00",
+        ],
         "haystack_sessions": [
-            [{"role": "user", "content": "Can you recommend a pasta recipe?"},
-             {"role": "assistant", "content": "Try cacio e pepe: pecorino, pepper, spaghetti."}],
-            [{"role": "user", "content": "I graduated with a degree in Business Administration.", "has_answer": True},
-             {"role": "assistant", "content": "Congratulations on your Business Administration degree!"},
-             {"role": "user", "content": "Thanks, I now work in marketing.", "has_answer": False}],
-            [{"role": "user", "content": "What is the capital of Peru?"},
-             {"role": "assistant", "content": "Lima."}],
+            [
+                {"role": "user", "content": "Can you recommend a pasta recipe?"},
+                {"role": "assistant", "content": "Try cacio e pepe: pecorino, pepper, spaghetti."},
+            ],
+            [
+                {
+                    "role": "user",
+                    "content": "I graduated with a degree in Business Administration.",
+                    "has_answer": True,
+                },
+                {
+                    "role": "assistant",
+                    "content": "Congratulations on your Business Administration degree!",
+                },
+                {
+                    "role": "user",
+                    "content": "Thanks, I now work in marketing.",
+                    "has_answer": False,
+                },
+            ],
+            [
+                {"role": "user", "content": "What is the capital of Peru?"},
+                {"role": "assistant", "content": "Lima."},
+            ],
         ],
         "answer_session_ids": ["answer_280352e9"],
-    }  # fmt: skip
+    }
 
 
 @pytest.fixture
@@ -81,8 +102,13 @@ def test_longmemeval_every_instance_round_trips(lme_file):
     loaded = list(iter_longmemeval(lme_file))
     assert [x.history.user_id for x in loaded] == [i["question_id"] for i in raw]
     for inst, got in zip(raw, loaded, strict=True):
-        turns = [(sid, t) for sid, sess in zip(inst["haystack_session_ids"], inst["haystack_sessions"], strict=True)
-                 for t in sess]  # fmt: skip
+        turns = [
+            (sid, t)
+            for sid, sess in zip(
+                inst["haystack_session_ids"], inst["haystack_sessions"], strict=True
+            )
+            for t in sess
+        ]
         assert len(got.history) == len(turns)
         for rec, (sid, t) in zip(got.history.records, turns, strict=True):
             assert rec.thread_id == sid and rec.author == t["role"]
@@ -157,8 +183,23 @@ def test_recall_any_all_follows_longmemeval_definitions():
 
 def test_evaluate_reports_session_recall_on_longmemeval(lme_file, tmp_path):
     """`evaluate --all --metrics recall` (BM25, no LM): every instance over its own haystack."""
-    res = runner.invoke(app, ["evaluate", "--format", "longmemeval", "--path", str(lme_file), "--all",
-                              "--metrics", "recall", "--no-cache", "--json", "--out", str(tmp_path / "ev")])  # fmt: skip
+    res = runner.invoke(
+        app,
+        [
+            "evaluate",
+            "--format",
+            "longmemeval",
+            "--path",
+            str(lme_file),
+            "--all",
+            "--metrics",
+            "recall",
+            "--no-cache",
+            "--json",
+            "--out",
+            str(tmp_path / "ev"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout[res.stdout.index("{") :])
     assert summary["n"] == 2 and summary["user"] == "2 instances"
@@ -176,8 +217,21 @@ def test_evaluate_reports_session_recall_on_longmemeval(lme_file, tmp_path):
         for x in (tmp_path / "ev" / "gpt4_2655b836_abs" / "items.jsonl").read_text().splitlines()
     ]
     assert items[0]["any_all_recall"] is None  # abstention items are left out, as LongMemEval does
-    one = runner.invoke(app, ["evaluate", "--format", "longmemeval", "--path", str(lme_file), "--user", "e47becba",
-                              "--metrics", "recall", "--no-cache"])  # fmt: skip
+    one = runner.invoke(
+        app,
+        [
+            "evaluate",
+            "--format",
+            "longmemeval",
+            "--path",
+            str(lme_file),
+            "--user",
+            "e47becba",
+            "--metrics",
+            "recall",
+            "--no-cache",
+        ],
+    )
     assert one.exit_code == 0, one.output
     assert "session" in one.output and "any@5" in one.output
     # a failed retrieval scores 0 here too, never leaves the item out
@@ -209,32 +263,72 @@ def atm_root(tmp_path):
     (root / "output" / "image" / "qwen3vl2b").mkdir(parents=True)
     (root / "output" / "video" / "qwen3vl2b").mkdir(parents=True)
     emails = [
-        {"id": "email202401010001", "timestamp": "2024-01-01 12:34:56", "short_summary": "Train ticket to Oxford",
-         "detail": "Your e-ticket: London Marylebone to Oxford, 3 Feb 2024, £12.85 with railcard."},
-        {"id": "email202402100002", "timestamp": "2024-02-10 08:00:00", "short_summary": "Dentist appointment",
-         "detail": "Reminder: appointment on 14 February at 4:00 PM."},
-    ]  # fmt: skip
+        {
+            "id": "email202401010001",
+            "timestamp": "2024-01-01 12:34:56",
+            "short_summary": "Train ticket to Oxford",
+            "detail": "Your e-ticket: London Marylebone to Oxford, 3 Feb 2024, £12.85 with railcard.",
+        },
+        {
+            "id": "email202402100002",
+            "timestamp": "2024-02-10 08:00:00",
+            "short_summary": "Dentist appointment",
+            "detail": "Reminder: appointment on 14 February at 4:00 PM.",
+        },
+    ]
     images = [
-        {"image_path": "data/raw_memory/image/20220430_132212.jpg", "timestamp": "2022:04:30 13:22:12",
-         "location_name": "Radcliffe Camera, Oxford", "short_caption": "A library dome",
-         "caption": "A round domed library under a blue sky.", "ocr_text": "", "tags": ["library", "oxford"]},
-        {"image_path": "data/raw_memory/image/20220502_172850.jpg", "timestamp": "2022-05-02 17:28:50",
-         "location_name": "Cambridge", "short_caption": "Punting", "caption": "People punting on a river.",
-         "ocr_text": "SCUDAMORE'S PUNTING CO", "tags": ["river", "boat"]},
-    ]  # fmt: skip
+        {
+            "image_path": "data/raw_memory/image/20220430_132212.jpg",
+            "timestamp": "2022:04:30 13:22:12",
+            "location_name": "Radcliffe Camera, Oxford",
+            "short_caption": "A library dome",
+            "caption": "A round domed library under a blue sky.",
+            "ocr_text": "",
+            "tags": ["library", "oxford"],
+        },
+        {
+            "image_path": "data/raw_memory/image/20220502_172850.jpg",
+            "timestamp": "2022-05-02 17:28:50",
+            "location_name": "Cambridge",
+            "short_caption": "Punting",
+            "caption": "People punting on a river.",
+            "ocr_text": "SCUDAMORE'S PUNTING CO",
+            "tags": ["river", "boat"],
+        },
+    ]
     videos = [
-        {"video_path": "data/raw_memory/video/20230101_000501.mp4", "timestamp": "2023-01-01 00:05:01",
-         "location_name": "London", "short_caption": "Fireworks", "caption": "New Year fireworks over the Thames.",
-         "ocr_text": "", "tags": ["fireworks"]},
-    ]  # fmt: skip
-    qas = {"qas": [
-        {"id": "atm_001", "question": "How much was my train ticket to Oxford?", "answer": "£12.85",
-         "evidence_ids": ["email202401010001"]},
-        {"id": "atm_002", "question": "Which photos show a river or a library?", "answer": "20220430_132212, 20220502_172850",
-         "evidence_ids": ["20220430_132212", "20220502_172850"]},
-        {"id": "atm_003", "question": "Where did I watch fireworks?", "answer": "London",
-         "evidence_ids": ["20230101_000501", "20990101_000000"]},
-    ]}  # fmt: skip
+        {
+            "video_path": "data/raw_memory/video/20230101_000501.mp4",
+            "timestamp": "2023-01-01 00:05:01",
+            "location_name": "London",
+            "short_caption": "Fireworks",
+            "caption": "New Year fireworks over the Thames.",
+            "ocr_text": "",
+            "tags": ["fireworks"],
+        },
+    ]
+    qas = {
+        "qas": [
+            {
+                "id": "atm_001",
+                "question": "How much was my train ticket to Oxford?",
+                "answer": "£12.85",
+                "evidence_ids": ["email202401010001"],
+            },
+            {
+                "id": "atm_002",
+                "question": "Which photos show a river or a library?",
+                "answer": "20220430_132212, 20220502_172850",
+                "evidence_ids": ["20220430_132212", "20220502_172850"],
+            },
+            {
+                "id": "atm_003",
+                "question": "Where did I watch fireworks?",
+                "answer": "London",
+                "evidence_ids": ["20230101_000501", "20990101_000000"],
+            },
+        ]
+    }
     (root / "data" / "raw_memory" / "email" / "emails.json").write_text(json.dumps(emails))
     (root / "output" / "image" / "qwen3vl2b" / "batch_results.json").write_text(json.dumps(images))
     (root / "output" / "video" / "qwen3vl2b" / "batch_results.json").write_text(json.dumps(videos))
@@ -337,7 +431,19 @@ def test_ingest_accepts_both_formats(atm_root, lme_file):
     )
     assert res.exit_code == 0, res.output
     assert "records       7" in res.output and "threads       3" in res.output
-    res = runner.invoke(app, ["evaluate", "--format", "atm", "--path", str(atm_root), "--metrics", "recall",
-                              "--no-cache", "--json"])  # fmt: skip
+    res = runner.invoke(
+        app,
+        [
+            "evaluate",
+            "--format",
+            "atm",
+            "--path",
+            str(atm_root),
+            "--metrics",
+            "recall",
+            "--no-cache",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["recall_at_10"] > 0.5

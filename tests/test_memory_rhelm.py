@@ -45,8 +45,10 @@ def test_as_of_protocol_never_retrieves_records_from_the_question_date_on(loaded
         i for i in loaded.qa_items if i.question_date and i.question_date > date(2024, 6, 1)
     )
     as_of_history = history.as_of(item.question_date, inclusive=False)
-    fresh = MemorySystem.from_design(MemoryDesign.base_bm25().model_copy(update={"retrieve": MemoryDesign.base_bm25().retrieve}),
-                                     as_of_history)  # fmt: skip
+    fresh = MemorySystem.from_design(
+        MemoryDesign.base_bm25().model_copy(update={"retrieve": MemoryDesign.base_bm25().retrieve}),
+        as_of_history,
+    )
     mine = next(r for r in report.items if r.qa_id == item.id).trace
     theirs = fresh.retrieve(item.question, question_date=item.question_date)
     # same candidates; BM25 statistics differ slightly (IDF over more records), so compare sets
@@ -72,8 +74,22 @@ def test_external_sources_change_the_history(rhelm_root, loaded):
 
 def test_cli_evaluate_recall_json(rhelm_root, tmp_path):
     runner = CliRunner()
-    args = ["evaluate", "--format", "rhelm", "--path", str(rhelm_root), "--user", PERSONA, "--metrics", "recall",
-            "--json", "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "out")]  # fmt: skip
+    args = [
+        "evaluate",
+        "--format",
+        "rhelm",
+        "--path",
+        str(rhelm_root),
+        "--user",
+        PERSONA,
+        "--metrics",
+        "recall",
+        "--json",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--out",
+        str(tmp_path / "out"),
+    ]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
@@ -108,8 +124,22 @@ def test_cli_evaluate_recall_json(rhelm_root, tmp_path):
 
 
 def test_cli_evaluate_text_table(rhelm_root, tmp_path):
-    result = CliRunner().invoke(app, ["evaluate", "--path", str(rhelm_root), "--user", PERSONA, "--no-external",
-                                      "--metrics", "recall", "--no-cache", "--limit", "20"])  # fmt: skip
+    result = CliRunner().invoke(
+        app,
+        [
+            "evaluate",
+            "--path",
+            str(rhelm_root),
+            "--user",
+            PERSONA,
+            "--no-external",
+            "--metrics",
+            "recall",
+            "--no-cache",
+            "--limit",
+            "20",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert (
         "R@10" in result.stdout and "overall" in result.stdout and "protocol as_of" in result.stdout
@@ -119,8 +149,20 @@ def test_cli_evaluate_text_table(rhelm_root, tmp_path):
 def test_cli_bad_design_names_the_field(rhelm_root, tmp_path):
     design = tmp_path / "bad.json"
     design.write_text(json.dumps({"retrieve": {"rerank": "colbert"}}))
-    result = CliRunner().invoke(app, ["evaluate", "--path", str(rhelm_root), "--user", PERSONA,
-                                      "--metrics", "recall", "--design", str(design)])  # fmt: skip
+    result = CliRunner().invoke(
+        app,
+        [
+            "evaluate",
+            "--path",
+            str(rhelm_root),
+            "--user",
+            PERSONA,
+            "--metrics",
+            "recall",
+            "--design",
+            str(design),
+        ],
+    )
     assert result.exit_code == 2
     assert "retrieve.rerank" in result.output and "'cross_encoder'" in result.output
 
@@ -128,14 +170,36 @@ def test_cli_bad_design_names_the_field(rhelm_root, tmp_path):
 def test_cli_qa_file(rhelm_root, loaded, tmp_path):
     qa = tmp_path / "val.jsonl"
     qa.write_text("".join(q.model_dump_json() + "\n" for q in loaded.qa_items[:3]))
-    result = CliRunner().invoke(app, ["evaluate", "--path", str(rhelm_root), "--user", PERSONA, "--qa", str(qa),
-                                      "--metrics", "recall", "--json", "--no-cache"])  # fmt: skip
+    result = CliRunner().invoke(
+        app,
+        [
+            "evaluate",
+            "--path",
+            str(rhelm_root),
+            "--user",
+            PERSONA,
+            "--qa",
+            str(qa),
+            "--metrics",
+            "recall",
+            "--json",
+            "--no-cache",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["n"] == 3
 
 
-@pytest.mark.parametrize("unit, extra", [("record", {}), ("window", {"window_size": 3}), ("thread", {}),
-                                         ("section", {"section_max_tokens": 256}), ("section", {"section_max_tokens": 32})])  # fmt: skip
+@pytest.mark.parametrize(
+    "unit, extra",
+    [
+        ("record", {}),
+        ("window", {"window_size": 3}),
+        ("thread", {}),
+        ("section", {"section_max_tokens": 256}),
+        ("section", {"section_max_tokens": 32}),
+    ],
+)
 def test_unit_count_is_the_number_of_units_the_store_builds(loaded, unit, extra):
     """The optimizer bounds a dense index's size by this count before anything is embedded; it
     must be exact (sections counted from cached span token counts, not rendered)."""

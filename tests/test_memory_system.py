@@ -224,9 +224,13 @@ def _query_handler(system, user):
 
 @pytest.mark.parametrize(
     ("strategy", "expected_query", "expected_hit"),
-    [("rewrite", "dentist Tuesday", "s2:1"), ("decompose", "When is the dentist?", "s2:1"),
-     ("hyde", "Rent is paid monthly in euros.", "doc.md:Budget"), ("multi_query", "novel lighthouse keeper", "s2:3")],
-)  # fmt: skip
+    [
+        ("rewrite", "dentist Tuesday", "s2:1"),
+        ("decompose", "When is the dentist?", "s2:1"),
+        ("hyde", "Rent is paid monthly in euros.", "doc.md:Budget"),
+        ("multi_query", "novel lighthouse keeper", "s2:3"),
+    ],
+)
 def test_query_strategies_search_with_lm_queries(strategy, expected_query, expected_hit):
     question = "Xyzzy plugh?"  # matches nothing by itself
     raw = build(MemoryDesign.base_bm25()).retrieve(question)
@@ -279,8 +283,14 @@ def tiny_cross_encoder(tmp_path_factory):
     from memsteer_dspy.memory.embedders import minilm_path
 
     folder = tmp_path_factory.mktemp("tiny-reranker")
-    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                  intermediate_size=64, num_labels=1)  # fmt: skip
+    cfg = transformers.BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=1,
+    )
     transformers.set_seed(0)
     transformers.BertForSequenceClassification(cfg).save_pretrained(folder)
     transformers.AutoTokenizer.from_pretrained(str(minilm_path())).save_pretrained(folder)
@@ -346,8 +356,13 @@ def test_time_filter_drops_future_parts_of_a_unit():
 
     from memsteer_dspy.records import History
 
-    h = History("u", [rec("t:1", "The red bicycle was bought.", "2024-01-01", "t", 1),
-                      rec("t:2", "The red bicycle was sold.", "2024-02-01", "t", 2)])  # fmt: skip
+    h = History(
+        "u",
+        [
+            rec("t:1", "The red bicycle was bought.", "2024-01-01", "t", 1),
+            rec("t:2", "The red bicycle was sold.", "2024-02-01", "t", 2),
+        ],
+    )
     s = MemorySystem.from_design(design(store={"unit": "thread"}), h)
     early = s.retrieve("red bicycle", question_date="2024-01-15")
     assert early.ranked_unit_ids == ["thread:t"] and early.ranked_record_ids == [["t:1"]]
@@ -501,8 +516,11 @@ def test_index_is_reused_across_designs_that_change_only_retrieval(tmp_path):
     d = build(design(store={"unit": "thread"}), cache_dir=tmp_path)
     assert d.build_info["store"] == "built"
     # a different history never reuses another's index
-    other = MemorySystem.from_design(MemoryDesign.base_bm25(), small_history().filter(lambda r: r.id != "s1:1"),
-                                     cache_dir=tmp_path)  # fmt: skip
+    other = MemorySystem.from_design(
+        MemoryDesign.base_bm25(),
+        small_history().filter(lambda r: r.id != "s1:1"),
+        cache_dir=tmp_path,
+    )
     assert other.build_info["store"] == "built"
     assert "s1:1" not in other.retrieve("red bicycle market").ranked_unit_ids
 

@@ -70,16 +70,30 @@ def store(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(store):
     if not Path(CHROMIUM).exists():
-        _missing(f"Chromium not found at {CHROMIUM} (CI installs Debian's chromium in .ci/run; "
-                 "locally: apt-get install chromium, or set MEMSTEER_CHROMIUM)")  # fmt: skip
+        _missing(
+            f"Chromium not found at {CHROMIUM} (CI installs Debian's chromium in .ci/run; "
+            "locally: apt-get install chromium, or set MEMSTEER_CHROMIUM)"
+        )
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
         _missing("Playwright is not installed (the 'browser' extra)")
     port = _free_port()
     log = open(store["out"] / "mlflow-server.log", "w")  # noqa: SIM115 - closed below
-    mlflow = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store["result"].tracking_uri,
-              "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
+    mlflow = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        store["result"].tracking_uri,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     proc = subprocess.Popen(mlflow, stdout=log, stderr=subprocess.STDOUT, cwd=store["out"])
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120

@@ -90,8 +90,25 @@ def test_every_command_runs_without_network(no_network, tmp_path, monkeypatch):
     res = runner.invoke(app, ["ingest", "--format", "jsonl", "--path", str(hist), "--json"])
     assert res.exit_code == 0, res.output
     _patch_lms(monkeypatch, role_lms("generate"))
-    res = runner.invoke(app, ["generate", "--format", "jsonl", "--path", str(hist), "--out", str(tmp_path / "gen"),
-                              "--n", "2", "--max-candidates", "4", "--max-demos", "0", "--json"])  # fmt: skip
+    res = runner.invoke(
+        app,
+        [
+            "generate",
+            "--format",
+            "jsonl",
+            "--path",
+            str(hist),
+            "--out",
+            str(tmp_path / "gen"),
+            "--n",
+            "2",
+            "--max-candidates",
+            "4",
+            "--max-demos",
+            "0",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "gen" / "summary.json").read_text())["candidates"] >= 1
 
@@ -103,8 +120,22 @@ def test_every_command_runs_without_network(no_network, tmp_path, monkeypatch):
     )
     (folder / "qa.jsonl").write_text("".join(q.to_json() + "\n" for q in small_qa()))
     _patch_lms(monkeypatch, role_lms("optimize"))
-    res = runner.invoke(app, ["evaluate", "--format", "jsonl", "--path", str(folder), "--out", str(tmp_path / "eval"),
-                              "--metrics", "all", "--no-cache", "--json"])  # fmt: skip
+    res = runner.invoke(
+        app,
+        [
+            "evaluate",
+            "--format",
+            "jsonl",
+            "--path",
+            str(folder),
+            "--out",
+            str(tmp_path / "eval"),
+            "--metrics",
+            "all",
+            "--no-cache",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["n"] == 4
     sup = tmp_path / "sup"
@@ -115,9 +146,29 @@ def test_every_command_runs_without_network(no_network, tmp_path, monkeypatch):
     (sup / "val.jsonl").write_text("".join(q.to_json() + "\n" for q in val))
     design = tmp_path / "narrow.json"
     MemoryDesign.from_dict(NARROW).save(design)
-    res = runner.invoke(app, ["optimize", "--format", "jsonl", "--path", str(folder), "--supervision", str(sup),
-                              "--out", str(tmp_path / "opt"), "--objective", "recall", "--init-design", str(design),
-                              "--iterations", "1", "--no-cache", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])  # fmt: skip
+    res = runner.invoke(
+        app,
+        [
+            "optimize",
+            "--format",
+            "jsonl",
+            "--path",
+            str(folder),
+            "--supervision",
+            str(sup),
+            "--out",
+            str(tmp_path / "opt"),
+            "--objective",
+            "recall",
+            "--init-design",
+            str(design),
+            "--iterations",
+            "1",
+            "--no-cache",
+            "--tracking-uri",
+            f"sqlite:///{tmp_path / 'mlflow.db'}",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert len((tmp_path / "opt" / "trajectory.jsonl").read_text().splitlines()) == 2
     assert not no_network, no_network

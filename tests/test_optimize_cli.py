@@ -55,8 +55,23 @@ def test_optimize_command_runs_and_resumes(history_dir, scripted_config, tmp_pat
     scripted_config["proposer"] = ProposerLM(
         [proposal(changed(NARROW, retrieve__top_k=3, retrieve__pool=3))]
     )
-    args = ["optimize", "--format", "jsonl", "--path", str(folder), "--supervision", str(sup), "--out", str(out),
-            "--objective", "recall", "--init-design", str(design), "--no-tracking", "--no-cache"]  # fmt: skip
+    args = [
+        "optimize",
+        "--format",
+        "jsonl",
+        "--path",
+        str(folder),
+        "--supervision",
+        str(sup),
+        "--out",
+        str(out),
+        "--objective",
+        "recall",
+        "--init-design",
+        str(design),
+        "--no-tracking",
+        "--no-cache",
+    ]
     res = CliRunner().invoke(app, [*args, "--iterations", "1"])
     assert res.exit_code == 0, res.output
     assert "iter   1/1  accepted" in res.output and "best design" in res.output
@@ -76,22 +91,76 @@ def test_optimize_command_runs_and_resumes(history_dir, scripted_config, tmp_pat
 def test_optimize_command_reports_bad_input(history_dir, scripted_config, tmp_path):
     folder, _, _ = history_dir
     scripted_config["proposer"] = ProposerLM([])
-    res = CliRunner().invoke(app, ["optimize", "--format", "jsonl", "--path", str(folder), "--supervision",
-                                   str(tmp_path / "nowhere"), "--out", str(tmp_path / "o"), "--no-tracking"])  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        [
+            "optimize",
+            "--format",
+            "jsonl",
+            "--path",
+            str(folder),
+            "--supervision",
+            str(tmp_path / "nowhere"),
+            "--out",
+            str(tmp_path / "o"),
+            "--no-tracking",
+        ],
+    )
     assert res.exit_code == 2 and "train.jsonl" in res.output
-    res = CliRunner().invoke(app, ["optimize", "--format", "jsonl", "--path", str(folder), "--supervision", "official",
-                                   "--out", str(tmp_path / "o"), "--no-tracking"])  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        [
+            "optimize",
+            "--format",
+            "jsonl",
+            "--path",
+            str(folder),
+            "--supervision",
+            "official",
+            "--out",
+            str(tmp_path / "o"),
+            "--no-tracking",
+        ],
+    )
     assert res.exit_code == 2 and "no official QA items" in res.output
-    res = CliRunner().invoke(app, ["optimize", "--format", "jsonl", "--path", str(folder), "--supervision", "official",
-                                   "--out", str(tmp_path / "o"), "--objective", "speed"])  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        [
+            "optimize",
+            "--format",
+            "jsonl",
+            "--path",
+            str(folder),
+            "--supervision",
+            "official",
+            "--out",
+            str(tmp_path / "o"),
+            "--objective",
+            "speed",
+        ],
+    )
     assert res.exit_code != 0 and "--objective" in res.output
 
 
 def test_tune_prompts_rejects_unknown_optimizer(history_dir, scripted_config, tmp_path):
     folder, sup, _ = history_dir
     scripted_config["proposer"] = ProposerLM([])
-    res = CliRunner().invoke(app, ["tune-prompts", "--format", "jsonl", "--path", str(folder), "--supervision",
-                                   str(sup), "--out", str(tmp_path / "t"), "--optimizer", "sgd"])  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        [
+            "tune-prompts",
+            "--format",
+            "jsonl",
+            "--path",
+            str(folder),
+            "--supervision",
+            str(sup),
+            "--out",
+            str(tmp_path / "t"),
+            "--optimizer",
+            "sgd",
+        ],
+    )
     assert res.exit_code != 0 and "--optimizer" in res.output
 
 
@@ -105,10 +174,38 @@ def test_optimize_reports_the_held_out_verdict_and_runs_the_baselines(
         "".join(q.model_copy(update={"id": "t-" + q.id}).to_json() + "\n" for q in small_qa())
     )
     scripted_config["proposer"] = ProposerLM([])
-    args = ["optimize", "--format", "jsonl", "--path", str(folder), "--supervision", str(sup), "--objective", "recall",
-            "--init-design", str(design), "--no-tracking", "--no-cache", "--iterations", "2"]  # fmt: skip
-    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "tpe"), "--search", "tpe", "--test", str(held),
-                                   "--accept", "paired", "--json"])  # fmt: skip
+    args = [
+        "optimize",
+        "--format",
+        "jsonl",
+        "--path",
+        str(folder),
+        "--supervision",
+        str(sup),
+        "--objective",
+        "recall",
+        "--init-design",
+        str(design),
+        "--no-tracking",
+        "--no-cache",
+        "--iterations",
+        "2",
+    ]
+    res = CliRunner().invoke(
+        app,
+        [
+            *args,
+            "--out",
+            str(tmp_path / "tpe"),
+            "--search",
+            "tpe",
+            "--test",
+            str(held),
+            "--accept",
+            "paired",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout[res.stdout.index("{") :])
     assert report["search"] == "tpe" and report["accept"] == "paired" and report["iterations"] == 2
@@ -173,16 +270,55 @@ def test_optimize_guard_and_val_from_reach_the_run(history_dir, scripted_config,
     pytest.importorskip("optuna")
     folder, sup, design = history_dir
     scripted_config["proposer"] = ProposerLM([])
-    args = ["optimize", "--format", "jsonl", "--path", str(folder), "--supervision", str(sup), "--objective", "recall",
-            "--init-design", str(design), "--no-tracking", "--no-cache", "--iterations", "1", "--search", "random"]  # fmt: skip
-    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "g"), "--guard", "recall_at_10",
-                                   "--guard", "recall_at_5", "--val-from", "train+val"])  # fmt: skip
+    args = [
+        "optimize",
+        "--format",
+        "jsonl",
+        "--path",
+        str(folder),
+        "--supervision",
+        str(sup),
+        "--objective",
+        "recall",
+        "--init-design",
+        str(design),
+        "--no-tracking",
+        "--no-cache",
+        "--iterations",
+        "1",
+        "--search",
+        "random",
+    ]
+    res = CliRunner().invoke(
+        app,
+        [
+            *args,
+            "--out",
+            str(tmp_path / "g"),
+            "--guard",
+            "recall_at_10",
+            "--guard",
+            "recall_at_5",
+            "--val-from",
+            "train+val",
+        ],
+    )
     assert res.exit_code == 0, res.output
     run = json.loads((tmp_path / "g" / "run.json").read_text())
     assert run["guard"] == ["recall_at_10", "recall_at_5"] and run["val_from"] == "train+val"
     assert run["n_val"] > 0 and run["n_val"] >= run["n_train"]  # the training items select too
     bad = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "b"), "--guard", "recall_at_7"])
     assert bad.exit_code != 0 and "--guard" in bad.output
-    acc = CliRunner().invoke(app, [*args[:-2], "--out", str(tmp_path / "a"), "--objective", "accuracy",
-                                   "--val-from", "train+val"])  # fmt: skip
+    acc = CliRunner().invoke(
+        app,
+        [
+            *args[:-2],
+            "--out",
+            str(tmp_path / "a"),
+            "--objective",
+            "accuracy",
+            "--val-from",
+            "train+val",
+        ],
+    )
     assert acc.exit_code != 0 and "objective recall" in acc.output

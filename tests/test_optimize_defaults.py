@@ -56,8 +56,11 @@ def test_explicit_values_win_over_auto_and_paper():
     # the rest is the small-proposer setting, but an explicit accuracy objective keeps val_from val
     assert r.values["proposer_output"] == "changes" and r.values["val_from"] == "val"
     assert "--accept" not in r.flags() and "--proposer-output changes" in r.flags()
-    everything = resolve_defaults(SMALL_PROPOSER | {"objective": "recall"}, proposer_in_process=False,
-                                  answerer_in_process=False)  # fmt: skip
+    everything = resolve_defaults(
+        SMALL_PROPOSER | {"objective": "recall"},
+        proposer_in_process=False,
+        answerer_in_process=False,
+    )
     assert everything.values == SMALL_PROPOSER | {"objective": "recall"}
     assert everything.auto == () and everything.line() == "resolved: every setting given explicitly"
     with pytest.raises(ValueError, match="iterations"):
@@ -91,9 +94,25 @@ def lm_where(monkeypatch):
 
 def _args(history_dir, out):  # noqa: F811
     folder, sup, design = history_dir
-    return ["optimize", "--format", "jsonl", "--path", str(folder), "--supervision", str(sup), "--out", str(out),
-            "--init-design", str(design), "--no-tracking", "--no-cache", "--iterations", "0",
-            "--test-fraction", "0"]  # fmt: skip
+    return [
+        "optimize",
+        "--format",
+        "jsonl",
+        "--path",
+        str(folder),
+        "--supervision",
+        str(sup),
+        "--out",
+        str(out),
+        "--init-design",
+        str(design),
+        "--no-tracking",
+        "--no-cache",
+        "--iterations",
+        "0",
+        "--test-fraction",
+        "0",
+    ]
 
 
 def test_the_cli_prints_and_records_the_resolved_setting(history_dir, lm_where, tmp_path):  # noqa: F811
@@ -144,8 +163,15 @@ def test_a_folder_written_before_resumes_with_its_flags(history_dir, lm_where, t
     train, val = read_supervision(str(sup))
     old = OptimizeConfig(iterations=0, objective="recall", protocol="full")
     assert old.resolved is None
-    MemSteerOpt(load_history("jsonl", folder).history, train, val, out, config=old, lms=cfg.lm,
-                init_design=MemoryDesign.load(design)).run()  # fmt: skip
+    MemSteerOpt(
+        load_history("jsonl", folder).history,
+        train,
+        val,
+        out,
+        config=old,
+        lms=cfg.lm,
+        init_design=MemoryDesign.load(design),
+    ).run()
     key = json.loads((out / "run.json").read_text())["key"]
     res = CliRunner().invoke(app, [*_args(history_dir, out), "--objective", "recall"])
     assert res.exit_code == 0, res.output

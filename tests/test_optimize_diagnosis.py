@@ -26,8 +26,14 @@ def system() -> MemorySystem:
 def item(
     evidence: list[str], spans: list[str] | None = None, date: str = "2024-03-01", qa_id: str = "x"
 ) -> QAItem:
-    return QAItem(id=qa_id, question="What colour was the bicycle I bought?", answer="red", evidence_ids=evidence,
-                  span_ids=spans or [], question_date=date)  # fmt: skip
+    return QAItem(
+        id=qa_id,
+        question="What colour was the bicycle I bought?",
+        answer="red",
+        evidence_ids=evidence,
+        span_ids=spans or [],
+        question_date=date,
+    )
 
 
 def test_all_evidence_in_context_is_an_answering_failure(system):
@@ -86,8 +92,13 @@ def test_diagnosis_of_real_traces_from_the_memory_system(system):
     narrow = MemorySystem.from_design(
         MemoryDesign.from_dict({"retrieve": {"top_k": 1, "pool": 1}}), small_history()
     )
-    q2 = QAItem(id="q2", question="Where is Anna's marine biology conference?", answer="Lisbon",
-                evidence_ids=["s2:2", "mail:1"], question_date="2024-03-01")  # fmt: skip
+    q2 = QAItem(
+        id="q2",
+        question="Where is Anna's marine biology conference?",
+        answer="Lisbon",
+        evidence_ids=["s2:2", "mail:1"],
+        question_date="2024-03-01",
+    )
     r2 = evaluate_item(narrow, q2, metrics="recall")
     assert r2.delivered_recall == 0.5 and is_failure(r2)
     d = diagnose(narrow, q2, r2)
@@ -104,8 +115,11 @@ def test_is_failure_covers_judged_recall_only_and_errored_results():
 
 def test_diagnose_failures_skips_correct_items_and_records_errors(system, monkeypatch):
     items = [item(["s1:1"], qa_id="ok"), item(["s2:2"], qa_id="bad"), item(["s1:1"], qa_id="boom")]
-    results = [result("ok", delivered=["s1:1"], correct=True), result("bad", delivered=[]),
-               result("boom", delivered=[])]  # fmt: skip
+    results = [
+        result("ok", delivered=["s1:1"], correct=True),
+        result("bad", delivered=[]),
+        result("boom", delivered=[]),
+    ]
     real = system.lookup
 
     def lookup(rid, **kw):

@@ -19,10 +19,24 @@ def population(n_storage=3, n_retrieval=25, n_answering=12, n_correct=5):
     stages += [FailureStage.ANSWERING] * n_answering + [None] * n_correct
     for i, stage in enumerate(stages):
         qid = f"q{i:03d}"
-        items.append(QAItem(id=qid, question=f"question {i}?", answer=f"answer {i}", evidence_ids=["s1:1", "s2:2"],
-                            question_date="2024-03-01"))  # fmt: skip
-        results.append(result(qid, delivered=["s1:1"], context="[s1:1]\nI bought a red bicycle", correct=stage is None,
-                              ranked=["s1:1", "s3:1", "s2:2"]))  # fmt: skip
+        items.append(
+            QAItem(
+                id=qid,
+                question=f"question {i}?",
+                answer=f"answer {i}",
+                evidence_ids=["s1:1", "s2:2"],
+                question_date="2024-03-01",
+            )
+        )
+        results.append(
+            result(
+                qid,
+                delivered=["s1:1"],
+                context="[s1:1]\nI bought a red bicycle",
+                correct=stage is None,
+                ranked=["s1:1", "s3:1", "s2:2"],
+            )
+        )
         if stage is not None:
             diagnoses[qid] = Diagnosis(qa_id=qid, stage=stage, missing_ids=["s2:2"])
     return items, results, diagnoses

@@ -21,8 +21,17 @@ def wide(k: int) -> dict:
     return changed(NARROW, retrieve__top_k=k, retrieve__pool=max(k, 1))
 
 
-def run(tmp_path, replies, *, iterations, objective="recall", lms=None, max_build_calls=None,
-        stop_at_max=False, **kw):  # fmt: skip
+def run(
+    tmp_path,
+    replies,
+    *,
+    iterations,
+    objective="recall",
+    lms=None,
+    max_build_calls=None,
+    stop_at_max=False,
+    **kw,
+):
     lm = ProposerLM(replies)
     config = OptimizeConfig(
         iterations=iterations,
@@ -31,9 +40,15 @@ def run(tmp_path, replies, *, iterations, objective="recall", lms=None, max_buil
         stop_at_max=stop_at_max,
     )
     opt = MemSteerOpt(
-        small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=NARROW,
-        config=config, lms={"proposer": lm, **(lms or {})}, **kw,
-    )  # fmt: skip
+        small_history(),
+        small_qa(),
+        small_qa(),
+        tmp_path / "run",
+        init_design=NARROW,
+        config=config,
+        lms={"proposer": lm, **(lms or {})},
+        **kw,
+    )
     return opt, lm
 
 
@@ -232,9 +247,16 @@ def test_rhelm_persona_end_to_end_with_recall_objective_and_mlflow(tmp_path, rhe
     out = tmp_path / "opt"
     tracker = Tracker.for_history(out, loaded.history.user_id, loaded.history.fingerprint)
     opt = MemSteerOpt(
-        loaded.history, train, val, out, config=OptimizeConfig(iterations=3, objective="recall", protocol="as_of"),
-        lms={"proposer": lm}, tracker=tracker, cache_dir=tmp_path / "cache", run_params={"supervision": "official"},
-    )  # fmt: skip
+        loaded.history,
+        train,
+        val,
+        out,
+        config=OptimizeConfig(iterations=3, objective="recall", protocol="as_of"),
+        lms={"proposer": lm},
+        tracker=tracker,
+        cache_dir=tmp_path / "cache",
+        run_params={"supervision": "official"},
+    )
     res = opt.run()
     assert len(train) == 35 and len(val) == 17
     assert [e.iteration for e in res.entries] == [0, 1, 2, 3]
@@ -249,8 +271,10 @@ def test_rhelm_persona_end_to_end_with_recall_objective_and_mlflow(tmp_path, rhe
     exp = client.get_experiment_by_name(f"memsteer/Elena_Morales/{loaded.history.fingerprint}")
     runs = client.search_runs([exp.experiment_id])
     parent = next(r for r in runs if r.info.run_id == res.parent_run_id)
-    children = sorted((r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id),
-                      key=lambda r: r.info.run_name)  # fmt: skip
+    children = sorted(
+        (r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id),
+        key=lambda r: r.info.run_name,
+    )
     assert [r.info.run_name for r in children] == ["iter-000", "iter-001", "iter-002", "iter-003"]
     assert (
         parent.data.params["objective"] == "recall"
@@ -288,13 +312,19 @@ def test_rhelm_persona_end_to_end_with_recall_objective_and_mlflow(tmp_path, rhe
 def test_recall_then_accuracy_screens_before_answering(tmp_path):
     lm = answerer_and_judge()
     start = changed(NARROW, retrieve__top_k=2, retrieve__pool=2)
-    replies = [proposal(changed(NARROW, retrieve__top_k=1, retrieve__pool=1, context__show_kind=True)),
-               proposal(changed(NARROW, retrieve__top_k=4, retrieve__pool=4))]  # fmt: skip
+    replies = [
+        proposal(changed(NARROW, retrieve__top_k=1, retrieve__pool=1, context__show_kind=True)),
+        proposal(changed(NARROW, retrieve__top_k=4, retrieve__pool=4)),
+    ]
     opt = MemSteerOpt(
-        small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=MemoryDesign.from_dict(start),
+        small_history(),
+        small_qa(),
+        small_qa(),
+        tmp_path / "run",
+        init_design=MemoryDesign.from_dict(start),
         config=OptimizeConfig(iterations=2, objective="recall-then-accuracy"),
         lms={"proposer": ProposerLM(replies), "answerer": lm, "judge": lm},
-    )  # fmt: skip
+    )
     res = opt.run()
     screened, accepted = res.entries[1], res.entries[2]
     assert (
@@ -314,13 +344,23 @@ def test_recall_then_accuracy_screens_before_answering(tmp_path):
 
 
 def test_changes_proposer_output_runs_the_same_loop(tmp_path):
-    reply = {"rationale": "wider", "changes": [{"field": "retrieve.top_k", "value": "3"},
-                                               {"field": "retrieve.pool", "value": "3"}]}  # fmt: skip
+    reply = {
+        "rationale": "wider",
+        "changes": [
+            {"field": "retrieve.top_k", "value": "3"},
+            {"field": "retrieve.pool", "value": "3"},
+        ],
+    }
     lm = ProposerLM([reply])
     opt = MemSteerOpt(
-        small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=NARROW, lms={"proposer": lm},
+        small_history(),
+        small_qa(),
+        small_qa(),
+        tmp_path / "run",
+        init_design=NARROW,
+        lms={"proposer": lm},
         config=OptimizeConfig(iterations=1, objective="recall", proposer_output="changes"),
-    )  # fmt: skip
+    )
     res = opt.run()
     assert res.entries[1].status == "accepted" and res.best_design.retrieve.top_k == 3
     assert (
@@ -442,8 +482,15 @@ def test_a_dense_index_over_more_units_than_allowed_is_sent_back_unbuilt(tmp_pat
     dense = changed(NARROW, retrieve__index="hybrid")
     config = OptimizeConfig(iterations=1, objective="recall", max_embed_units=n - 1)
     lm = ProposerLM([proposal(dense), proposal(wide(2))])
-    opt = MemSteerOpt(small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=NARROW, config=config,
-                      lms={"proposer": lm})  # fmt: skip
+    opt = MemSteerOpt(
+        small_history(),
+        small_qa(),
+        small_qa(),
+        tmp_path / "run",
+        init_design=NARROW,
+        config=config,
+        lms={"proposer": lm},
+    )
     res = opt.run()
     assert [e.status for e in res.entries] == ["baseline", "accepted"]
     first = res.entries[1].attempts[0]
@@ -463,8 +510,12 @@ def test_a_dense_index_over_more_units_than_allowed_is_sent_back_unbuilt(tmp_pat
 def test_the_loop_stops_once_validation_is_at_its_maximum(tmp_path):
     # iteration 1 reaches delivered recall and R@10 1.0 on validation: nothing can be strictly
     # better there, so iterations 2 and 3 are not proposed (no LM time spent on them)
-    opt, lm = run(tmp_path, [proposal(wide(8), "all units"), proposal(wide(2))], iterations=3,
-                  stop_at_max=True)  # fmt: skip
+    opt, lm = run(
+        tmp_path,
+        [proposal(wide(8), "all units"), proposal(wide(2))],
+        iterations=3,
+        stop_at_max=True,
+    )
     res = opt.run()
     assert [e.status for e in res.entries] == ["baseline", "accepted"]
     assert res.best_score.delivered_recall == 1.0 and res.best_score.recall_at_10 == 1.0

@@ -467,14 +467,14 @@ TABU_HISTORY = [
         status="rejected",
         changes=['store.unit: "record" -> "window"'],
         rejected_alone=[("store.unit", "window")],
-    ),  # fmt: skip
+    ),
     RevisionEntry(iteration=2, status="accepted", changes=["retrieve.top_k: 20 -> 30"]),
     RevisionEntry(
         iteration=3,
         status="rejected",
         changes=["context.dedupe: true -> false"],
         rejected_alone=[("context.dedupe", False)],
-    ),  # fmt: skip
+    ),
 ]
 
 
@@ -572,10 +572,12 @@ def test_a_switch_with_no_value_left_is_not_offered(monkeypatch):
 def test_a_whole_design_repeating_a_rejected_change_is_resampled_like_a_duplicate():
     """The tabu list also binds an LM that writes whole designs (no grammar to narrow)."""
     design = MemoryDesign.from_dict(changed(retrieve__top_k=30))
-    lm = ProposerLM([
-        proposal(changed(design, context__dedupe=False)),
-        proposal(changed(design, context__order="thread")),
-    ])  # fmt: skip
+    lm = ProposerLM(
+        [
+            proposal(changed(design, context__dedupe=False)),
+            proposal(changed(design, context__order="thread")),
+        ]
+    )
     out = DesignProposer(lm)(design, TABU_HISTORY, "fb", seen=SEEN, iteration=4)
     assert out.status == "ok" and out.design.context.order == "thread"
     assert [a.kind for a in out.attempts] == ["duplicate", "ok"]

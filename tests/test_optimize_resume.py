@@ -26,9 +26,28 @@ def inputs(tmp_path):
 
 def argv(inputs, out: Path, *extra: str, iterations: int = 1) -> list[str]:
     hist, sup, design = inputs
-    return ["optimize", "--format", "jsonl", "--path", str(hist), "--supervision", str(sup), "--out", str(out),
-            "--objective", "recall", "--init-design", str(design), "--no-cache", "--no-tracking",
-            "--test-fraction", "0", "--iterations", str(iterations), *extra]  # fmt: skip
+    return [
+        "optimize",
+        "--format",
+        "jsonl",
+        "--path",
+        str(hist),
+        "--supervision",
+        str(sup),
+        "--out",
+        str(out),
+        "--objective",
+        "recall",
+        "--init-design",
+        str(design),
+        "--no-cache",
+        "--no-tracking",
+        "--test-fraction",
+        "0",
+        "--iterations",
+        str(iterations),
+        *extra,
+    ]
 
 
 def _override(args: list[str], flag: str, value: str) -> list[str]:
@@ -96,8 +115,15 @@ def test_more_iterations_continue_and_the_ledger_adds_up_sessions(tmp_path):
             [proposal(changed(base, retrieve__top_k=k, retrieve__pool=k)) for k in widths]
         )
         cfg = OptimizeConfig(iterations=iterations, objective="recall")
-        return MemSteerOpt(small_history(), small_qa(), small_qa(), tmp_path / "run", init_design=base, config=cfg,
-                           lms={"proposer": lm}), lm  # fmt: skip
+        return MemSteerOpt(
+            small_history(),
+            small_qa(),
+            small_qa(),
+            tmp_path / "run",
+            init_design=base,
+            config=cfg,
+            lms={"proposer": lm},
+        ), lm
 
     base = MemoryDesign.from_dict(NARROW)
     first, lm1 = opt(1, [2])

@@ -42,14 +42,28 @@ def make(tmp_path, replies, *, iterations, name="run", test=None, **config):
     cfg = OptimizeConfig(
         iterations=iterations, objective=config.pop("objective", "recall"), **config
     )
-    opt = MemSteerOpt(small_history(), small_qa(), small_qa(), tmp_path / name, init_design=NARROW, config=cfg,
-                      lms={"proposer": lm}, test=test, test_source="constructed")  # fmt: skip
+    opt = MemSteerOpt(
+        small_history(),
+        small_qa(),
+        small_qa(),
+        tmp_path / name,
+        init_design=NARROW,
+        config=cfg,
+        lms={"proposer": lm},
+        test=test,
+        test_source="constructed",
+    )
     return opt, lm
 
 
 def cand(i: int, primary: float, items: list[float | None]) -> Candidate:
-    return Candidate(iteration=i, design=NARROW, score=Score(delivered_recall=primary), item_ids=[str(j) for j in range(len(items))],
-                     item_scores=items)  # fmt: skip
+    return Candidate(
+        iteration=i,
+        design=NARROW,
+        score=Score(delivered_recall=primary),
+        item_ids=[str(j) for j in range(len(items))],
+        item_scores=items,
+    )
 
 
 # -- parent selection ----------------------------------------------------------------------------
@@ -101,8 +115,19 @@ def _population(tmp_path, iterations, name, replies=None, **kw):
 
         return answer
 
-    return (*make(tmp_path, [reply(d) for d in (replies or POP_REPLIES)], iterations=iterations, name=name,
-                  search="population", parents="softmax", softmax_temperature=0.5, **kw), seen_parents)  # fmt: skip
+    return (
+        *make(
+            tmp_path,
+            [reply(d) for d in (replies or POP_REPLIES)],
+            iterations=iterations,
+            name=name,
+            search="population",
+            parents="softmax",
+            softmax_temperature=0.5,
+            **kw,
+        ),
+        seen_parents,
+    )
 
 
 def test_population_run_picks_parents_by_softmax_and_keeps_every_scored_design(tmp_path):
@@ -193,8 +218,14 @@ def test_paired_accept_rejects_a_gain_that_is_not_significant(tmp_path):
 
 
 def test_paired_accept_with_a_margin_rejects_ties(tmp_path):
-    opt, _ = make(tmp_path, [proposal(changed(NARROW, context__show_kind=True))], iterations=1, accept="paired",
-                  accept_alpha=0.3, accept_margin=0.01)  # fmt: skip
+    opt, _ = make(
+        tmp_path,
+        [proposal(changed(NARROW, context__show_kind=True))],
+        iterations=1,
+        accept="paired",
+        accept_alpha=0.3,
+        accept_margin=0.01,
+    )
     e = opt.run().entries[1]
     assert e.status == "rejected" and e.accept_stats["gain"] == 0 and e.accept_stats["p"] == 1.0
 
@@ -224,8 +255,9 @@ def test_lm_retrieval_calls_are_counted_and_an_lm_design_must_beat_the_lm_free_b
 
 
 def test_single_field_variants_split_a_multi_field_proposal():
-    proposed = MemoryDesign.from_dict(changed(NARROW, store__unit="window", store__window_size=4,
-                                              context__order="chronological"))  # fmt: skip
+    proposed = MemoryDesign.from_dict(
+        changed(NARROW, store__unit="window", store__window_size=4, context__order="chronological")
+    )
     variants = dict(single_field_variants(NARROW, proposed))
     assert set(variants) == {"store.unit", "context.order"}
     assert (
@@ -254,10 +286,19 @@ def test_a_rejected_multi_field_proposal_has_its_good_field_screened_alone(tmp_p
         and by_field["retrieve.top_k"]["status"] == "accepted"
     )
     # the revision history blocks only the fields tried on their own
-    assert tried_fields([RevisionEntry(iteration=1, status="rejected", changes=["a.b: 1 -> 2", "c.d: 1 -> 2"],
-                                       tried_alone=["a.b"])]) == {"a.b"}  # fmt: skip
-    assert tried_fields([RevisionEntry(iteration=1, status="rejected", changes=["a.b: 1 -> 2", "c.d: 1 -> 2"])]) == {
-        "a.b", "c.d"}  # fmt: skip
+    assert tried_fields(
+        [
+            RevisionEntry(
+                iteration=1,
+                status="rejected",
+                changes=["a.b: 1 -> 2", "c.d: 1 -> 2"],
+                tried_alone=["a.b"],
+            )
+        ]
+    ) == {"a.b"}
+    assert tried_fields(
+        [RevisionEntry(iteration=1, status="rejected", changes=["a.b: 1 -> 2", "c.d: 1 -> 2"])]
+    ) == {"a.b", "c.d"}
 
 
 # -- proposer-free baselines ------------------------------------------------------------------------
@@ -351,10 +392,18 @@ def test_held_out_verdict_goes_to_the_mlflow_parent_run(tmp_path):
 
     history = small_history()
     tracker = Tracker.for_history(tmp_path / "run", history.user_id, history.fingerprint)
-    opt = MemSteerOpt(history, small_qa(), small_qa(), tmp_path / "run", init_design=NARROW,
-                      config=OptimizeConfig(iterations=1, objective="recall"),
-                      lms={"proposer": ProposerLM([proposal(wide(3))])}, tracker=tracker, test=held_out(),
-                      test_source="constructed")  # fmt: skip
+    opt = MemSteerOpt(
+        history,
+        small_qa(),
+        small_qa(),
+        tmp_path / "run",
+        init_design=NARROW,
+        config=OptimizeConfig(iterations=1, objective="recall"),
+        lms={"proposer": ProposerLM([proposal(wide(3))])},
+        tracker=tracker,
+        test=held_out(),
+        test_source="constructed",
+    )
     res = opt.run()
     run = MlflowClient(tracking_uri=res.tracking_uri).get_run(res.parent_run_id)
     assert (
@@ -445,16 +494,34 @@ def test_guard_vetoes_what_the_accept_rule_took_and_records_its_statistic(tmp_pa
     opt, _ = make(tmp_path, [], iterations=0, guard=["recall_at_10"], accept_test="sign")
     n = len(opt.val)
     ids = [q.id for q in opt.val]
-    current = Candidate(0, NARROW, Score(delivered_recall=0.4, recall_at_10=0.9), ids, [0.4] * n,
-                        item_metrics={"recall_at_10": [1.0] * n})  # fmt: skip
-    trade = Candidate(1, NARROW, Score(delivered_recall=0.6, recall_at_10=0.0), ids, [0.6] * n,
-                      item_metrics={"recall_at_10": [0.0] * n})  # fmt: skip
+    current = Candidate(
+        0,
+        NARROW,
+        Score(delivered_recall=0.4, recall_at_10=0.9),
+        ids,
+        [0.4] * n,
+        item_metrics={"recall_at_10": [1.0] * n},
+    )
+    trade = Candidate(
+        1,
+        NARROW,
+        Score(delivered_recall=0.6, recall_at_10=0.0),
+        ids,
+        [0.6] * n,
+        item_metrics={"recall_at_10": [0.0] * n},
+    )
     assert opt.rule.decide(trade, current).accepted  # strict alone takes the delivered-recall gain
     d = opt._decide(trade, current, [])
     assert not d.accepted and "recall_at_10" in d.reason
     assert d.stats["guard_recall_at_10"]["p"] == pytest.approx(0.5**n, abs=5e-5)
-    keep = Candidate(2, NARROW, Score(delivered_recall=0.6, recall_at_10=0.9), ids, [0.6] * n,
-                     item_metrics={"recall_at_10": [1.0] * n})  # fmt: skip
+    keep = Candidate(
+        2,
+        NARROW,
+        Score(delivered_recall=0.6, recall_at_10=0.9),
+        ids,
+        [0.6] * n,
+        item_metrics={"recall_at_10": [1.0] * n},
+    )
     ok = opt._decide(keep, current, [])
     assert ok.accepted and ok.stats["guard_recall_at_10"]["diff"] == 0
 
@@ -487,8 +554,14 @@ def test_val_from_train_and_val_selects_on_both_and_needs_the_recall_objective(t
     assert json.loads((tmp_path / "tv" / "run.json").read_text())["n_val"] == len(qa)
     assert len(opt.candidate(res.entries[0]).item_ids) == len(qa)
     with pytest.raises(ConfigError, match="objective recall"):
-        MemSteerOpt(small_history(), train, val, tmp_path / "acc", init_design=NARROW,
-                    config=OptimizeConfig(objective="accuracy", val_from="train+val"))  # fmt: skip
+        MemSteerOpt(
+            small_history(),
+            train,
+            val,
+            tmp_path / "acc",
+            init_design=NARROW,
+            config=OptimizeConfig(objective="accuracy", val_from="train+val"),
+        )
 
 
 def test_guard_margin_turns_the_burden_of_proof_round():
@@ -520,8 +593,12 @@ def test_a_change_rejected_on_its_own_is_not_proposed_again_on_a_later_parent(tm
     """Iteration 1 rejects one change; after iteration 2's accept the proposer repeats it on the
     new parent (a new design, so not a duplicate): with the tabu list it is re-sampled."""
     repeat = wide(3, context__dedupe=False)
-    replies = [proposal(changed(NARROW, context__dedupe=False)), proposal(wide(3)), proposal(repeat),
-               proposal(wide(3, context__order="chronological"))]  # fmt: skip
+    replies = [
+        proposal(changed(NARROW, context__dedupe=False)),
+        proposal(wide(3)),
+        proposal(repeat),
+        proposal(wide(3, context__order="chronological")),
+    ]
     opt, lm = make(tmp_path, replies, iterations=3, tabu=tabu)
     entries = opt.run().entries
     assert [e.status for e in entries[1:3]] == ["rejected", "accepted"]
@@ -541,15 +618,30 @@ def test_rejected_sub_screens_enter_the_tabu_list():
     from memsteer_dspy.optimize.loop import TrajectoryEntry
 
     e = TrajectoryEntry(
-        iteration=5, status="accepted", accepted=True,
+        iteration=5,
+        status="accepted",
+        accepted=True,
         changes=['context.order: "rank" -> "thread"', 'retrieve.index: "bm25" -> "dense"'],
         sub_screens=[
-            {"field": "retrieve.index", "status": "rejected", "changes": ['retrieve.index: "bm25" -> "dense"']},
-            {"field": "context.order", "status": "accepted", "changes": ['context.order: "rank" -> "thread"']},
-            {"field": "context.dedupe", "status": "failed", "changes": ["context.dedupe: true -> false"]},
+            {
+                "field": "retrieve.index",
+                "status": "rejected",
+                "changes": ['retrieve.index: "bm25" -> "dense"'],
+            },
+            {
+                "field": "context.order",
+                "status": "accepted",
+                "changes": ['context.order: "rank" -> "thread"'],
+            },
+            {
+                "field": "context.dedupe",
+                "status": "failed",
+                "changes": ["context.dedupe: true -> false"],
+            },
         ],
-    )  # fmt: skip
+    )
     assert e.revision().rejected_alone == [("retrieve.index", "dense")]
-    multi = TrajectoryEntry(iteration=6, status="rejected", accepted=False,
-                            changes=["a.b: 1 -> 2", "c.d: 1 -> 2"])  # fmt: skip
+    multi = TrajectoryEntry(
+        iteration=6, status="rejected", accepted=False, changes=["a.b: 1 -> 2", "c.d: 1 -> 2"]
+    )
     assert multi.revision().rejected_alone == []

@@ -62,9 +62,18 @@ def test_gepa_run_writes_tuned_instructions(tmp_path):
         ["```\nAnswer with the exact fact from the context; never guess.\n```"] * 50
     )
     res = tune_prompts(
-        small_history(), small_qa(), small_qa(), NARROW, out_dir=tmp_path / "tune", optimizer="gepa",
-        answerer_lm=lm, judge_lm=lm, reflection_lm=reflection, auto=None, max_metric_calls=16,
-    )  # fmt: skip
+        small_history(),
+        small_qa(),
+        small_qa(),
+        NARROW,
+        out_dir=tmp_path / "tune",
+        optimizer="gepa",
+        answerer_lm=lm,
+        judge_lm=lm,
+        reflection_lm=reflection,
+        auto=None,
+        max_metric_calls=16,
+    )
     assert 0.0 <= res.val_before <= 1.0 and 0.0 <= res.val_after <= 1.0
     assert res.n_train == 4 and set(res.instructions) == {"answerer"}
     saved = json.loads((tmp_path / "tune" / "instructions.json").read_text())

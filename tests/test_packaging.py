@@ -15,7 +15,10 @@ def test_every_subpackage_is_listed_in_pyproject():
         for p in (ROOT / "memsteer_dspy").rglob("__init__.py")
     }
     assert on_disk - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
-    assert "memsteer_dspy.signatures" in listed and config["package-dir"]["memsteer_dspy.signatures"] == "signatures"
+    assert (
+        "memsteer_dspy.signatures" in listed
+        and config["package-dir"]["memsteer_dspy.signatures"] == "signatures"
+    )
 
 
 def test_console_script_points_at_the_app():

@@ -29,8 +29,13 @@ from memsteer_dspy.loaders.jsonl import load_jsonl, read_qa_items
 from memsteer_dspy.memory import MemoryDesign, MemorySystem
 
 EXAMPLES = int(os.environ.get("MEMSTEER_PROPERTY_EXAMPLES", "1000"))
-READER = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+READER = settings(
+    max_examples=EXAMPLES,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 CLI = settings(READER, max_examples=max(20, EXAMPLES // 5))
 SLOW = settings(READER, max_examples=max(20, EXAMPLES // 25))
 
@@ -38,10 +43,20 @@ SLOW = settings(READER, max_examples=max(20, EXAMPLES // 25))
 # strategies
 # --------------------------------------------------------------------------------------------
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
-                    st.floats(allow_nan=False), st.text(max_size=12))  # fmt: skip
-json_values = st.recursive(scalars, lambda kids: st.lists(kids, max_size=3)
-                           | st.dictionaries(st.text(max_size=6), kids, max_size=3), max_leaves=6)  # fmt: skip
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False),
+    st.text(max_size=12),
+)
+json_values = st.recursive(
+    scalars,
+    lambda kids: (
+        st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=6), kids, max_size=3)
+    ),
+    max_leaves=6,
+)
 ids = st.one_of(st.text(min_size=1, max_size=10), st.sampled_from(["r1", "r2", "r3", " r1", ""]))
 timestamps = st.one_of(
     st.none(),
@@ -74,21 +89,37 @@ def _mutate(base: st.SearchStrategy[dict]) -> st.SearchStrategy[dict]:
 
 
 record_objects = st.fixed_dictionaries(
-    {"id": ids, "kind": st.sampled_from(["note", "email", "conversation_turn", ""]),
-     "text": st.text(max_size=80), "timestamp": timestamps},
-    optional={"author": st.one_of(st.none(), st.text(max_size=8)), "thread_id": st.one_of(st.none(), ids),
-              "position": st.one_of(st.none(), st.integers(-3, 10)), "references": st.lists(ids, max_size=2),
-              "metadata": st.dictionaries(st.text(max_size=5), scalars, max_size=2)},
-)  # fmt: skip
+    {
+        "id": ids,
+        "kind": st.sampled_from(["note", "email", "conversation_turn", ""]),
+        "text": st.text(max_size=80),
+        "timestamp": timestamps,
+    },
+    optional={
+        "author": st.one_of(st.none(), st.text(max_size=8)),
+        "thread_id": st.one_of(st.none(), ids),
+        "position": st.one_of(st.none(), st.integers(-3, 10)),
+        "references": st.lists(ids, max_size=2),
+        "metadata": st.dictionaries(st.text(max_size=5), scalars, max_size=2),
+    },
+)
 qa_objects = st.fixed_dictionaries(
     {"id": ids, "question": st.text(max_size=40), "answer": st.text(max_size=20)},
-    optional={"answer_type": st.sampled_from(["text", "entity", "number", "date", "list", "boolean", "color"]),
-              "evidence_ids": st.lists(ids, max_size=3), "question_date": timestamps,
-              "question_type": st.one_of(st.none(), st.text(max_size=6)),
-              "source": st.sampled_from(["official", "generated", "mined"]),
-              "facts": st.lists(st.text(max_size=10), max_size=2), "provenance": json_values,
-              "metadata": st.one_of(st.dictionaries(st.text(max_size=5), scalars, max_size=2), json_values)},
-)  # fmt: skip
+    optional={
+        "answer_type": st.sampled_from(
+            ["text", "entity", "number", "date", "list", "boolean", "color"]
+        ),
+        "evidence_ids": st.lists(ids, max_size=3),
+        "question_date": timestamps,
+        "question_type": st.one_of(st.none(), st.text(max_size=6)),
+        "source": st.sampled_from(["official", "generated", "mined"]),
+        "facts": st.lists(st.text(max_size=10), max_size=2),
+        "provenance": json_values,
+        "metadata": st.one_of(
+            st.dictionaries(st.text(max_size=5), scalars, max_size=2), json_values
+        ),
+    },
+)
 raw_lines = st.one_of(
     st.binary(max_size=40),  # not UTF-8, not JSON, NUL bytes
     st.text(max_size=40).map(lambda t: t.encode("utf-8")),
@@ -97,8 +128,11 @@ raw_lines = st.one_of(
 
 
 def _lines(objects: st.SearchStrategy[dict]) -> st.SearchStrategy[bytes]:
-    line = st.one_of(objects.map(lambda o: json.dumps(o).encode()),
-                     _mutate(objects).map(lambda o: json.dumps(o).encode()), raw_lines)  # fmt: skip
+    line = st.one_of(
+        objects.map(lambda o: json.dumps(o).encode()),
+        _mutate(objects).map(lambda o: json.dumps(o).encode()),
+        raw_lines,
+    )
     torn = st.booleans()
     return st.tuples(st.lists(line, max_size=6), torn).map(
         lambda lt: b"\n".join(lt[0]) + (b"" if lt[1] else b"\n")
@@ -161,8 +195,13 @@ def design_texts(draw) -> bytes:
     obj = json.loads(MemoryDesign.base_bm25().to_json())
     section = draw(st.sampled_from(sorted(k for k, v in obj.items() if isinstance(v, dict))))
     obj[section] = draw(_mutate(st.just(obj[section])))
-    return draw(st.one_of(st.just(json.dumps(obj).encode()), design_objects.map(lambda o: json.dumps(o).encode()),
-                          raw_lines))  # fmt: skip
+    return draw(
+        st.one_of(
+            st.just(json.dumps(obj).encode()),
+            design_objects.map(lambda o: json.dumps(o).encode()),
+            raw_lines,
+        )
+    )
 
 
 @READER
@@ -178,12 +217,35 @@ def test_the_design_reader_never_escapes(data):
 
 
 toml_values = st.one_of(
-    st.sampled_from(['"openai/gpt-4.1-mini"', '"local/qwen2.5-coder-1.5b"', '"nonsense"', '""', "3", "true",
-                     '["a"]', '{ model = "openai/x", temperature = 0.2 }', '{ model = 3 }', '"llamacpp/x.gguf"']),
+    st.sampled_from(
+        [
+            '"openai/gpt-4.1-mini"',
+            '"local/qwen2.5-coder-1.5b"',
+            '"nonsense"',
+            '""',
+            "3",
+            "true",
+            '["a"]',
+            '{ model = "openai/x", temperature = 0.2 }',
+            "{ model = 3 }",
+            '"llamacpp/x.gguf"',
+        ]
+    ),
     st.text(max_size=10).map(json.dumps),
-)  # fmt: skip
-toml_keys = st.sampled_from(["default", "planner", "answerer", "judge", "proposer", "api_key", "colour",
-                             "temperature", "api_base"])  # fmt: skip
+)
+toml_keys = st.sampled_from(
+    [
+        "default",
+        "planner",
+        "answerer",
+        "judge",
+        "proposer",
+        "api_key",
+        "colour",
+        "temperature",
+        "api_base",
+    ]
+)
 
 
 @st.composite
@@ -215,24 +277,42 @@ def test_the_lm_config_reader_never_escapes(data):
 _HISTORY = "".join(r.model_dump_json() + "\n" for r in small_history().records).encode()
 _QA = [q.to_json().encode() for q in small_qa()]
 # mostly-good files with one bad line here or there: the runs that get far
-good_qa = st.tuples(st.lists(st.sampled_from(_QA), min_size=1, max_size=4, unique=True),
-                    st.lists(_mutate(qa_objects).map(lambda o: json.dumps(o).encode()) | raw_lines, max_size=1),
-                    st.randoms()).map(lambda t: b"\n".join(t[2].sample(t[0] + t[1], len(t[0] + t[1]))) + b"\n")  # fmt: skip
+good_qa = st.tuples(
+    st.lists(st.sampled_from(_QA), min_size=1, max_size=4, unique=True),
+    st.lists(_mutate(qa_objects).map(lambda o: json.dumps(o).encode()) | raw_lines, max_size=1),
+    st.randoms(),
+).map(lambda t: b"\n".join(t[2].sample(t[0] + t[1], len(t[0] + t[1]))) + b"\n")
 good_history = st.tuples(st.just(_HISTORY), _lines(record_objects)).map(lambda t: t[0] + t[1])
 
 
 @CLI
-@given(records=st.one_of(st.just(_HISTORY), good_history, _lines(record_objects)),
-       qa=st.one_of(good_qa, _lines(qa_objects)),
-       design=st.one_of(st.just(b""), design_texts()), on_error=st.sampled_from(["raise", "skip"]))  # fmt: skip
+@given(
+    records=st.one_of(st.just(_HISTORY), good_history, _lines(record_objects)),
+    qa=st.one_of(good_qa, _lines(qa_objects)),
+    design=st.one_of(st.just(b""), design_texts()),
+    on_error=st.sampled_from(["raise", "skip"]),
+)
 def test_evaluate_recall_on_generated_inputs_exits_0_or_2(records, qa, design, on_error):
     folder = _DIR / "cli"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
     (folder / "records.jsonl").write_bytes(records)
     (folder / "qa.jsonl").write_bytes(qa)
-    args = ["evaluate", "--format", "jsonl", "--path", str(folder), "--metrics", "recall", "--no-cache",
-            "--on-error", on_error, "--out", str(_DIR / "cli-out"), "--restart"]  # fmt: skip
+    args = [
+        "evaluate",
+        "--format",
+        "jsonl",
+        "--path",
+        str(folder),
+        "--metrics",
+        "recall",
+        "--no-cache",
+        "--on-error",
+        on_error,
+        "--out",
+        str(_DIR / "cli-out"),
+        "--restart",
+    ]
     if design:
         (_DIR / "design.json").write_bytes(design)
         args += ["--design", str(_DIR / "design.json")]

@@ -16,8 +16,14 @@ def rec(id, text="x.", ts=None, **kw):
     ("text", "expected"),
     [
         ("One. Two! Three?", ["One.", "Two!", "Three?"]),
-        ("Met Dr. Liu and J. Smith at 5 p.m. today. Then left.", ["Met Dr. Liu and J. Smith at 5 p.m. today.", "Then left."]),
-        ("Subject: Re: Lunch\nSummary: fine\n\n\nBody here.", ["Subject: Re: Lunch", "Summary: fine", "Body here."]),
+        (
+            "Met Dr. Liu and J. Smith at 5 p.m. today. Then left.",
+            ["Met Dr. Liu and J. Smith at 5 p.m. today.", "Then left."],
+        ),
+        (
+            "Subject: Re: Lunch\nSummary: fine\n\n\nBody here.",
+            ["Subject: Re: Lunch", "Summary: fine", "Body here."],
+        ),
         ('She said "we go." Then we went.', ['She said "we go."', "Then we went."]),
         ("version 3.5 costs $12.50 total", ["version 3.5 costs $12.50 total"]),
         ("   \n\n", []),
@@ -53,12 +59,15 @@ def test_span_record_id_rejects_non_span():
 
 
 def test_history_lookup_order_and_threads():
-    h = History("u", [
-        rec("c", ts=datetime(2024, 3, 3), thread_id="t", position=2),
-        rec("a", ts=datetime(2024, 3, 1), thread_id="t", position=1),
-        rec("undated"),
-        rec("b", ts=datetime(2024, 3, 2)),
-    ])  # fmt: skip
+    h = History(
+        "u",
+        [
+            rec("c", ts=datetime(2024, 3, 3), thread_id="t", position=2),
+            rec("a", ts=datetime(2024, 3, 1), thread_id="t", position=1),
+            rec("undated"),
+            rec("b", ts=datetime(2024, 3, 2)),
+        ],
+    )
     assert [r.id for r in h] == ["a", "b", "c", "undated"]
     assert h["b"].id == "b" and "zzz" not in h and h.get("zzz") is None
     with pytest.raises(KeyError, match="no record 'zzz'"):
@@ -68,7 +77,10 @@ def test_history_lookup_order_and_threads():
 
 
 def test_as_of_by_day_and_exclusive():
-    h = History("u", [rec("a", ts=datetime(2024, 3, 1, 9)), rec("b", ts=datetime(2024, 3, 2, 23)), rec("doc")])
+    h = History(
+        "u",
+        [rec("a", ts=datetime(2024, 3, 1, 9)), rec("b", ts=datetime(2024, 3, 2, 23)), rec("doc")],
+    )
     assert {r.id for r in h.as_of(date(2024, 3, 2))} == {"a", "b", "doc"}
     assert {r.id for r in h.as_of("2024-03-02", inclusive=False)} == {"a", "doc"}
     assert {r.id for r in h.as_of("2024-03-02", inclusive=False, keep_undated=False)} == {"a"}
@@ -82,13 +94,21 @@ def test_fingerprint_is_content_based_and_order_free():
     assert History("u", [a, b]).fingerprint == History("u", [b, a]).fingerprint
     assert History("u", [a, b]).fingerprint != History("u", [a, rec("b", "beta!")]).fingerprint
     # the file a record was read from is provenance, not content
-    moved = [rec("a", "alpha.", metadata={"source": "/x/h.jsonl:1"}), rec("b", "beta.", metadata={"source": "/y/h.jsonl:2"})]
+    moved = [
+        rec("a", "alpha.", metadata={"source": "/x/h.jsonl:1"}),
+        rec("b", "beta.", metadata={"source": "/y/h.jsonl:2"}),
+    ]
     assert History("u", moved).fingerprint == History("u", [a, b]).fingerprint
-    assert History("u", [rec("a", "alpha.", metadata={"topic": "t"}), b]).fingerprint != History("u", [a, b]).fingerprint
+    assert (
+        History("u", [rec("a", "alpha.", metadata={"topic": "t"}), b]).fingerprint
+        != History("u", [a, b]).fingerprint
+    )
 
 
 def test_duplicate_and_empty_history_errors():
-    with pytest.raises(DuplicateRecordError, match=r"duplicate record id 'a' \(first at f:1, again at f:2\)"):
+    with pytest.raises(
+        DuplicateRecordError, match=r"duplicate record id 'a' \(first at f:1, again at f:2\)"
+    ):
         History("u", [rec("a", metadata={"source": "f:1"}), rec("a", metadata={"source": "f:2"})])
     with pytest.raises(EmptyHistoryError, match="has no records"):
         History("u", [])
@@ -102,8 +122,15 @@ def test_record_rejects_unknown_fields_and_blank_ids():
 
 
 def test_qaitem_roundtrip():
-    q = QAItem(id="q1", question="Who?", answer="Lila", answer_type="entity", evidence_ids=["a"],
-               question_date=date(2024, 1, 2), question_type="fact")  # fmt: skip
+    q = QAItem(
+        id="q1",
+        question="Who?",
+        answer="Lila",
+        answer_type="entity",
+        evidence_ids=["a"],
+        question_date=date(2024, 1, 2),
+        question_type="fact",
+    )
     assert QAItem.model_validate_json(q.to_json()) == q
 
 

@@ -20,11 +20,15 @@ from memsteer_dspy.report import load_run, write_report
 pytest.importorskip("matplotlib", reason="memsteer report needs the 'report' extra (matplotlib)")
 
 TEST = {  # the shape of the held-out verdict MemSteer-Opt writes to summary.json
-    "n": 35, "source": "official held-out", "primary": "accuracy",
-    "initial": {"accuracy": 0.40, "recall_at_10": 0.43}, "best": {"accuracy": 0.57, "recall_at_10": 0.41},
-    "diff": {"accuracy": 0.17, "recall_at_10": -0.02}, "ci95": {"accuracy": [0.03, 0.31], "recall_at_10": [-0.09, 0.05]},
+    "n": 35,
+    "source": "official held-out",
+    "primary": "accuracy",
+    "initial": {"accuracy": 0.40, "recall_at_10": 0.43},
+    "best": {"accuracy": 0.57, "recall_at_10": 0.41},
+    "diff": {"accuracy": 0.17, "recall_at_10": -0.02},
+    "ci95": {"accuracy": [0.03, 0.31], "recall_at_10": [-0.09, 0.05]},
     "verdict": "better",
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +126,13 @@ def test_report_is_logged_to_the_mlflow_parent_run(run_dir, tmp_path):
     run = load_run(run_dir).run
     client = MlflowClient(tracking_uri=run["tracking_uri"])
     arts = {a.path for a in client.list_artifacts(run["parent_run_id"], "report")}
-    assert {"report/report.html", "report/score.png", "report/diagnosis.png", "report/cost.png",
-            "report/report.json"} <= arts  # fmt: skip
+    assert {
+        "report/report.html",
+        "report/score.png",
+        "report/diagnosis.png",
+        "report/cost.png",
+        "report/report.json",
+    } <= arts
 
 
 def test_cli_json_and_bad_run_folders(run_dir, tmp_path):

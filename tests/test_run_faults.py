@@ -41,16 +41,29 @@ def _report(name: str, **counts) -> None:
 
 
 def gen_config(**kw) -> GenerationConfig:
-    values = {"n": 1000, "max_candidates": 24, "batch_size": 4, "max_demos": 0, "seed": 3,
-              "bundle": BundleConfig(evidence_weights={1: 1.0}, min_records=3, max_records=3)}  # fmt: skip
+    values = {
+        "n": 1000,
+        "max_candidates": 24,
+        "batch_size": 4,
+        "max_demos": 0,
+        "seed": 3,
+        "bundle": BundleConfig(evidence_weights={1: 1.0}, min_records=3, max_records=3),
+    }
     values.update(kw)
     return GenerationConfig(**values)
 
 
 def _comparable(rec) -> tuple:
     item = rec.item or {}
-    return (rec.status, rec.stage, rec.reason, item.get("id"), item.get("question"), item.get("answer"),
-            tuple(item.get("evidence_ids", ())))  # fmt: skip
+    return (
+        rec.status,
+        rec.stage,
+        rec.reason,
+        item.get("id"),
+        item.get("question"),
+        item.get("answer"),
+        tuple(item.get("evidence_ids", ())),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -95,12 +108,21 @@ def test_generate_survives_injected_faults(tmp_path):
         assert (
             f.reason == "lm_error" or "dedup" in (c.reason or "") or "dedup" in (f.reason or "")
         ), (c, f)
-    ids = [json.loads(x)["id"] for n in ("train.jsonl", "val.jsonl") for x in
-           (tmp_path / "faulty" / n).read_text().splitlines()]  # fmt: skip
+    ids = [
+        json.loads(x)["id"]
+        for n in ("train.jsonl", "val.jsonl")
+        for x in (tmp_path / "faulty" / n).read_text().splitlines()
+    ]
     assert len(ids) == len(set(ids)) == faulty["accepted"]
     assert faulty["candidates"] == clean["candidates"] == 24
-    _report("generate", faults_injected=injected, candidates_compared=24, failed_items=len(failed),
-            lost=0, duplicated=len(raw) - len(set(raw)))  # fmt: skip
+    _report(
+        "generate",
+        faults_injected=injected,
+        candidates_compared=24,
+        failed_items=len(failed),
+        lost=0,
+        duplicated=len(raw) - len(set(raw)),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -133,8 +155,10 @@ def test_evaluate_with_answers_survives_injected_faults(tmp_path):
         "answerer": HandlerLM(_answer, model="scripted/answerer"),
         "judge": HandlerLM(_judge, model="scripted/judge"),
     }
-    faulty_lms = {"answerer": FaultyLM(_answer, seed=11, model="scripted/answerer"),
-                  "judge": FaultyLM(_judge, seed=12, model="scripted/judge")}  # fmt: skip
+    faulty_lms = {
+        "answerer": FaultyLM(_answer, seed=11, model="scripted/answerer"),
+        "judge": FaultyLM(_judge, seed=12, model="scripted/judge"),
+    }
     clean = _evaluate(clean_lms, tmp_path / "clean", items)
     faulty = _evaluate(faulty_lms, tmp_path / "faulty", items)
     injected = sum(len(lm.faults) for lm in faulty_lms.values())
@@ -164,8 +188,14 @@ def test_evaluate_with_answers_survives_injected_faults(tmp_path):
         (r.qa_id, r.correct, r.qs) for r in clean.items
     ]
     assert resumed.summary.accuracy == clean.summary.accuracy
-    _report("evaluate", faults_injected=injected, items_compared=len(items), failed_items=len(errors), lost=0,
-            duplicated=len(ids) - len(set(ids)))  # fmt: skip
+    _report(
+        "evaluate",
+        faults_injected=injected,
+        items_compared=len(items),
+        failed_items=len(errors),
+        lost=0,
+        duplicated=len(ids) - len(set(ids)),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,8 +211,25 @@ def opt_inputs(tmp_path):
 
 def optimize_argv(inputs, out, *extra) -> list[str]:
     folder, sup, design = inputs
-    return ["optimize", "--format", "jsonl", "--path", str(folder), "--supervision", str(sup), "--out", str(out),
-            "--objective", "accuracy", "--init-design", str(design), "--no-cache", "--iterations", "3", *extra]  # fmt: skip
+    return [
+        "optimize",
+        "--format",
+        "jsonl",
+        "--path",
+        str(folder),
+        "--supervision",
+        str(sup),
+        "--out",
+        str(out),
+        "--objective",
+        "accuracy",
+        "--init-design",
+        str(design),
+        "--no-cache",
+        "--iterations",
+        "3",
+        *extra,
+    ]
 
 
 def _patch_lms(monkeypatch, lms):
@@ -192,8 +239,10 @@ def _patch_lms(monkeypatch, lms):
 
 
 def _item_files(out: Path) -> dict[str, list[str]]:
-    return {str(p.relative_to(out)): [json.loads(x)["qa_id"] for x in p.read_text().splitlines()]
-            for p in sorted(out.rglob("items.jsonl"))}  # fmt: skip
+    return {
+        str(p.relative_to(out)): [json.loads(x)["qa_id"] for x in p.read_text().splitlines()]
+        for p in sorted(out.rglob("items.jsonl"))
+    }
 
 
 def test_optimize_survives_injected_faults(opt_inputs, tmp_path, monkeypatch):
@@ -236,8 +285,12 @@ def test_optimize_survives_injected_faults(opt_inputs, tmp_path, monkeypatch):
         if name in clean_files:
             assert sorted(ids) == sorted(clean_files[name]), f"{name}: items lost"
             compared += len(ids)
-    errors = sum(1 for p in (tmp_path / "faulty").rglob("items.jsonl") for x in p.read_text().splitlines()
-                 if json.loads(x)["error"])  # fmt: skip
+    errors = sum(
+        1
+        for p in (tmp_path / "faulty").rglob("items.jsonl")
+        for x in p.read_text().splitlines()
+        if json.loads(x)["error"]
+    )
     assert compared and errors
     _report(
         "optimize",
@@ -315,14 +368,41 @@ def test_disk_full_is_reported_once_and_the_folder_stays_consistent(tmp_path):
     the limit resumes and ends exactly as an uninterrupted run."""
     hist = tmp_path / "hist.jsonl"
     hist.write_text("".join(r.model_dump_json() + "\n" for r in laptop_history(10).records))
-    argv = lambda out: ["generate", "--format", "jsonl", "--path", str(hist), "--out", str(out), "--n", "1000",  # noqa: E731
-                        "--max-candidates", "16", "--seed", "3", "--batch-size", "4", "--max-demos", "0", "--json"]  # fmt: skip
+
+    def argv(out):
+        return [
+            "generate",
+            "--format",
+            "jsonl",
+            "--path",
+            str(hist),
+            "--out",
+            str(out),
+            "--n",
+            "1000",
+            "--max-candidates",
+            "16",
+            "--seed",
+            "3",
+            "--batch-size",
+            "4",
+            "--max-demos",
+            "0",
+            "--json",
+        ]
+
     scen = tmp_path / "scen.json"
     scen.write_text(json.dumps({"argv": argv(tmp_path / "full"), "lms": "generate"}))
     script = tmp_path / "disk_full.py"
     script.write_text(_DISK_FULL)
-    proc = subprocess.run([sys.executable, str(script), str(scen), "40000"], env=_driver_env(), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(script), str(scen), "40000"],
+        env=_driver_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert proc.stderr.count("error") == 1 and "rerun the same command" in proc.stderr, proc.stderr[
         -3000:

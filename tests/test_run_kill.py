@@ -42,8 +42,14 @@ def drive(
 ) -> subprocess.CompletedProcess:
     scen = tmp_path / f"scenario-{os.urandom(4).hex()}.json"
     scen.write_text(json.dumps({"argv": argv, "lms": lms, "kill": kill}))
-    return subprocess.run([sys.executable, str(TESTS / "run_driver.py"), str(scen)], env=_env(), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(TESTS / "run_driver.py"), str(scen)],
+        env=_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def kill_then_resume(tmp_path: Path, argv: list[str], lms: str, kill: dict) -> int:
@@ -72,16 +78,44 @@ def gen_inputs(tmp_path_factory):
 
 
 def gen_argv(hist: Path, out: Path) -> list[str]:
-    return ["generate", "--format", "jsonl", "--path", str(hist), "--out", str(out), "--n", "1000",
-            "--max-candidates", str(N_CANDIDATES), "--seed", "3", "--batch-size", "4", "--max-demos", "0", "--json"]  # fmt: skip
+    return [
+        "generate",
+        "--format",
+        "jsonl",
+        "--path",
+        str(hist),
+        "--out",
+        str(out),
+        "--n",
+        "1000",
+        "--max-candidates",
+        str(N_CANDIDATES),
+        "--seed",
+        "3",
+        "--batch-size",
+        "4",
+        "--max-demos",
+        "0",
+        "--json",
+    ]
 
 
 def _candidates(out: Path) -> list[tuple]:
     rows = []
     for r in read_log(out):
         item = r.item or {}
-        rows.append((r.index, r.status, r.stage, r.reason, item.get("id"), item.get("question"),
-                     item.get("answer"), tuple(item.get("evidence_ids", ()))))  # fmt: skip
+        rows.append(
+            (
+                r.index,
+                r.status,
+                r.stage,
+                r.reason,
+                item.get("id"),
+                item.get("question"),
+                item.get("answer"),
+                tuple(item.get("evidence_ids", ())),
+            )
+        )
     return rows
 
 
@@ -156,15 +190,35 @@ def test_generate_resume_refuses_another_lm_and_restart_starts_over(
 @pytest.fixture(scope="module")
 def opt_inputs(tmp_path_factory):
     base = tmp_path_factory.mktemp("opt")
-    items = [q.model_copy(update={"id": f"{q.id}-{c}", "question": f"{q.question} (asked {c})"})
-             for c in range(3) for q in small_qa()]  # fmt: skip
+    items = [
+        q.model_copy(update={"id": f"{q.id}-{c}", "question": f"{q.question} (asked {c})"})
+        for c in range(3)
+        for q in small_qa()
+    ]
     return base, *write_optimize_inputs(base, items[:8], items[8:], NARROW)
 
 
 def opt_argv(inputs, out: Path) -> list[str]:
     _, folder, sup, design = inputs
-    return ["optimize", "--format", "jsonl", "--path", str(folder), "--supervision", str(sup), "--out", str(out),
-            "--objective", "accuracy", "--init-design", str(design), "--no-cache", "--no-tracking", "--iterations", "3"]  # fmt: skip
+    return [
+        "optimize",
+        "--format",
+        "jsonl",
+        "--path",
+        str(folder),
+        "--supervision",
+        str(sup),
+        "--out",
+        str(out),
+        "--objective",
+        "accuracy",
+        "--init-design",
+        str(design),
+        "--no-cache",
+        "--no-tracking",
+        "--iterations",
+        "3",
+    ]
 
 
 def _trajectory(out: Path) -> list[tuple]:
@@ -172,8 +226,17 @@ def _trajectory(out: Path) -> list[tuple]:
     for line in (out / "trajectory.jsonl").read_text().splitlines():
         t = json.loads(line)
         score = {k: v for k, v in (t.get("score") or {}).items() if "second" not in k}
-        rows.append((t["iteration"], t["status"], t["accepted"], t.get("design_key"), t.get("best_key"),
-                     json.dumps(score, sort_keys=True), t.get("reason")))  # fmt: skip
+        rows.append(
+            (
+                t["iteration"],
+                t["status"],
+                t["accepted"],
+                t.get("design_key"),
+                t.get("best_key"),
+                json.dumps(score, sort_keys=True),
+                t.get("reason"),
+            )
+        )
     return rows
 
 

@@ -56,8 +56,15 @@ def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypat
 
 
 def test_run_folder_key_mismatch_names_each_field_and_restart_starts_over(tmp_path):
-    key = run_key("evaluate", history="abc", protocol="as_of", design_key="d1", metrics="recall",
-                  lms={"judge": None}, options={"limit": 3})  # fmt: skip
+    key = run_key(
+        "evaluate",
+        history="abc",
+        protocol="as_of",
+        design_key="d1",
+        metrics="recall",
+        lms={"judge": None},
+        options={"limit": 3},
+    )
     with RunFolder.open(tmp_path, key) as run:
         run.log("items.jsonl").append({"qa_id": "q1"})
         run.add_usage({"judge": {"calls": 2}})
@@ -107,8 +114,9 @@ def test_evaluate_resume_under_another_protocol_is_refused(tmp_path):
         evaluate_design(_system(), small_qa(), metrics="recall", protocol="full", out_dir=tmp_path)
     assert exc.value.field == "protocol"
     # --restart gives exactly what a fresh folder gives
-    restarted = evaluate_design(_system(), small_qa(), metrics="recall", protocol="full", out_dir=tmp_path,
-                                restart=True)  # fmt: skip
+    restarted = evaluate_design(
+        _system(), small_qa(), metrics="recall", protocol="full", out_dir=tmp_path, restart=True
+    )
     fresh = evaluate_design(
         _system(), small_qa(), metrics="recall", protocol="full", out_dir=tmp_path / "fresh"
     )
@@ -120,8 +128,13 @@ def test_evaluate_resume_under_another_protocol_is_refused(tmp_path):
 
 def test_evaluate_resume_over_another_history_is_refused(tmp_path):
     evaluate_design(_system(), small_qa(), metrics="recall", out_dir=tmp_path)
-    bigger = History("tester", [*small_history().records,
-                                rec("x:1", "A red bicycle poster hangs in the hall.", "2024-01-06")])  # fmt: skip
+    bigger = History(
+        "tester",
+        [
+            *small_history().records,
+            rec("x:1", "A red bicycle poster hangs in the hall.", "2024-01-06"),
+        ],
+    )
     with pytest.raises(RunMismatchError) as exc:
         evaluate_design(_system(bigger), small_qa(), metrics="recall", out_dir=tmp_path)
     assert exc.value.field == "history_fingerprint"
@@ -152,8 +165,19 @@ def test_evaluate_cli_resume_mismatch_is_a_clear_error_and_restart_works(tmp_pat
     )
     (folder / "qa.jsonl").write_text("".join(q.to_json() + "\n" for q in small_qa()))
     out = tmp_path / "eval"
-    base = ["evaluate", "--format", "jsonl", "--path", str(folder), "--metrics", "recall", "--out", str(out),
-            "--no-cache", "--json"]  # fmt: skip
+    base = [
+        "evaluate",
+        "--format",
+        "jsonl",
+        "--path",
+        str(folder),
+        "--metrics",
+        "recall",
+        "--out",
+        str(out),
+        "--no-cache",
+        "--json",
+    ]
     res = CliRunner().invoke(app, [*base, "--protocol", "as_of"])
     assert res.exit_code == 0, res.output
     res = CliRunner().invoke(app, [*base, "--protocol", "full"])

@@ -70,8 +70,12 @@ def _vectors(shift: float, noise: float, n: int = 60, seed: int = 0):
 
 def test_verdict_clear_win():
     a, b = _vectors(0.3, 0.05)
-    c = paired_comparison({"delivered_recall": a, "recall_at_10": a}, {"delivered_recall": b, "recall_at_10": b},
-                          "delivered_recall", source="constructed")  # fmt: skip
+    c = paired_comparison(
+        {"delivered_recall": a, "recall_at_10": a},
+        {"delivered_recall": b, "recall_at_10": b},
+        "delivered_recall",
+        source="constructed",
+    )
     assert c.verdict == "better" and c.n == 60 and c.source == "constructed"
     assert c.ci95["delivered_recall"][0] > 0 and c.diff["delivered_recall"] > 0.1
     assert c.p_bootstrap < 0.01 and c.p_sign < 0.01
@@ -113,8 +117,11 @@ def test_verdict_follows_the_primary_metric_and_needs_it():
 
 
 def test_a_metric_missing_on_every_pair_is_reported_as_none():
-    c = paired_comparison({"accuracy": [None, None], "recall_at_10": [0, 1]},
-                          {"accuracy": [None, None], "recall_at_10": [0, 1]}, "recall_at_10")  # fmt: skip
+    c = paired_comparison(
+        {"accuracy": [None, None], "recall_at_10": [0, 1]},
+        {"accuracy": [None, None], "recall_at_10": [0, 1]},
+        "recall_at_10",
+    )
     assert (
         c.initial["accuracy"] is None and c.ci95["accuracy"] is None and c.n_pairs["accuracy"] == 0
     )

@@ -690,8 +690,13 @@ def test_a_question_word_with_no_verb_after_it_is_rewritten():
 
     assert _NO_VERB.match("When Unable to Update on School Garden Plans?")
     assert _NO_VERB.match("On when Update on Canceled Garden Planting Activity?")
-    for fine in ("When did I go?", "Where's my jacket?", "When was the email sent?",
-                 "When I was in Eugene, what did I wear?", "Who stopped by?"):  # fmt: skip
+    for fine in (
+        "When did I go?",
+        "Where's my jacket?",
+        "When was the email sent?",
+        "When I was in Eugene, what did I wear?",
+        "Who stopped by?",
+    ):
         assert not _NO_VERB.match(fine), fine
     verbless = "Where the quick note to Lila from, on March 2?"
     good = "Which laptop did I send a quick note to Lila from on March 2?"
@@ -721,14 +726,20 @@ def test_a_question_writing_its_number_answer_is_rewritten():
     bundle = small_bundle()
     options = answer_options(bundle.records, "Elena", "number")
     n = next(i for i, o in enumerate(options, 1) if o.answer == "12 seed")
-    plan = _plan(n, evidence=[{"record_id": "R2", "contribution": "says it"}], fact_span_ids=["R2.2"],
-                 ask="how many seed trays Lila will bring")  # fmt: skip
+    plan = _plan(
+        n,
+        evidence=[{"record_id": "R2", "contribution": "says it"}],
+        fact_span_ids=["R2.2"],
+        ask="how many seed trays Lila will bring",
+    )
     leak = "How many trays will Lila bring besides the 12 seed trays?"
     good = "How many seed trays will Lila bring to the garden workshop?"
     lms = role_lms(
-        [plan], [question_reply(leak), question_reply(good)], [audit_reply(facts=("R2.2",))],
+        [plan],
+        [question_reply(leak), question_reply(good)],
+        [audit_reply(facts=("R2.2",))],
         [blind_reply("12", cited=("c1:2#2",))],
-    )  # fmt: skip
+    )
     out, _ = _anchored(
         lms, bundle, Task(question_type="fact", evidence_count=1, answer_type="number")
     )
@@ -746,10 +757,14 @@ def test_a_date_from_an_email_subject_is_asked_by_that_subject():
     bundle = _mail_bundle("Elena", "Sofia", subject)
     subject = bundle.span("e:1#3")
     plan = AnswerPlan(
-        ask="when I cancelled tea", answer="2024-07-01", answer_type="date",
-        answer_span_id=subject.id, facts=[Fact(span_id=subject.id, statement=subject.text)],
-        evidence=[], operations=["lookup"],
-    )  # fmt: skip
+        ask="when I cancelled tea",
+        answer="2024-07-01",
+        answer_type="date",
+        answer_span_id=subject.id,
+        facts=[Fact(span_id=subject.id, statement=subject.text)],
+        evidence=[],
+        operations=["lookup"],
+    )
     # one of many emails to Sofia: its date checks nothing
     assert _misses_subject("When did I send the email to Sofia Morales?", plan, bundle)
     assert _misses_subject("When did I write to Sofia about the garden?", plan, bundle)  # 1 of 4

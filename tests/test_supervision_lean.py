@@ -134,8 +134,9 @@ def test_lean_audit_rejection_keeps_the_blind_result():
 
 def test_lean_run_batch_serves_blind_reads_before_audits():
     shared = scripted(plan_reply(), question_reply(), blind_reply(), audit_reply())
-    gen = MemSteerGenerator(dict.fromkeys(["planner", "question_writer", "auditor", "blind_reader"], shared),
-                            lean=True)  # fmt: skip
+    gen = MemSteerGenerator(
+        dict.fromkeys(["planner", "question_writer", "auditor", "blind_reader"], shared), lean=True
+    )
     stages = []
     outcomes = gen.run_batch([(small_bundle(), FACT, 0)], lambda s, d, t: stages.append(s))
     assert outcomes[0].status == "accepted", outcomes[0].detail
@@ -188,9 +189,14 @@ def test_quoted_fact_support():
 
 
 def chatty(i: int) -> Record:
-    return Record(id=f"chat:{i}", kind="conversation_turn", thread_id="chat", position=i,
-                  timestamp=datetime(2024, 5, 1, 9, i),
-                  text="User: honestly i feel a bit tired today and just want to relax for a while.")  # fmt: skip
+    return Record(
+        id=f"chat:{i}",
+        kind="conversation_turn",
+        thread_id="chat",
+        position=i,
+        timestamp=datetime(2024, 5, 1, 9, i),
+        text="User: honestly i feel a bit tired today and just want to relax for a while.",
+    )
 
 
 def test_prefilter_rejects_a_bundle_with_nothing_concrete_before_any_lm_call():
@@ -225,9 +231,16 @@ def test_the_earlier_pipeline_has_no_prefilter():
 
 def test_cached_prompt_tokens_are_booked_and_evaluated_tokens_derived():
     class Tracker:
-        usage_data = {"m": [{"prompt_tokens": 900, "completion_tokens": 40,
-                             "prompt_tokens_details": {"cached_tokens": 700}},
-                            {"prompt_tokens": 100, "completion_tokens": 5, "prompt_tokens_details": None}]}  # fmt: skip
+        usage_data = {
+            "m": [
+                {
+                    "prompt_tokens": 900,
+                    "completion_tokens": 40,
+                    "prompt_tokens_details": {"cached_tokens": 700},
+                },
+                {"prompt_tokens": 100, "completion_tokens": 5, "prompt_tokens_details": None},
+            ]
+        }
 
     assert _usage_tokens(Tracker()) == (1000, 45, 700)
     cost = RoleCost(prompt_tokens=1000, cached_tokens=700, completion_tokens=45)
@@ -315,8 +328,13 @@ def test_the_run_log_gives_each_task_kind_its_kept_share():
 
     from memsteer_dspy.supervision.run import _mix
 
-    kinds = [("rejected", "entity", 2), ("rejected", "entity", 1), ("skipped", "entity", 1),
-             ("rejected", "date", 1), ("rejected", None, 1)]  # fmt: skip
+    kinds = [
+        ("rejected", "entity", 2),
+        ("rejected", "entity", 1),
+        ("skipped", "entity", 1),
+        ("rejected", "date", 1),
+        ("rejected", None, 1),
+    ]
     log = [rec(i, *kind) for i, kind in enumerate(kinds)]
     mix = _mix(log)
     # (kept + 1) / (tried + 2); a skipped candidate was never tried; a free answer type is no kind
@@ -355,12 +373,20 @@ def test_the_earlier_profile_draws_no_answer_type():
 
 def test_accepted_distribution_by_answer_type_question_and_evidence_count():
     def item(i, q, at, ev, qt):
-        return QAItem(id=f"q{i}", question=q, answer="x", answer_type=AnswerType(at), evidence_ids=ev,
-                      question_type=qt)  # fmt: skip
+        return QAItem(
+            id=f"q{i}",
+            question=q,
+            answer="x",
+            answer_type=AnswerType(at),
+            evidence_ids=ev,
+            question_type=qt,
+        )
 
-    items = [item(1, "When did I visit Lila?", "date", ["a"], "temporal"),
-             item(2, "How many seed trays will Lila bring?", "number", ["a", "b"], "aggregation"),
-             item(3, "Who sent the compost order?", "entity", ["b"], "fact")]  # fmt: skip
+    items = [
+        item(1, "When did I visit Lila?", "date", ["a"], "temporal"),
+        item(2, "How many seed trays will Lila bring?", "number", ["a", "b"], "aggregation"),
+        item(3, "Who sent the compost order?", "entity", ["b"], "fact"),
+    ]
     dist = accepted_distribution(items)
     assert dist["accepted_by_answer_type"] == {"date": 1, "number": 1, "entity": 1}
     assert dist["accepted_by_question_word"] == {"when": 1, "how many": 1, "who": 1}
@@ -409,7 +435,9 @@ def _one_record_bundle(text: str, user: str = "Elena_Morales"):
 def test_answer_kinds_are_what_the_sentences_hold():
     kinds = lambda text: answer_kinds(_one_record_bundle(text).records, "Elena_Morales")  # noqa: E731
     # a date and a year are not numbers; the user's own name and a weekday are not entities
-    assert kinds("On March 18, 2024 I told Elena that the plan is fine and we go on Friday.") == {"date"}
+    assert kinds("On March 18, 2024 I told Elena that the plan is fine and we go on Friday.") == {
+        "date"
+    }
     held = kinds("The order from GreenLeaf arrived today and it cost 45 dollars in the end.")
     assert held == {"date", "number", "entity"}
     assert "list" in kinds("We packed tents, stoves and two lanterns for the trip up north.")
@@ -441,7 +469,9 @@ def test_asked_kinds_read_the_question_word():
     assert asked_kinds("How long did the drive to Tahoe take?") == {"number"}
     assert "entity" in asked_kinds("Who recommended the ginger tea?")
     assert asked_kinds("What did Lila bring to the workshop?") is None
-    assert asked_kinds("Which two people are mentioned in the talk about comforting me?") == {"list"}
+    assert asked_kinds("Which two people are mentioned in the talk about comforting me?") == {
+        "list"
+    }
 
 
 def test_two_questions_in_one_are_rejected_when_asked_to():
@@ -472,7 +502,10 @@ def test_user_voice_turns_the_assistant_s_you_into_the_user_s_i():
     assert user_voice("Who is the person you are trying to reach out to?") == (
         "Who is the person I am trying to reach out to?"
     )
-    assert user_voice("What did Lila tell you about your trip?") == "What did Lila tell me about my trip?"
+    assert (
+        user_voice("What did Lila tell you about your trip?")
+        == "What did Lila tell me about my trip?"
+    )
     assert user_voice("Where were you going with Oliver?") == "Where was I going with Oliver?"
     assert user_voice("How many trays did Lila bring?") == "How many trays did Lila bring?"
     # the subject of a present-tense verb (LEAN_VERSION 8; the writer's "the section you want")
@@ -549,7 +582,10 @@ def test_an_unknown_fact_label_is_dropped_only_when_the_plan_still_covers_its_ev
     assert [i.code for i in issues] == [PlanCheckCode.UNKNOWN_SPAN]
     # an unknown label that was an evidence record's only fact still fails: nothing covers it
     two = Task(question_type="multi-hop", evidence_count=2)
-    evidence = [{"record_id": "R1", "contribution": "device"}, {"record_id": "R2", "contribution": "trays"}]
+    evidence = [
+        {"record_id": "R1", "contribution": "device"},
+        {"record_id": "R2", "contribution": "trays"},
+    ]
     plan = _plan_from_reply(plan_reply(fact_span_ids=["R1.1", "R2.9"], evidence=evidence))
     _, issues, _ = check_plan(plan, two, view, texts, drop_unknown=True)
     assert PlanCheckCode.UNKNOWN_SPAN in {i.code for i in issues}
@@ -562,7 +598,10 @@ def _plan_from_reply(reply: dict) -> AnswerPlan:
 
 
 def test_words_that_only_place_or_perceive_name_no_topic_in_lean():
-    assert check_question("Who stretched out beside me?", "Oliver", "entity", kind_check=True) == "vague"
+    assert (
+        check_question("Who stretched out beside me?", "Oliver", "entity", kind_check=True)
+        == "vague"
+    )
     assert check_question("Who stretched out beside me?", "Oliver", "entity") is None
     noticed = "When did I notice the space feel lighter?"
     assert check_question(noticed, "2024-05-02", "date", kind_check=True) == "vague"
@@ -575,26 +614,36 @@ def test_words_that_only_place_or_perceive_name_no_topic_in_lean():
 # Lines of RHELM's Elena_Morales report attachments (the embedded planner cited them, measured:
 # "Where does Elena go for companion planting?" → "Montessori Gardens", the title of a source
 # link; "When did the module 4 observation … start?" → the report's date, cited from a heading).
-REPORT = RECORDS[2].model_copy(update={
-    "id": "report:1", "kind": "document", "thread_id": "report", "metadata": {},
-    "timestamp": datetime(2024, 11, 23),
-    "text": (
-        "### Module 4: Observation, Assessment, and Reflective Practice\n"
-        "- **Key Topics:**\n"
-        "Amelia Torres planted the companion seedlings on May 6.\n"
-        "1. [Montessori Gardens: Experiential Learning Resources]"
-        "(https://amshq.org/Educators/Educator-Resources/Classroom-Resources/Gardening-in-Montessori)\n"
-        "Elena Morales (Montessori Program Lead Teacher) met Mrs. Patel on May 6, 2024."
-    ),
-})
+REPORT = RECORDS[2].model_copy(
+    update={
+        "id": "report:1",
+        "kind": "document",
+        "thread_id": "report",
+        "metadata": {},
+        "timestamp": datetime(2024, 11, 23),
+        "text": (
+            "### Module 4: Observation, Assessment, and Reflective Practice\n"
+            "- **Key Topics:**\n"
+            "Amelia Torres planted the companion seedlings on May 6.\n"
+            "1. [Montessori Gardens: Experiential Learning Resources]"
+            "(https://amshq.org/Educators/Educator-Resources/Classroom-Resources/Gardening-in-Montessori)\n"
+            "Elena Morales (Montessori Program Lead Teacher) met Mrs. Patel on May 6, 2024."
+        ),
+    }
+)
 
 
 def _report_plan(span: int, answer: str, answer_type: str) -> AnswerPlan:
     label = f"R1.{span}"
-    return _plan_from_reply(plan_reply(
-        fact_span_ids=[label], answer_span_id=label, answer=answer, answer_type=answer_type,
-        evidence=[{"record_id": "R1", "contribution": "states it"}],
-    ))  # fmt: skip
+    return _plan_from_reply(
+        plan_reply(
+            fact_span_ids=[label],
+            answer_span_id=label,
+            answer=answer,
+            answer_type=answer_type,
+            evidence=[{"record_id": "R1", "contribution": "states it"}],
+        )
+    )
 
 
 def test_is_heading_tells_headings_and_labels_from_statements():
@@ -625,7 +674,9 @@ def test_an_answer_held_only_by_a_link_line_or_a_date_from_a_heading_is_not_stat
     assert codes(link) == []  # the earlier pipeline accepts it
     heading_date = _report_plan(2, "2024-11-23", "date")
     assert codes(heading_date, stated=True) == [PlanCheckCode.ANSWER_NOT_STATED]
-    assert codes(_report_plan(1, "2024-11-23", "date"), stated=True) == [PlanCheckCode.ANSWER_NOT_STATED]
+    assert codes(_report_plan(1, "2024-11-23", "date"), stated=True) == [
+        PlanCheckCode.ANSWER_NOT_STATED
+    ]
     assert codes(heading_date) == []
     # statements pass: a name in a sentence, a date cited from a sentence that writes it, and the
     # record's own date cited from a sentence (the "This morning, …" items that read good)
@@ -640,22 +691,39 @@ def test_who_answered_by_a_role_is_the_wrong_kind_in_lean():
     assert is_role("Montessori Program Lead Teacher") and is_role("Administrative Lead")
     assert not is_role("Amelia Torres") and not is_role("Mrs. Patel")
     q = "Who is the program lead teacher at the Portland campus?"
-    assert check_question(q, "Montessori Program Lead Teacher", "entity", kind_check=True) == "wrong_kind"
+    assert (
+        check_question(q, "Montessori Program Lead Teacher", "entity", kind_check=True)
+        == "wrong_kind"
+    )
     assert check_question(q, "Montessori Program Lead Teacher", "entity") is None
     assert check_question(q, "Elena Morales", "entity", kind_check=True) is None
     role = "What is Elena's role in the Montessori Garden Initiative?"
-    assert check_question(role, "Montessori Program Lead Teacher", "entity", kind_check=True) is None
+    assert (
+        check_question(role, "Montessori Program Lead Teacher", "entity", kind_check=True) is None
+    )
 
 
 def test_lean_re_samples_a_plan_whose_answer_is_a_link_title():
     bundle = bundle_from_records(History("Elena_Morales", [REPORT]), ["report:1"], BundleConfig())
-    link = plan_reply(fact_span_ids=["R1.5"], answer_span_id="R1.5", answer="Montessori Gardens",
-                      evidence=[{"record_id": "R1", "contribution": "names the resource"}])  # fmt: skip
-    good = plan_reply(fact_span_ids=["R1.3"], answer_span_id="R1.3", answer="Amelia Torres",
-                      evidence=[{"record_id": "R1", "contribution": "names the planter"}])  # fmt: skip
+    link = plan_reply(
+        fact_span_ids=["R1.5"],
+        answer_span_id="R1.5",
+        answer="Montessori Gardens",
+        evidence=[{"record_id": "R1", "contribution": "names the resource"}],
+    )
+    good = plan_reply(
+        fact_span_ids=["R1.3"],
+        answer_span_id="R1.3",
+        answer="Amelia Torres",
+        evidence=[{"record_id": "R1", "contribution": "names the planter"}],
+    )
     asked = "Who planted the companion seedlings on May 6?"
-    lms = role_lms([link, good], [question_reply(asked)], [audit_reply(facts=("R1.3",))],
-                   [blind_reply("Amelia Torres", cited=("report:1#3",))])  # fmt: skip
+    lms = role_lms(
+        [link, good],
+        [question_reply(asked)],
+        [audit_reply(facts=("R1.3",))],
+        [blind_reply("Amelia Torres", cited=("report:1#3",))],
+    )
     out = lean_run(lms, bundle=bundle)
     assert out.status == "accepted", out.detail
     assert out.plan.answer == "Amelia Torres"
@@ -930,15 +998,21 @@ def test_a_number_or_time_the_records_never_write_is_an_unknown_detail():
 
     records = small_bundle().view().text
     # an invented time of day and an invented count; the records' own day and year are dates
-    assert unknown_details("Who did I send a note to at 3:00 AM on March 2, 2024?", records) == ["3:00 AM"]
+    assert unknown_details("Who did I send a note to at 3:00 AM on March 2, 2024?", records) == [
+        "3:00 AM"
+    ]
     assert unknown_details("How many of the 30 seed trays will Lila bring?", records) == ["30"]
     assert unknown_details("What did the compost cost in March 2024, at 45 dollars?", records) == []
     assert unknown_details("Who will bring twelve seed trays, 12 in all?", records) == []
-    assert unknown_details("Who will bring 12 seed trays?", "She will bring twelve seed trays.") == []
+    assert (
+        unknown_details("Who will bring 12 seed trays?", "She will bring twelve seed trays.") == []
+    )
     assert unknown_details("Who called me at 3 pm?", "The call came at 3:00 PM.") == []
     assert unknown_details("Who called me at 4 pm?", "The call came at 3:00 PM.") == ["4 pm"]
     q = "Who did I send a quick note to from my MacBook Air at 7:30 AM?"
-    assert check_question(q, "Lila", "entity", known_text=records, kind_check=True) == "unknown_detail"
+    assert (
+        check_question(q, "Lila", "entity", known_text=records, kind_check=True) == "unknown_detail"
+    )
     # only lean asks it, as it does every check added after the earlier pipeline
     assert check_question(q, "Lila", "entity", known_text=records) is None
 
@@ -952,14 +1026,24 @@ def test_a_question_longer_than_a_short_question_is_too_long_in_lean():
         "on Maple Street where the garden workshop would have been held?"
     )
     assert len(long_q.split()) > MAX_QUESTION_WORDS
-    assert check_question(long_q, "2024-03-02", "date", known_text=records, kind_check=True) == "too_long"
+    assert (
+        check_question(long_q, "2024-03-02", "date", known_text=records, kind_check=True)
+        == "too_long"
+    )
     short_q = "When did I send a quick note to Lila from my MacBook Air?"
-    assert check_question(short_q, "2024-03-02", "date", known_text=records, kind_check=True) is None
+    assert (
+        check_question(short_q, "2024-03-02", "date", known_text=records, kind_check=True) is None
+    )
 
 
 def test_lean_re_samples_a_question_with_an_invented_detail_and_tells_the_writer_why():
     invented = "Which device did I use at 6:45 AM to send a quick note to Lila on March 2?"
-    lms = role_lms([plan_reply()], [question_reply(invented), question_reply()], [audit_reply()], [blind_reply()])
+    lms = role_lms(
+        [plan_reply()],
+        [question_reply(invented), question_reply()],
+        [audit_reply()],
+        [blind_reply()],
+    )
     out = lean_run(lms)
     assert out.status == "accepted", out.detail
     assert out.repairs[0].reason == "re-sampled after question:unknown_detail"
@@ -993,7 +1077,9 @@ def test_a_question_in_the_users_voice_that_names_the_user_names_self():
     assert names_self("When did I talk to Elena Morales?", "Elena_Morales")
     assert names_self("Who sent me Elena's lesson plans?", "Elena_Morales")
     # about the user in the third person, or no user known: not this
-    assert not names_self("When did Elena Morales write the email apologizing for tea?", "Elena_Morales")
+    assert not names_self(
+        "When did Elena Morales write the email apologizing for tea?", "Elena_Morales"
+    )
     assert not names_self("When did I talk to Elena Morales?", None)
     # another person who shares the user's family name is someone else
     assert not names_self("When did I thank Sofia Morales for her help?", "Elena_Morales")
@@ -1019,7 +1105,10 @@ def test_lean_re_samples_a_question_that_names_its_asker_and_tells_the_writer_wh
     # the earlier pipeline keeps it (its checks are the paper's)
     lms = role_lms([plan_reply()], [question_reply(named)], [audit_reply()], [blind_reply()])
     gen = MemSteerGenerator(lms, max_retries=1, lean=False, user_name="Elena_Morales")
-    assert gen(bundle=small_bundle(), task=FACT, shuffle_seed=0).outcome.reason != "question:names_self"
+    assert (
+        gen(bundle=small_bundle(), task=FACT, shuffle_seed=0).outcome.reason
+        != "question:names_self"
+    )
 
 
 def test_who_did_what_the_user_did_is_a_role_swap():
@@ -1028,21 +1117,39 @@ def test_who_did_what_the_user_did_is_a_role_swap():
     said = "I tried to dictate my certification reflections to Sofia while still in bed."
     # the three forms the fifteenth to seventeenth cost runs kept, each answered "Sofia"
     assert swaps_roles("Who tried to dictate my certification reflections?", "Sofia", said)
-    assert swaps_roles("Who was trying to dictate her certification reflections this morning?", "Sofia", said)
+    assert swaps_roles(
+        "Who was trying to dictate her certification reflections this morning?", "Sofia", said
+    )
     assert swaps_roles("Who was the person who tried to dictate their reflections?", "Sofia", said)
     # the user as the clause's subject asks the right role
-    assert not swaps_roles("Who did I try to dictate my certification reflections to?", "Sofia", said)
+    assert not swaps_roles(
+        "Who did I try to dictate my certification reflections to?", "Sofia", said
+    )
     # the answer does what the question asks
-    assert not swaps_roles("Who called me about the reflections?", "Sofia", "Sofia called me after I tried to call her.")
-    assert not swaps_roles("Who helped with the seedlings?", "Sofia", "Sofia helped with the seedlings while I watered.")
+    assert not swaps_roles(
+        "Who called me about the reflections?",
+        "Sofia",
+        "Sofia called me after I tried to call her.",
+    )
+    assert not swaps_roles(
+        "Who helped with the seedlings?",
+        "Sofia",
+        "Sofia helped with the seedlings while I watered.",
+    )
     # another verb than the user's
-    assert not swaps_roles("Who took the photos of the garden?", "Sofia", "I planted tomatoes and Sofia took the photos.")
+    assert not swaps_roles(
+        "Who took the photos of the garden?",
+        "Sofia",
+        "I planted tomatoes and Sofia took the photos.",
+    )
     # not a "Who" question
     assert not swaps_roles("What did I dictate to Sofia?", "Sofia", said)
 
 
 def test_lean_re_samples_a_role_swapped_question_and_tells_the_writer_whom_to_ask_for():
-    swapped = "Who sent a quick note from my MacBook Air on March 2?"  # "I sent a quick note to Lila"
+    swapped = (
+        "Who sent a quick note from my MacBook Air on March 2?"  # "I sent a quick note to Lila"
+    )
     right = "Who did I send a quick note to from my MacBook Air on March 2?"
     plan = plan_reply(answer="Lila", ask="whom I sent a quick note to from my MacBook Air")
 
@@ -1051,7 +1158,9 @@ def test_lean_re_samples_a_role_swapped_question_and_tells_the_writer_whom_to_as
         gen = MemSteerGenerator(lms, max_retries=1, lean=True, user_name="Elena_Morales")
         return lms, gen(bundle=small_bundle(), task=FACT, shuffle_seed=0).outcome
 
-    lms, out = run([question_reply(swapped), question_reply(right)], [audit_reply()], [blind_reply("Lila")])
+    lms, out = run(
+        [question_reply(swapped), question_reply(right)], [audit_reply()], [blind_reply("Lila")]
+    )
     assert out.status == "accepted", out.detail
     assert out.repairs[-1].reason == "re-sampled after question:role_swap"
     writer_prompts = [str(h["messages"]) for h in lms["question_writer"].history]

@@ -95,11 +95,18 @@ def test_plan_check_rejections_have_reason_codes(plan, code):
 
 
 def test_a_failed_plan_is_resampled_and_the_second_plan_goes_on():
-    lms = role_lms([plan_reply(answer="iPad Pro"), plan_reply()], [question_reply()], [audit_reply()], [blind_reply()])
+    lms = role_lms(
+        [plan_reply(answer="iPad Pro"), plan_reply()],
+        [question_reply()],
+        [audit_reply()],
+        [blind_reply()],
+    )
     out, _ = run(lms)
     assert out.status == "accepted", out.detail
     assert out.plan.answer == "MacBook Air" and out.usage["planner"].calls == 2
-    assert [(r.stage, r.field, r.before) for r in out.repairs] == [("plan", "plan", "plan_check:answer_not_in_spans")]
+    assert [(r.stage, r.field, r.before) for r in out.repairs] == [
+        ("plan", "plan", "plan_check:answer_not_in_spans")
+    ]
 
 
 def test_no_plan_resample_without_retries():
@@ -111,25 +118,46 @@ def test_no_plan_resample_without_retries():
 
 def third_record_case(text: str, answer: str, contribution: str):
     """A bundle whose third record (R3) says ``text``, and a plan answering ``answer`` from it."""
-    history = small_history([
-        Record(id="c1:3", kind="conversation_turn", thread_id="c1", position=3,
-               timestamp=datetime(2024, 3, 2, 9, 10), author="Elena", text=text),
-    ])  # fmt: skip
+    history = small_history(
+        [
+            Record(
+                id="c1:3",
+                kind="conversation_turn",
+                thread_id="c1",
+                position=3,
+                timestamp=datetime(2024, 3, 2, 9, 10),
+                author="Elena",
+                text=text,
+            ),
+        ]
+    )
     bundle = small_bundle(history, ["c1:1", "c1:2", "c1:3"])
-    plan = plan_reply(answer=answer, answer_span_id="R3.1", fact_span_ids=["R3.1"],
-                      evidence=[{"record_id": "R3", "contribution": contribution}])  # fmt: skip
+    plan = plan_reply(
+        answer=answer,
+        answer_span_id="R3.1",
+        fact_span_ids=["R3.1"],
+        evidence=[{"record_id": "R3", "contribution": contribution}],
+    )
     return bundle, plan
 
 
 def test_a_partial_name_is_completed_from_the_answer_span():
-    bundle, plan = third_record_case("User: Amelia Torres will join the winter walk on Sunday.", "Amelia", "who joins")
+    bundle, plan = third_record_case(
+        "User: Amelia Torres will join the winter walk on Sunday.", "Amelia", "who joins"
+    )
     audit = audit_reply(facts=("R3.1",))
     audit["record_checks"][0]["record_id"] = "R3"
-    lms = role_lms([plan], [question_reply("Who will join my winter walk on Sunday?")], [audit],
-                   [blind_reply(answer="Amelia Torres", cited=("c1:3#1",))])  # fmt: skip
+    lms = role_lms(
+        [plan],
+        [question_reply("Who will join my winter walk on Sunday?")],
+        [audit],
+        [blind_reply(answer="Amelia Torres", cited=("c1:3#1",))],
+    )
     out, _ = run(lms, bundle=bundle)
     assert out.plan.answer == "Amelia Torres"
-    assert [(r.field, r.before, r.after) for r in out.repairs] == [("answer", "Amelia", "Amelia Torres")]
+    assert [(r.field, r.before, r.after) for r in out.repairs] == [
+        ("answer", "Amelia", "Amelia Torres")
+    ]
     assert out.status == "accepted", out.detail
 
 
@@ -159,7 +187,9 @@ def test_expand_name_cases(answer, span, expanded):
 def test_detail_terms_name_concrete_details_not_in_the_rejected_question():
     from memsteer_dspy.supervision.checks import detail_terms
 
-    facts = ["User: Lunch today felt especially warm—everyone sharing empanadas and Mrs. Patel’s samosas."]
+    facts = [
+        "User: Lunch today felt especially warm—everyone sharing empanadas and Mrs. Patel’s samosas."
+    ]
     terms = detail_terms(facts, "When did you have lunch today? 2024-03-23")
     assert terms[0] == "Mrs. Patel" and "empanadas" in terms and "samosas" in terms
     assert not {"lunch", "today", "felt", "especially", "everyone", "User"} & set(terms)
@@ -193,7 +223,9 @@ def test_citation_repair_points_at_the_one_span_with_the_answer():
 
 def test_repair_within_the_cited_record():
     # "Lila" occurs in two records, but only once in the record the planner cited (c1:1)
-    plan = plan_reply(answer="Lila", answer_type="entity", fact_span_ids=["R1.2"], answer_span_id="R1.2")
+    plan = plan_reply(
+        answer="Lila", answer_type="entity", fact_span_ids=["R1.2"], answer_span_id="R1.2"
+    )
     lms = role_lms(
         [plan],
         [question_reply("Whom did I send a quick note from my laptop on March 2?")],
@@ -216,16 +248,24 @@ def test_no_repair_when_the_answer_occurs_in_two_spans():
 
 def test_repair_within_the_evidence_records():
     # "garden" occurs in c1:2 and in mail:1, once in the evidence record mail:1; the planner cited R1.1
-    plan = plan_reply(answer="GreenLeaf", fact_span_ids=["R1.1"], answer_span_id="R1.1",
-                      evidence=[{"record_id": "R3", "contribution": "names the supplier"}])  # fmt: skip
+    plan = plan_reply(
+        answer="GreenLeaf",
+        fact_span_ids=["R1.1"],
+        answer_span_id="R1.1",
+        evidence=[{"record_id": "R3", "contribution": "names the supplier"}],
+    )
     out, _ = run(role_lms([plan]))
     assert out.plan.answer_span_id.startswith("mail:1#"), out.detail
     assert out.repairs and out.repairs[0].reason.startswith("the answer occurs in exactly one span")
 
 
 def test_answer_in_one_span_of_the_evidence_records_is_preferred_over_the_bundle():
-    plan = plan_reply(answer="garden workshop", fact_span_ids=["R1.1"], answer_span_id="R1.1",
-                      evidence=[{"record_id": "R3", "contribution": "names the order"}])  # fmt: skip
+    plan = plan_reply(
+        answer="garden workshop",
+        fact_span_ids=["R1.1"],
+        answer_span_id="R1.1",
+        evidence=[{"record_id": "R3", "contribution": "names the order"}],
+    )
     out, _ = run(role_lms([plan]))
     hits = [r for r in out.repairs if r.field == "answer_span_id"]
     assert hits and hits[0].after.startswith("mail:1#"), out.detail
@@ -267,7 +307,9 @@ def test_question_checks(question, reason):
     assert out.status == "rejected" and out.stage == "question" and out.reason == reason
     assert "auditor" not in out.usage
     assert out.usage["question_writer"].calls == 3
-    assert [(r.stage, r.reason) for r in out.repairs] == [("question", f"re-sampled after {reason}")] * 2
+    assert [(r.stage, r.reason) for r in out.repairs] == [
+        ("question", f"re-sampled after {reason}")
+    ] * 2
 
 
 @pytest.mark.parametrize(
@@ -297,14 +339,33 @@ def test_a_question_that_names_what_its_records_never_mention_is_rejected():
     assert unknown_names(q, records) == ["Clayworks Studio"]
     assert check_question(q, "2024-03-02", "date", known_text=records) == "unknown_name"
     # names the records write, the user's own name and month names are fine
-    assert check_question("When did I send Lila the note from my MacBook Air?", "2024-03-02", "date",
-                          known_text=records) is None  # fmt: skip
-    assert unknown_names("Did Elena Morales walk Oliver on Maple Street in March?", records + "\nElena Morales") == []
+    assert (
+        check_question(
+            "When did I send Lila the note from my MacBook Air?",
+            "2024-03-02",
+            "date",
+            known_text=records,
+        )
+        is None
+    )
+    assert (
+        unknown_names(
+            "Did Elena Morales walk Oliver on Maple Street in March?", records + "\nElena Morales"
+        )
+        == []
+    )
     # in the program: the writer is re-sampled and told to name only what the records name
-    lms = role_lms([plan_reply()], [question_reply("Which device did I use at Clayworks Studio?"), question_reply()],
-                   [audit_reply()], [blind_reply()])  # fmt: skip
+    lms = role_lms(
+        [plan_reply()],
+        [question_reply("Which device did I use at Clayworks Studio?"), question_reply()],
+        [audit_reply()],
+        [blind_reply()],
+    )
     out, _ = run(lms)
-    assert out.status == "accepted" and out.repairs[0].reason == "re-sampled after question:unknown_name"
+    assert (
+        out.status == "accepted"
+        and out.repairs[0].reason == "re-sampled after question:unknown_name"
+    )
 
 
 @pytest.mark.parametrize(
@@ -316,19 +377,28 @@ def test_a_question_that_names_what_its_records_never_mention_is_rejected():
         ("When did I visit Alberta Co-op for the spring seed sale?", "2024-05-06", None),
     ],
 )
-def test_a_date_question_that_writes_its_answer_in_another_format_leaks_it(question, answer, problem):
+def test_a_date_question_that_writes_its_answer_in_another_format_leaks_it(
+    question, answer, problem
+):
     from memsteer_dspy.supervision.checks import check_question
 
     assert check_question(question, answer, "date") == problem
 
 
 def test_an_answer_that_is_the_users_own_name_fails_the_plan():
-    bundle, plan = third_record_case("User: Elena Morales woke up feeling unrested again.", "Elena Morales",
-                                     "who woke up unrested")  # fmt: skip
+    bundle, plan = third_record_case(
+        "User: Elena Morales woke up feeling unrested again.",
+        "Elena Morales",
+        "who woke up unrested",
+    )
     out, _ = run(role_lms([plan] * 2), bundle=bundle, user_name="Elena_Morales")
     assert out.reason == "plan_check:answer_is_user"
     # the same plan for another user's history goes on to the question writer
-    out, _ = run(role_lms([plan], [question_reply("Who woke up feeling unrested?")]), bundle=bundle, user_name="Lila_Nguyen")
+    out, _ = run(
+        role_lms([plan], [question_reply("Who woke up feeling unrested?")]),
+        bundle=bundle,
+        user_name="Lila_Nguyen",
+    )
     assert out.stage != "plan_check"
     from memsteer_dspy.supervision.checks import is_user_name
 
@@ -340,18 +410,36 @@ def test_check_question_flags_a_copied_demo_question_only():
     from memsteer_dspy.supervision.checks import check_question
 
     demo = "Who is coming with me to the pottery class at Clayworks Studio?"
-    assert check_question("Who is coming with me to the pottery class?", "Lila", "entity", [demo]) == "copies_demo"
-    assert check_question("Who brought seed trays to the garden workshop?", "Lila", "entity", [demo]) is None
+    assert (
+        check_question("Who is coming with me to the pottery class?", "Lila", "entity", [demo])
+        == "copies_demo"
+    )
+    assert (
+        check_question("Who brought seed trays to the garden workshop?", "Lila", "entity", [demo])
+        is None
+    )
 
 
 def test_an_unusable_question_is_resampled_once_and_the_rewrite_recorded():
-    bad, good = "When was the note written?", "Which device did I use to send a quick note to Lila on March 2?"
-    lms = role_lms([plan_reply()], [question_reply(bad), question_reply(good)], [audit_reply()], [blind_reply()])
+    bad, good = (
+        "When was the note written?",
+        "Which device did I use to send a quick note to Lila on March 2?",
+    )
+    lms = role_lms(
+        [plan_reply()],
+        [question_reply(bad), question_reply(good)],
+        [audit_reply()],
+        [blind_reply()],
+    )
     out, _ = run(lms)
     assert out.status == "accepted", out.detail
     assert out.question == good
     rewrite = out.repairs[-1]
-    assert (rewrite.before, rewrite.after, rewrite.reason) == (bad, good, "re-sampled after question:vague")
+    assert (rewrite.before, rewrite.after, rewrite.reason) == (
+        bad,
+        good,
+        "re-sampled after question:vague",
+    )
     # the re-sample is another rollout at a higher temperature, told what was wrong
     last = lms["question_writer"].history[-1]
     assert last["kwargs"].get("temperature") == 0.7 and last["kwargs"].get("rollout_id")
@@ -368,7 +456,10 @@ def test_a_date_question_loses_its_relative_day_and_the_repair_is_recorded():
     lms = role_lms([plan], [question_reply(asked)])
     out, _ = run(lms, max_retries=0)
     assert out.question == "When did I send a quick note to Lila from my MacBook Air?"
-    assert (out.repairs[0].before, out.repairs[0].reason) == (asked, "a date question's relative day was removed")
+    assert (out.repairs[0].before, out.repairs[0].reason) == (
+        asked,
+        "a date question's relative day was removed",
+    )
     assert out.usage["question_writer"].calls == 1  # fixed without another LM call
 
 
@@ -376,7 +467,10 @@ def test_a_date_question_loses_its_relative_day_and_the_repair_is_recorded():
     ("ask", "mine"),
     [
         ("what the user's health profile is", "what my health profile is"),
-        ("who is coming with the user to the pottery class", "who is coming with me to the pottery class"),
+        (
+            "who is coming with the user to the pottery class",
+            "who is coming with me to the pottery class",
+        ),
         ("when the user planted tomatoes", "when I planted tomatoes"),
     ],
 )
@@ -394,7 +488,9 @@ def test_a_question_that_copies_the_resample_hint_is_rejected():
 
     echo = "When did you feel grounded, not like 'When did you feel grounded?' (vague): name the people?"
     assert check_question(echo, "x", "date") == "mentions_records"
-    assert check_question("When was my garden plan rejected by the school board?", "x", "date") is None
+    assert (
+        check_question("When was my garden plan rejected by the school board?", "x", "date") is None
+    )
 
 
 def test_no_resample_without_rewrites():
@@ -703,11 +799,15 @@ def test_run_batch_runs_stage_by_stage_with_the_same_outcomes():
     q2 = "Which park did I walk Oliver to on the morning I wrote to Lila?"
     plan2 = plan_reply(answer="Maple Street", fact_span_ids=["R1.2"], answer_span_id="R1.2")
     shared = scripted(
-        plan_reply(), plan2,
-        question_reply(), question_reply(q2),
-        audit_reply(), audit_reply(facts=("R1.2",)),
-        blind_reply(), blind_reply(answer="Maple Street", cited=["c1:1#2"]),
-    )  # fmt: skip
+        plan_reply(),
+        plan2,
+        question_reply(),
+        question_reply(q2),
+        audit_reply(),
+        audit_reply(facts=("R1.2",)),
+        blind_reply(),
+        blind_reply(answer="Maple Street", cited=["c1:1#2"]),
+    )
     gen = MemSteerGenerator(
         dict.fromkeys(["planner", "question_writer", "auditor", "blind_reader"], shared)
     )
@@ -719,24 +819,44 @@ def test_run_batch_runs_stage_by_stage_with_the_same_outcomes():
     gen2 = MemSteerGenerator(
         dict.fromkeys(
             ["planner", "question_writer", "auditor", "blind_reader"],
-            scripted(plan_reply(), plan2, question_reply(), question_reply(q2), audit_reply(),
-                     audit_reply(facts=("R1.2",)), blind_reply(), blind_reply(answer="Maple Street")),
+            scripted(
+                plan_reply(),
+                plan2,
+                question_reply(),
+                question_reply(q2),
+                audit_reply(),
+                audit_reply(facts=("R1.2",)),
+                blind_reply(),
+                blind_reply(answer="Maple Street"),
+            ),
         )
-    )  # fmt: skip
+    )
     gen2.run_batch(
         [(small_bundle(), FACT, 0), (small_bundle(), FACT, 1)],
         lambda s, d, t: calls.append((s, d, t)),
     )
-    assert calls == [("plan", 1, 2), ("plan", 2, 2), ("question", 1, 2), ("question", 2, 2),
-                     ("audit", 1, 2), ("audit", 2, 2), ("blind", 1, 2), ("blind", 2, 2)]  # fmt: skip
+    assert calls == [
+        ("plan", 1, 2),
+        ("plan", 2, 2),
+        ("question", 1, 2),
+        ("question", 2, 2),
+        ("audit", 1, 2),
+        ("audit", 2, 2),
+        ("blind", 1, 2),
+        ("blind", 2, 2),
+    ]
 
 
 def test_date_answer_facts_carry_their_record_date_to_the_writer_and_auditor():
     # "when" answered by the date of the record that tells the event: the sentence has no date,
     # so the auditor and the question writer are told the record's date with each fact
     plan = plan_reply(answer="2024-03-02", answer_type="date", ask="when Elena sent a note to Lila")
-    lms = role_lms([plan], [question_reply("When did I send a quick note to Lila from my laptop?")],
-                   [audit_reply()], [blind_reply(answer="March 2, 2024")])  # fmt: skip
+    lms = role_lms(
+        [plan],
+        [question_reply("When did I send a quick note to Lila from my laptop?")],
+        [audit_reply()],
+        [blind_reply(answer="March 2, 2024")],
+    )
     out, _ = run(lms, task=Task(question_type="temporal", evidence_count=1))
     assert out.status == "accepted", out.detail
     audit_prompt = str(lms["auditor"].history[-1]["messages"])
@@ -762,9 +882,14 @@ def test_bounded_signature_parses_a_numeric_answer(signature):
     from memsteer_dspy.supervision.limits import bounded_signature
 
     if signature == "plan":
-        sig, raw = PlanAnswer, ('{"evidence": [{"record_id": "R1", "contribution": "count"}], "fact_span_ids": ["R1.1"], '
-                                '"answer_span_id": "R1.1", "answer_type": "number", "answer": 3, "operations": ["count"], '
-                                '"ask": "how many"}')  # fmt: skip
+        sig, raw = (
+            PlanAnswer,
+            (
+                '{"evidence": [{"record_id": "R1", "contribution": "count"}], "fact_span_ids": ["R1.1"], '
+                '"answer_span_id": "R1.1", "answer_type": "number", "answer": 3, "operations": ["count"], '
+                '"ask": "how many"}'
+            ),
+        )
     else:
         sig, raw = BlindRead, '{"cited_ids": ["R1.1"], "answer": 3, "answerable": true}'
     bounded = bounded_signature(sig)

@@ -15,13 +15,24 @@ from memsteer_dspy.supervision.quality import (
     format_quality,
 )
 
-ITEM = QAItem(id="q1", question="Which device did I use to write to Lila on March 2?", answer="MacBook Air",
-              answer_type="entity", evidence_ids=["c1:1"], source="generated")  # fmt: skip
+ITEM = QAItem(
+    id="q1",
+    question="Which device did I use to write to Lila on March 2?",
+    answer="MacBook Air",
+    answer_type="entity",
+    evidence_ids=["c1:1"],
+    source="generated",
+)
 
 
 def judge_reply(**kw):
-    reply = {"rationale": "fine", "premise_support": True, "clarity": True, "answer_support": True,
-             "evidence_support": True}  # fmt: skip
+    reply = {
+        "rationale": "fine",
+        "premise_support": True,
+        "clarity": True,
+        "answer_support": True,
+        "evidence_support": True,
+    }
     reply.update(kw)
     return reply
 
@@ -71,10 +82,14 @@ def test_assess_fidelity_true_and_corrupted_items(capsys):
     from memsteer_dspy.records import Record
 
     unrelated = [
-        Record(id=f"n{i}", kind="note", timestamp=datetime(2024, 4, i + 1),
-               text=f"Dentist appointment number {i} went quickly; the hygienist recommended flossing.")
+        Record(
+            id=f"n{i}",
+            kind="note",
+            timestamp=datetime(2024, 4, i + 1),
+            text=f"Dentist appointment number {i} went quickly; the hygienist recommended flossing.",
+        )
         for i in range(3)
-    ]  # fmt: skip
+    ]
     h = small_history(unrelated)
     items = [
         ITEM.model_copy(update={"source": "official"}),
@@ -84,7 +99,7 @@ def test_assess_fidelity_true_and_corrupted_items(capsys):
             answer="12",
             answer_type="number",
             evidence_ids=["c1:2"],
-        ),  # fmt: skip
+        ),
     ]
     auditor = endless(lambda i: audit_reply(facts=("R1.1",)))
     # a reader that always answers "MacBook Air" and cites every record

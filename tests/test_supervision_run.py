@@ -103,8 +103,12 @@ def accepting_lms(repeat_question: bool = False, offset: int = 0):
 
 
 def config(**kw) -> GenerationConfig:
-    values = {"n": 100, "max_candidates": 6, "batch_size": 3,
-              "bundle": BundleConfig(evidence_weights={1: 1.0}, min_records=3, max_records=3)}  # fmt: skip
+    values = {
+        "n": 100,
+        "max_candidates": 6,
+        "batch_size": 3,
+        "bundle": BundleConfig(evidence_weights={1: 1.0}, min_records=3, max_records=3),
+    }
     values.update(kw)
     return GenerationConfig(**values)
 
@@ -175,8 +179,13 @@ def test_rejected_lines_have_stage_and_reason(tmp_path):
 
 def test_near_duplicate_questions_are_removed(tmp_path):
     # no demos: an accepted question as a demo would reject its copies earlier (question:copies_demo)
-    summary = generate_supervision(laptop_history(), accepting_lms(repeat_question=True), tmp_path,
-                                   config(max_candidates=4, max_demos=0), progress=False)  # fmt: skip
+    summary = generate_supervision(
+        laptop_history(),
+        accepting_lms(repeat_question=True),
+        tmp_path,
+        config(max_candidates=4, max_demos=0),
+        progress=False,
+    )
     assert summary["accepted"] == 1
     assert summary["rejected_by_reason"] == {"dedup:near_duplicate": 3}
     # the task left the answer type to the planner: one kind, "any" answer from one record
@@ -208,15 +217,25 @@ def test_kept_by_task_counts_tried_and_accepted_per_kind_and_skips_skipped():
 
 
 def test_copies_of_an_accepted_demo_question_are_rejected_before_the_audit(tmp_path):
-    summary = generate_supervision(laptop_history(), accepting_lms(repeat_question=True), tmp_path,
-                                   config(max_candidates=6, batch_size=1), progress=False)  # fmt: skip
+    summary = generate_supervision(
+        laptop_history(),
+        accepting_lms(repeat_question=True),
+        tmp_path,
+        config(max_candidates=6, batch_size=1),
+        progress=False,
+    )
     assert summary["accepted"] == 1
     assert summary["rejected_by_reason"] == {"question:copies_demo": 5}
 
 
 def test_stops_when_n_items_are_accepted(tmp_path):
-    summary = generate_supervision(laptop_history(), accepting_lms(), tmp_path,
-                                   config(n=2, max_candidates=10, batch_size=8), progress=False)  # fmt: skip
+    summary = generate_supervision(
+        laptop_history(),
+        accepting_lms(),
+        tmp_path,
+        config(n=2, max_candidates=10, batch_size=8),
+        progress=False,
+    )
     # batches are sized to what is still needed (2 x missing), so the run stops early
     assert summary["accepted"] >= 2 and summary["candidates"] <= 4
 
@@ -248,8 +267,13 @@ def test_a_time_budget_stops_new_candidates_and_a_resume_keeps_it(tmp_path, monk
     again = generate_supervision(laptop_history(), lms, tmp_path, cfg, progress=False)
     assert again["candidates"] == 3 and again["stopped_by"] == "time_budget"
     # without the budget the same run goes on to its candidate limit
-    rest = generate_supervision(laptop_history(), lms, tmp_path,
-                                config(n=100, max_candidates=6, batch_size=1), progress=False)  # fmt: skip
+    rest = generate_supervision(
+        laptop_history(),
+        lms,
+        tmp_path,
+        config(n=100, max_candidates=6, batch_size=1),
+        progress=False,
+    )
     assert rest["candidates"] == 6 and rest["stopped_by"] == "candidates"
 
 
@@ -326,19 +350,35 @@ def test_threads(tmp_path):
 def test_naive_and_no_checks_methods(tmp_path):
     lms = accepting_lms()
     lms["planner"] = endless(
-        lambda i: {"question": f"Which laptop did I bring to the {PLACES[i % 10]} meeting about {TOPICS[(i * 7) % 10]}?",
-                   "answer": "MacBook Air", "answer_type": "entity", "evidence_record_ids": ["R1"]}
-    )  # fmt: skip
-    summary = generate_supervision(laptop_history(), lms, tmp_path / "naive", config(method="naive", checks=False),
-                                   progress=False)  # fmt: skip
+        lambda i: {
+            "question": f"Which laptop did I bring to the {PLACES[i % 10]} meeting about {TOPICS[(i * 7) % 10]}?",
+            "answer": "MacBook Air",
+            "answer_type": "entity",
+            "evidence_record_ids": ["R1"],
+        }
+    )
+    summary = generate_supervision(
+        laptop_history(),
+        lms,
+        tmp_path / "naive",
+        config(method="naive", checks=False),
+        progress=False,
+    )
     assert summary["accepted"] == 6 and summary["lm_calls"] == {"planner": 6}
     item = load_qa_jsonl(tmp_path / "naive" / "train.jsonl")[0]
     assert item.metadata["provenance"]["method"] == "naive"
 
 
 def test_split_by_bundle_keeps_bundles_whole():
-    items = [QAItem(id=f"q{i}", question="q?", answer="a", metadata={"provenance": {"bundle_id": f"b{i // 2}"}})
-             for i in range(10)]  # fmt: skip
+    items = [
+        QAItem(
+            id=f"q{i}",
+            question="q?",
+            answer="a",
+            metadata={"provenance": {"bundle_id": f"b{i // 2}"}},
+        )
+        for i in range(10)
+    ]
     train, val = split_by_bundle(items, 0.6, seed=1)
     assert len(train) == 6 and len(val) == 4
     tb = {i.metadata["provenance"]["bundle_id"] for i in train}
@@ -395,8 +435,22 @@ def test_generate_command(tmp_path, monkeypatch):
     # a scripted LM: no grammar-bounded lengths, the full profile
     hist = scripted_generate_cli(tmp_path, monkeypatch, in_process=False)
     out = tmp_path / "out"
-    args = ["generate", "--format", "jsonl", "--path", str(hist), "--out", str(out), "--n", "3",
-            "--max-candidates", "4", "--profile", "full", "--json"]  # fmt: skip
+    args = [
+        "generate",
+        "--format",
+        "jsonl",
+        "--path",
+        str(hist),
+        "--out",
+        str(out),
+        "--n",
+        "3",
+        "--max-candidates",
+        "4",
+        "--profile",
+        "full",
+        "--json",
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout[result.stdout.index("{") :])
@@ -424,8 +478,20 @@ def test_generate_picks_the_small_lm_pipeline_for_an_in_process_planner(
 
     hist = scripted_generate_cli(tmp_path, monkeypatch, in_process=in_process)
     out = tmp_path / "out"
-    args = ["generate", "--format", "jsonl", "--path", str(hist), "--out", str(out), "--n", "1",
-            "--max-candidates", "1", *extra]  # fmt: skip
+    args = [
+        "generate",
+        "--format",
+        "jsonl",
+        "--path",
+        str(hist),
+        "--out",
+        str(out),
+        "--n",
+        "1",
+        "--max-candidates",
+        "1",
+        *extra,
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     options = json.loads((out / "run.json").read_text())["key"]["options"]

@@ -98,12 +98,21 @@ class _Scripted(ExternalSystem):
 
 def test_external_hits_map_to_records_with_the_cutoff_and_chunk_dedup():
     history = small_history()
-    hits = [Hit(["s3:1"], 0.9),  # dated 2024-03-20: after the question, dropped
-            Hit(["s1:1"], 0.8), Hit(["s1:1"], 0.7),  # a second chunk of one record: skipped
-            Hit(["nope", "s2:2"], 0.6),  # an id the history lacks is dropped, the rest kept
-            Hit(["mail:1"], 0.5), Hit(["s1:2"], 0.4)]  # fmt: skip
-    q = QAItem(id="q", question="Where is the conference?", answer="Lisbon",
-               evidence_ids=["s2:2", "mail:1", "s1:2"], question_date="2024-03-01")  # fmt: skip
+    hits = [
+        Hit(["s3:1"], 0.9),  # dated 2024-03-20: after the question, dropped
+        Hit(["s1:1"], 0.8),
+        Hit(["s1:1"], 0.7),  # a second chunk of one record: skipped
+        Hit(["nope", "s2:2"], 0.6),  # an id the history lacks is dropped, the rest kept
+        Hit(["mail:1"], 0.5),
+        Hit(["s1:2"], 0.4),
+    ]
+    q = QAItem(
+        id="q",
+        question="Where is the conference?",
+        answer="Lisbon",
+        evidence_ids=["s2:2", "mail:1", "s1:2"],
+        question_date="2024-03-01",
+    )
     system = _Scripted(history, hits)
     [r] = evaluate_design(system, [q], metrics="recall", protocol="as_of").items
     assert r.trace.ranked_record_ids == [["s1:1"], ["s2:2"], ["mail:1"]]  # top_k = 3 hits
@@ -161,8 +170,9 @@ def test_mem0_memories_map_back_to_their_batch_records(tmp_path, monkeypatch):
     monkeypatch.setenv("MEM0_TELEMETRY", "False")
     history, items = small_history(), small_qa()
     with FakeOpenAIServer(alias="local", answer=_extract_new_messages) as server:
-        system = Mem0System.open(history, cache_dir=tmp_path, api_base=server.api_base,
-                                 model="local", batch=2)  # fmt: skip
+        system = Mem0System.open(
+            history, cache_dir=tmp_path, api_base=server.api_base, model="local", batch=2
+        )
         n_batches = len(batches(history, 2))
         assert len(server.requests) == n_batches == system.usage()["lm_calls"]
         assert system.usage()["tokens"] == n_batches * 25  # the fake server's usage per call
@@ -177,7 +187,8 @@ def test_mem0_memories_map_back_to_their_batch_records(tmp_path, monkeypatch):
         assert all("s3:1" not in recs for recs in by_id["q2"].trace.ranked_record_ids)
         # resume: a second open adds nothing and calls the LLM no more
         system.close()
-        again = Mem0System.open(history, cache_dir=tmp_path, api_base=server.api_base,
-                                model="local", batch=2)  # fmt: skip
+        again = Mem0System.open(
+            history, cache_dir=tmp_path, api_base=server.api_base, model="local", batch=2
+        )
         assert again.build_info["batches_added_now"] == 0 and len(server.requests) == n_batches
         again.close()

@@ -71,8 +71,11 @@ def test_parent_and_nested_runs_with_params_metrics_tags_and_artifacts(tracker, 
     tracker.set_tags(child, {"accepted": "true"})
     tracker.log_text(child, "# why", "rationale.md")
     tracker.log_dict(child, {"retrieve": {"top_k": 40}}, "design.json")
-    tracker.log_table(child, [{"qa_id": "q1", "correct": True, "ids": ["a", "b"]}, {"qa_id": "q2", "correct": False}],
-                      "val_items.json")  # fmt: skip
+    tracker.log_table(
+        child,
+        [{"qa_id": "q1", "correct": True, "ids": ["a", "b"]}, {"qa_id": "q2", "correct": False}],
+        "val_items.json",
+    )
     local = tmp_path / "feedback.md"
     local.write_text("cases")
     tracker.log_artifact(child, local)

@@ -56,15 +56,22 @@ def scripted_optimize_run(out: Path, *, tracked: bool = True):
     history = small_history()
     lm = _answer_lm()
     tracker = (
-        Tracker.for_history(out, history.user_id, history.fingerprint, uri=f"sqlite:///{out.resolve()}/mlflow.db")
+        Tracker.for_history(
+            out, history.user_id, history.fingerprint, uri=f"sqlite:///{out.resolve()}/mlflow.db"
+        )
         if tracked
         else None
-    )  # fmt: skip
+    )
     opt = MemSteerOpt(
-        history, small_qa(), small_qa(), out, init_design=NARROW, tracker=tracker,
+        history,
+        small_qa(),
+        small_qa(),
+        out,
+        init_design=NARROW,
+        tracker=tracker,
         config=OptimizeConfig(iterations=4, objective="accuracy"),
         lms={"proposer": ProposerLM(list(REPLIES)), "answerer": lm, "judge": lm},
-    )  # fmt: skip
+    )
     return opt.run()
 
 

@@ -17,7 +17,22 @@ from memsteer_dspy.batch.task import UserTask, attempts, run_user
 from memsteer_dspy.batch.users import list_users, resolve_users
 
 __all__ = [
-    "COMMANDS", "EXECUTORS", "CrossUserScorer", "LMGate", "LocalExecutor", "LocalSlots", "RayExecutor",
-    "RaySlots", "UserShard", "UserSource", "UserTask", "attempts", "build_tasks", "list_users",
-    "make_executor", "resolve_users", "run_batch", "run_user",
-]  # fmt: skip
+    "COMMANDS",
+    "EXECUTORS",
+    "CrossUserScorer",
+    "LMGate",
+    "LocalExecutor",
+    "LocalSlots",
+    "RayExecutor",
+    "RaySlots",
+    "UserShard",
+    "UserSource",
+    "UserTask",
+    "attempts",
+    "build_tasks",
+    "list_users",
+    "make_executor",
+    "resolve_users",
+    "run_batch",
+    "run_user",
+]

@@ -75,8 +75,13 @@ class RayExecutor:
             runtime_env: dict[str, Any] = {}
             if setup_hook:
                 runtime_env["worker_process_setup_hook"] = setup_hook
-            ray.init(address=address, runtime_env=runtime_env or None, log_to_driver=False,
-                     namespace="memsteer", configure_logging=False)  # fmt: skip
+            ray.init(
+                address=address,
+                runtime_env=runtime_env or None,
+                log_to_driver=False,
+                namespace="memsteer",
+                configure_logging=False,
+            )
             self._owns_connection = True
         else:
             self._owns_connection = False
@@ -103,8 +108,13 @@ class RayExecutor:
                 try:
                     yield ray.get(ref)
                 except Exception as exc:  # the task died more often than Ray retries it
-                    yield UserOutcome(user=task.user, status="failed", exit_code=1, key=task.key,
-                                      error=f"{type(exc).__name__}: {str(exc)[:500]}").as_dict()  # fmt: skip
+                    yield UserOutcome(
+                        user=task.user,
+                        status="failed",
+                        exit_code=1,
+                        key=task.key,
+                        error=f"{type(exc).__name__}: {str(exc)[:500]}",
+                    ).as_dict()
 
     def close(self) -> None:
         import ray
@@ -118,12 +128,19 @@ class RayExecutor:
             ray.shutdown()
 
 
-def make_executor(name: str, *, workers: int = 2, ray_address: str | None = None,
-                  max_concurrent_lm: int | None = None, retries: int = 3,
-                  setup_hook: str | None = None):  # fmt: skip
+def make_executor(
+    name: str,
+    *,
+    workers: int = 2,
+    ray_address: str | None = None,
+    max_concurrent_lm: int | None = None,
+    retries: int = 3,
+    setup_hook: str | None = None,
+):
     if name == "local":
         return LocalExecutor(workers, max_concurrent_lm=max_concurrent_lm)
     if name == "ray":
-        return RayExecutor(ray_address, max_concurrent_lm=max_concurrent_lm, retries=retries,
-                           setup_hook=setup_hook)  # fmt: skip
+        return RayExecutor(
+            ray_address, max_concurrent_lm=max_concurrent_lm, retries=retries, setup_hook=setup_hook
+        )
     raise ValueError(f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}")

@@ -93,8 +93,9 @@ class RaySlots:
         import ray
 
         self.limit, self.name, self.namespace = limit, name, namespace
-        actor = ray.remote(_SlotActor).options(name=name, namespace=namespace, get_if_exists=True,
-                                               max_concurrency=10_000, num_cpus=0)  # fmt: skip
+        actor = ray.remote(_SlotActor).options(
+            name=name, namespace=namespace, get_if_exists=True, max_concurrency=10_000, num_cpus=0
+        )
         self._actor = actor.remote(limit)
 
     def __getstate__(self) -> dict[str, Any]:

@@ -61,8 +61,9 @@ def check_command_line(task: UserTask) -> None:
             f"the options given for `memsteer {task.command}` ask for help; run it alone"
         ) from None
     except USAGE as exc:
-        raise ConfigError(f"the options for `memsteer {task.command}` do not parse: {exc.format_message()}",
-                          ) from None  # fmt: skip
+        raise ConfigError(
+            f"the options for `memsteer {task.command}` do not parse: {exc.format_message()}",
+        ) from None
 
 
 def _progress(total: int, done: int):
@@ -70,8 +71,15 @@ def _progress(total: int, done: int):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console(file=sys.__stderr__ or sys.stderr)
-    bar = Progress(TextColumn("[bold]users"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.description}"), console=console, transient=False)  # fmt: skip
+    bar = Progress(
+        TextColumn("[bold]users"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+        transient=False,
+    )
     return bar, bar.add_task("", total=total, completed=done)
 
 

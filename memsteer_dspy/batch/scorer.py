@@ -36,9 +36,17 @@ class UserSource:
 class UserShard:
     """Some users' histories and items, loaded once, and their built memory systems."""
 
-    def __init__(self, sources: Mapping[str, UserSource], *, metrics: str = "recall", protocol: str | None = None,
-                 cache_dir: str | None = None, lm_args: Mapping[str, Any] | None = None, threads: int = 1,
-                 keep_designs: int = 2) -> None:  # fmt: skip
+    def __init__(
+        self,
+        sources: Mapping[str, UserSource],
+        *,
+        metrics: str = "recall",
+        protocol: str | None = None,
+        cache_dir: str | None = None,
+        lm_args: Mapping[str, Any] | None = None,
+        threads: int = 1,
+        keep_designs: int = 2,
+    ) -> None:
         from memsteer_dspy.evaluation import read_qa_jsonl
         from memsteer_dspy.loaders import load_history
 
@@ -64,8 +72,11 @@ class UserShard:
         if self._lm_config is None:
             from memsteer_dspy.lm import load_lm_config
 
-            self._lm_config = load_lm_config(self._lm_args.get("config"), lm=self._lm_args.get("lm"),
-                                             role_lms=self._lm_args.get("role_lms") or {})  # fmt: skip
+            self._lm_config = load_lm_config(
+                self._lm_args.get("config"),
+                lm=self._lm_args.get("lm"),
+                role_lms=self._lm_args.get("role_lms") or {},
+            )
         return self._lm_config.lm(role)
 
     def system(self, design, user: str):
@@ -78,8 +89,13 @@ class UserShard:
                 if design.lm_uses(answering=self.metrics == "all")
                 else {}
             )
-            self._systems[key] = MemorySystem.from_design(design, self.histories[user], cache_dir=self.cache_dir,
-                                                          lms=lms, threads=self.threads)  # fmt: skip
+            self._systems[key] = MemorySystem.from_design(
+                design,
+                self.histories[user],
+                cache_dir=self.cache_dir,
+                lms=lms,
+                threads=self.threads,
+            )
             self.builds += 1
             designs = list(dict.fromkeys(k[0] for k in self._systems))
             for old in designs[: -self.keep]:
@@ -97,8 +113,14 @@ class UserShard:
         judge = self._lm("judge") if self.metrics == "all" else None
         out = {}
         for user in users if users is not None else list(self.histories):
-            report = evaluate_design(self.system(design, user), self.items[user], metrics=self.metrics,
-                                     judge_lm=judge, protocol=self.protocols[user], threads=self.threads)  # fmt: skip
+            report = evaluate_design(
+                self.system(design, user),
+                self.items[user],
+                metrics=self.metrics,
+                judge_lm=judge,
+                protocol=self.protocols[user],
+                threads=self.threads,
+            )
             out[user] = [r.model_dump(mode="json", exclude={"trace"}) for r in report.items]
         return out
 
@@ -109,16 +131,30 @@ class UserShard:
 class CrossUserScorer:
     """Score designs across users on shards in parallel (see the module docstring)."""
 
-    def __init__(self, sources: Mapping[str, UserSource], *, executor: str = "local", shards: int = 2,
-                 metrics: str = "recall", protocol: str | None = None, cache_dir: str | None = None,
-                 lm_args: Mapping[str, Any] | None = None, threads: int = 1,
-                 ray_address: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        sources: Mapping[str, UserSource],
+        *,
+        executor: str = "local",
+        shards: int = 2,
+        metrics: str = "recall",
+        protocol: str | None = None,
+        cache_dir: str | None = None,
+        lm_args: Mapping[str, Any] | None = None,
+        threads: int = 1,
+        ray_address: str | None = None,
+    ) -> None:
         names = list(sources)
         n = max(1, min(shards, len(names)))
         groups = [names[i::n] for i in range(n)]
         self.owner = {u: i for i, g in enumerate(groups) for u in g}
-        kwargs = {"metrics": metrics, "protocol": protocol, "cache_dir": None if cache_dir is None else str(cache_dir),
-                  "lm_args": lm_args, "threads": threads}  # fmt: skip
+        kwargs = {
+            "metrics": metrics,
+            "protocol": protocol,
+            "cache_dir": None if cache_dir is None else str(cache_dir),
+            "lm_args": lm_args,
+            "threads": threads,
+        }
         self.executor = executor
         if executor == "ray":
             from memsteer_dspy.batch.executors import require_ray

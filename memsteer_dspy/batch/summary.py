@@ -66,11 +66,15 @@ def generate_figures(folder: Path) -> dict[str, Any] | None:
         return None
     per = (s.get("tokens_per_accepted") or {}).get("total", 0.0)
     return {
-        "candidates": s.get("candidates", 0), "accepted": s.get("accepted", 0),
-        "kept_fraction": s.get("kept_fraction"), "train": s.get("train", 0), "val": s.get("val", 0),
-        "lm_calls": sum((s.get("lm_calls") or {}).values()), "tokens": round(per * s.get("accepted", 0)),
+        "candidates": s.get("candidates", 0),
+        "accepted": s.get("accepted", 0),
+        "kept_fraction": s.get("kept_fraction"),
+        "train": s.get("train", 0),
+        "val": s.get("val", 0),
+        "lm_calls": sum((s.get("lm_calls") or {}).values()),
+        "tokens": round(per * s.get("accepted", 0)),
         "wall_seconds": s.get("wall_seconds"),
-    }  # fmt: skip
+    }
 
 
 def generate_pooled(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -86,8 +90,13 @@ def evaluate_figures(folder: Path) -> dict[str, Any] | None:
     s = _read_json(folder / "summary.json")
     if s is None:
         return None
-    return {"n": s.get("n", 0), **{m: s.get(m) for m in METRICS}, "errors": s.get("errors", 0),
-            "design": s.get("design_name"), "metrics": s.get("metrics")}  # fmt: skip
+    return {
+        "n": s.get("n", 0),
+        **{m: s.get(m) for m in METRICS},
+        "errors": s.get("errors", 0),
+        "design": s.get("design_name"),
+        "metrics": s.get("metrics"),
+    }
 
 
 def evaluate_pooled(folders: list[Path]) -> dict[str, Any]:
@@ -109,9 +118,10 @@ def optimize_figures(folder: Path) -> dict[str, Any] | None:
     out: dict[str, Any] = {
         "iterations": max(0, len(entries) - 1),
         "accepted": [e["iteration"] for e in entries if e.get("accepted") and e.get("iteration")],
-        "val_initial": first.get("score"), "val_best": last.get("best_score"),
+        "val_initial": first.get("score"),
+        "val_best": last.get("best_score"),
         "cost": {k: cost.get(k) for k in ("calls", "total_tokens", "seconds")},
-    }  # fmt: skip
+    }
     test = summary.get("test")
     if isinstance(test, dict):
         out["test"] = {
@@ -140,13 +150,22 @@ def optimize_pooled(rows: list[dict[str, Any]]) -> dict[str, Any]:
         verdicts: dict[str, int] = {}
         for t in tests:
             verdicts[str(t.get("verdict"))] = verdicts.get(str(t.get("verdict")), 0) + 1
-        out["test"] = {"n": sum(t["n"] for t in tests), "users": len(tests), "initial": initial, "best": best,
-                       "verdicts": verdicts}  # fmt: skip
+        out["test"] = {
+            "n": sum(t["n"] for t in tests),
+            "users": len(tests),
+            "initial": initial,
+            "best": best,
+            "verdicts": verdicts,
+        }
     return out
 
 
-FIGURES = {"ingest": ingest_figures, "generate": generate_figures, "evaluate": evaluate_figures,
-           "optimize": optimize_figures}  # fmt: skip
+FIGURES = {
+    "ingest": ingest_figures,
+    "generate": generate_figures,
+    "evaluate": evaluate_figures,
+    "optimize": optimize_figures,
+}
 
 
 def collect(command: str, out: Path, outcomes: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -196,8 +215,12 @@ def _row(cells: list[Any]) -> str:
 
 def markdown(summary: dict[str, Any]) -> str:
     cmd, users, pooled = summary["command"], summary["users"], summary["pooled"]
-    lines = [f"# memsteer batch {cmd}", "",
-             "statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items())), ""]  # fmt: skip
+    lines = [
+        f"# memsteer batch {cmd}",
+        "",
+        "statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items())),
+        "",
+    ]
     if cmd == "ingest":
         head = ["user", "status", "records", "spans", "QA items", "evidence resolved %"]
 
@@ -221,17 +244,38 @@ def markdown(summary: dict[str, Any]) -> str:
         ]
 
         def cells(r):  # noqa: E306
-            return [r.get("candidates", "–"), r.get("accepted", "–"), _pct(r.get("kept_fraction")),
-                    f"{r.get('train', '–')}/{r.get('val', '–')}", r.get("lm_calls", "–"), r.get("tokens", "–")]  # fmt: skip
+            return [
+                r.get("candidates", "–"),
+                r.get("accepted", "–"),
+                _pct(r.get("kept_fraction")),
+                f"{r.get('train', '–')}/{r.get('val', '–')}",
+                r.get("lm_calls", "–"),
+                r.get("tokens", "–"),
+            ]
     elif cmd == "evaluate":
         head = ["user", "status", "n", "acc %", "QS %", "R@10 %", "delivered %", "errors"]
 
         def cells(r):  # noqa: E306
-            return [r.get("n", "–"), _pct(r.get("accuracy")), _pct(r.get("qs")), _pct(r.get("recall_at_10")),
-                    _pct(r.get("delivered_recall")), r.get("errors", "–")]  # fmt: skip
+            return [
+                r.get("n", "–"),
+                _pct(r.get("accuracy")),
+                _pct(r.get("qs")),
+                _pct(r.get("recall_at_10")),
+                _pct(r.get("delivered_recall")),
+                r.get("errors", "–"),
+            ]
     else:
-        head = ["user", "status", "val R@10 base → best", "held-out n", "held-out R@10 base → best",
-                "diff (95% CI)", "verdict", "LM calls", "tokens"]  # fmt: skip
+        head = [
+            "user",
+            "status",
+            "val R@10 base → best",
+            "held-out n",
+            "held-out R@10 base → best",
+            "diff (95% CI)",
+            "verdict",
+            "LM calls",
+            "tokens",
+        ]
 
         def cells(r):  # noqa: E306
             test = r.get("test") or {}
@@ -243,11 +287,20 @@ def markdown(summary: dict[str, Any]) -> str:
             if isinstance(ci_r10, (list, tuple)) and len(ci_r10) == 2:
                 diff_txt += f" [{100 * ci_r10[0]:+.1f}, {100 * ci_r10[1]:+.1f}]"
             cost = r.get("cost") or {}
-            held = (f"{_pct(_metric(test.get('initial'), 'recall_at_10'))} → {_pct(_metric(test.get('best'), 'recall_at_10'))}"
-                    if test else "no held-out test")  # fmt: skip
-            return [f"{_pct(_metric(r.get('val_initial'), 'recall_at_10'))} → {_pct(_metric(r.get('val_best'), 'recall_at_10'))}",
-                    test.get("n", "–"), held, diff_txt, test.get("verdict", "–"), cost.get("calls", "–"),
-                    cost.get("total_tokens", "–")]  # fmt: skip
+            held = (
+                f"{_pct(_metric(test.get('initial'), 'recall_at_10'))} → {_pct(_metric(test.get('best'), 'recall_at_10'))}"
+                if test
+                else "no held-out test"
+            )
+            return [
+                f"{_pct(_metric(r.get('val_initial'), 'recall_at_10'))} → {_pct(_metric(r.get('val_best'), 'recall_at_10'))}",
+                test.get("n", "–"),
+                held,
+                diff_txt,
+                test.get("verdict", "–"),
+                cost.get("calls", "–"),
+                cost.get("total_tokens", "–"),
+            ]
 
     lines += [_row(head), _row(["---"] * len(head))]
     for user, r in users.items():
@@ -257,19 +310,37 @@ def markdown(summary: dict[str, Any]) -> str:
         lines.append(_row([user, r["status"], *shown]))
     if cmd == "optimize":
         test = pooled.get("test") or {}
-        held = (f"{_pct(_metric(test.get('initial'), 'recall_at_10'))} → {_pct(_metric(test.get('best'), 'recall_at_10'))}"
-                if test else "–")  # fmt: skip
+        held = (
+            f"{_pct(_metric(test.get('initial'), 'recall_at_10'))} → {_pct(_metric(test.get('best'), 'recall_at_10'))}"
+            if test
+            else "–"
+        )
         verdicts = (
             ", ".join(f"{k} {v}" for k, v in sorted((test.get("verdicts") or {}).items())) or "–"
         )
         cost = pooled.get("cost") or {}
-        lines.append(_row(["**pooled**", f"{pooled.get('users', 0)} users", "", test.get("n", "–"), held, "",
-                           verdicts, cost.get("calls", "–"), cost.get("total_tokens", "–")]))  # fmt: skip
+        lines.append(
+            _row(
+                [
+                    "**pooled**",
+                    f"{pooled.get('users', 0)} users",
+                    "",
+                    test.get("n", "–"),
+                    held,
+                    "",
+                    verdicts,
+                    cost.get("calls", "–"),
+                    cost.get("total_tokens", "–"),
+                ]
+            )
+        )
     elif pooled:
         lines.append(_row(["**pooled**", "", *cells(pooled)]))
     failed = {u: r for u, r in users.items() if r["status"] in ("bad_input", "failed")}
     if failed:
         lines += ["", "## Users that did not finish", ""]
-        lines += [f"- **{u}** ({r['status']}): {(r.get('error') or '').splitlines()[0] if r.get('error') else ''}"
-                  for u, r in failed.items()]  # fmt: skip
+        lines += [
+            f"- **{u}** ({r['status']}): {(r.get('error') or '').splitlines()[0] if r.get('error') else ''}"
+            for u, r in failed.items()
+        ]
     return "\n".join(lines) + "\n"

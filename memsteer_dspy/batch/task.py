@@ -248,12 +248,24 @@ def run_user(task: UserTask, callbacks: list[Any] | None = None) -> dict[str, An
 
     done = finished(task)
     if done is not None:
-        return UserOutcome(user=task.user, status="skipped", key=task.key, seconds=0.0,
-                           attempt=done.get("attempt", 0), pid=done.get("pid", 0)).as_dict()  # fmt: skip
+        return UserOutcome(
+            user=task.user,
+            status="skipped",
+            key=task.key,
+            seconds=0.0,
+            attempt=done.get("attempt", 0),
+            pid=done.get("pid", 0),
+        ).as_dict()
     task.user_dir.parent.joinpath(BATCH_DIR).mkdir(parents=True, exist_ok=True)
     attempt = len(attempts(task)) + 1
-    start = {"attempt": attempt, "pid": os.getpid(), "host": socket.gethostname(), "key": task.key,
-             "started": time.time(), "argv": list(task.argv)}  # fmt: skip
+    start = {
+        "attempt": attempt,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "key": task.key,
+        "started": time.time(),
+        "argv": list(task.argv),
+    }
     with open(task.batch_file("attempts.jsonl"), "a", encoding="utf-8") as f:
         f.write(json.dumps(start) + "\n")
     t0 = time.perf_counter()
@@ -272,9 +284,17 @@ def run_user(task: UserTask, callbacks: list[Any] | None = None) -> dict[str, An
                 traceback.print_exc(file=log)
                 code, error = 1, exc
     status, message = classify(code, error, task.out)
-    outcome = UserOutcome(user=task.user, status=status, exit_code=code, error=message, attempt=attempt,
-                          seconds=round(time.perf_counter() - t0, 3), pid=os.getpid(), host=start["host"],
-                          key=task.key)  # fmt: skip
+    outcome = UserOutcome(
+        user=task.user,
+        status=status,
+        exit_code=code,
+        error=message,
+        attempt=attempt,
+        seconds=round(time.perf_counter() - t0, 3),
+        pid=os.getpid(),
+        host=start["host"],
+        key=task.key,
+    )
     if status == "ok":
         if task.command == "ingest":
             text = captured.getvalue()

@@ -19,8 +19,11 @@ def list_users(format: str, path: str | Path | None) -> list[str]:
 
         root = Path(path) if path is not None else default_rhelm_root()
         if root is None:
-            raise InputError("RHELM data not found", field="--path",
-                             hint="pass --path <rhelm folder> or set MEMSTEER_RHELM_ROOT")  # fmt: skip
+            raise InputError(
+                "RHELM data not found",
+                field="--path",
+                hint="pass --path <rhelm folder> or set MEMSTEER_RHELM_ROOT",
+            )
         return list_personas(root)
     if path is None:
         raise InputError(f"--users all needs --path for format {format!r}", field="--path")
@@ -35,21 +38,33 @@ def list_users(format: str, path: str | Path | None) -> list[str]:
         return [str(s.get("sample_id", i)) for i, s in enumerate(samples) if isinstance(s, dict)]
     if format == "jsonl":
         if not path.is_dir():
-            raise InputError("--users all with --format jsonl needs a folder of users", file=path,
-                             hint="one sub-folder per user holding records.jsonl (and qa.jsonl), or one <user>.jsonl file each")  # fmt: skip
+            raise InputError(
+                "--users all with --format jsonl needs a folder of users",
+                file=path,
+                hint="one sub-folder per user holding records.jsonl (and qa.jsonl), or one <user>.jsonl file each",
+            )
         if (path / "records.jsonl").exists():
-            raise InputError("this folder is one user's history, not a folder of users", file=path,
-                             hint="point --path at the folder above it, or pass --users with --format jsonl per user")  # fmt: skip
+            raise InputError(
+                "this folder is one user's history, not a folder of users",
+                file=path,
+                hint="point --path at the folder above it, or pass --users with --format jsonl per user",
+            )
         users = [
             p.name for p in sorted(path.iterdir()) if p.is_dir() and (p / "records.jsonl").exists()
         ]
         users += [p.stem for p in sorted(path.glob("*.jsonl")) if p.stem not in users]
         if not users:
-            raise InputError("no user histories in this folder", file=path,
-                             hint="one sub-folder per user holding records.jsonl, or one <user>.jsonl file each")  # fmt: skip
+            raise InputError(
+                "no user histories in this folder",
+                file=path,
+                hint="one sub-folder per user holding records.jsonl, or one <user>.jsonl file each",
+            )
         return users
-    raise InputError(f"--users all is not supported for format {format!r}", field="--users",
-                     hint="pass the users as a file (one per line) or a comma-separated list")  # fmt: skip
+    raise InputError(
+        f"--users all is not supported for format {format!r}",
+        field="--users",
+        hint="pass the users as a file (one per line) or a comma-separated list",
+    )
 
 
 def resolve_users(spec: str, format: str, path: str | Path | None) -> list[str]:
@@ -65,12 +80,18 @@ def resolve_users(spec: str, format: str, path: str | Path | None) -> list[str]:
         users = [u.strip() for u in spec.split(",")]
     users = list(dict.fromkeys(u for u in users if u))
     if not users:
-        raise InputError("no users to run", field="--users",
-                         hint="pass 'all', a file with one user per line, or U1,U2")  # fmt: skip
+        raise InputError(
+            "no users to run",
+            field="--users",
+            hint="pass 'all', a file with one user per line, or U1,U2",
+        )
     for u in users:
         if u == BATCH_DIR or "/" in u or "\\" in u or u in (".", ".."):
-            raise InputError(f"user name {u!r} cannot name a folder", field="--users",
-                             hint=f"a user is a folder under --out: no path separators, not {BATCH_DIR!r}")  # fmt: skip
+            raise InputError(
+                f"user name {u!r} cannot name a folder",
+                field="--users",
+                hint=f"a user is a folder under --out: no path separators, not {BATCH_DIR!r}",
+            )
     return users
 
 

@@ -28,10 +28,26 @@ batch_app = typer.Typer(
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-def _run(ctx: typer.Context, command: str, *, users: str, out: Path, format: str, path: Path | None,
-         external: bool, on_error: str, executor: str, workers: int, ray_address: str | None,
-         ray_retries: int, ray_setup_hook: str | None, max_concurrent_lm: int | None, json_out: bool,
-         tracking_uri: str | None = None, experiment: str | None = None) -> None:  # fmt: skip
+def _run(
+    ctx: typer.Context,
+    command: str,
+    *,
+    users: str,
+    out: Path,
+    format: str,
+    path: Path | None,
+    external: bool,
+    on_error: str,
+    executor: str,
+    workers: int,
+    ray_address: str | None,
+    ray_retries: int,
+    ray_setup_hook: str | None,
+    max_concurrent_lm: int | None,
+    json_out: bool,
+    tracking_uri: str | None = None,
+    experiment: str | None = None,
+) -> None:
     if format not in FORMATS:
         raise typer.BadParameter(f"choose one of {', '.join(FORMATS)}", param_hint="--format")
     if executor not in ("local", "ray"):
@@ -44,10 +60,25 @@ def _run(ctx: typer.Context, command: str, *, users: str, out: Path, format: str
         shared = experiment or f"memsteer-batch/{out.resolve().name}"
         _open_tracking(uri, shared, out)
     names = resolve_users(users, format, path)
-    tasks = build_tasks(command, names, out, format=format, path=path, external=external, on_error=on_error,
-                        extra=extra, experiment=shared)  # fmt: skip
-    ex = make_executor(executor, workers=workers, ray_address=ray_address, max_concurrent_lm=max_concurrent_lm,
-                       retries=ray_retries, setup_hook=ray_setup_hook)  # fmt: skip
+    tasks = build_tasks(
+        command,
+        names,
+        out,
+        format=format,
+        path=path,
+        external=external,
+        on_error=on_error,
+        extra=extra,
+        experiment=shared,
+    )
+    ex = make_executor(
+        executor,
+        workers=workers,
+        ray_address=ray_address,
+        max_concurrent_lm=max_concurrent_lm,
+        retries=ray_retries,
+        setup_hook=ray_setup_hook,
+    )
     typer.echo(f"batch {command}: {len(tasks)} user(s) -> {out} on {executor}", err=True)
     try:
         summary = run_batch(tasks, ex, progress=not json_out)
@@ -77,30 +108,119 @@ def _open_tracking(uri: str, experiment: str, out: Path) -> None:
 def _command(name: str, doc: str):
     def command(
         ctx: typer.Context,
-        users: Annotated[str, typer.Option("--users", help="'all' (every user of the source), a file with one user per line, or U1,U2.")],
-        out: Annotated[Path, typer.Option("--out", "-o", help="Batch folder: OUT/<user> per user, OUT/batch_summary.{json,md}, OUT/_batch/ logs.")],
-        format: Annotated[str, typer.Option("--format", "-f", help=f"History format: {', '.join(FORMATS)}.")] = "rhelm",
-        path: Annotated[Path | None, typer.Option("--path", "-p", help="History source (RHELM root; LoCoMo file; jsonl: a folder with one sub-folder or <user>.jsonl per user).")] = None,
-        external: Annotated[bool, typer.Option("--external/--no-external", help="RHELM: include emails and attachments.")] = True,
-        on_error: Annotated[str, typer.Option("--on-error", help="'raise' or 'skip' malformed input lines.")] = "raise",
-        executor: Annotated[str, typer.Option("--executor", help="'local' (a bounded pool in this process) or 'ray' (tasks on a Ray cluster).")] = "local",
-        workers: Annotated[int, typer.Option("--workers", min=1, help="local: users run at once.")] = 2,
-        ray_address: Annotated[str | None, typer.Option("--ray-address", help="ray: the cluster (e.g. ray://head:10001 or auto); default: a local cluster on this machine.")] = None,
-        ray_retries: Annotated[int, typer.Option("--ray-retries", min=0, help="ray: reruns of a user whose worker died.")] = 3,
-        ray_setup_hook: Annotated[str | None, typer.Option("--ray-setup-hook", help="ray: 'module.function' each worker process runs first (Ray's worker_process_setup_hook), e.g. to register custom LMs.")] = None,
-        max_concurrent_lm: Annotated[int | None, typer.Option("--max-concurrent-lm", min=1, help="At most this many LM calls in flight per endpoint (model + api_base), across all workers.")] = None,
-        json_out: Annotated[bool, typer.Option("--json", help="Print batch_summary.json instead of the table (no progress bar).")] = False,
-        tracking_uri: Annotated[str | None, typer.Option("--tracking-uri", help="optimize: the MLflow server (http://host:5000) or store every user logs to (default sqlite:///OUT/mlflow.db).")] = None,
-        experiment: Annotated[str | None, typer.Option("--experiment", help="optimize: the one MLflow experiment of every user's parent run (default memsteer-batch/<OUT name>).")] = None,
-    ) -> None:  # fmt: skip
+        users: Annotated[
+            str,
+            typer.Option(
+                "--users",
+                help="'all' (every user of the source), a file with one user per line, or U1,U2.",
+            ),
+        ],
+        out: Annotated[
+            Path,
+            typer.Option(
+                "--out",
+                "-o",
+                help="Batch folder: OUT/<user> per user, OUT/batch_summary.{json,md}, OUT/_batch/ logs.",
+            ),
+        ],
+        format: Annotated[
+            str, typer.Option("--format", "-f", help=f"History format: {', '.join(FORMATS)}.")
+        ] = "rhelm",
+        path: Annotated[
+            Path | None,
+            typer.Option(
+                "--path",
+                "-p",
+                help="History source (RHELM root; LoCoMo file; jsonl: a folder with one sub-folder or <user>.jsonl per user).",
+            ),
+        ] = None,
+        external: Annotated[
+            bool,
+            typer.Option("--external/--no-external", help="RHELM: include emails and attachments."),
+        ] = True,
+        on_error: Annotated[
+            str, typer.Option("--on-error", help="'raise' or 'skip' malformed input lines.")
+        ] = "raise",
+        executor: Annotated[
+            str,
+            typer.Option(
+                "--executor",
+                help="'local' (a bounded pool in this process) or 'ray' (tasks on a Ray cluster).",
+            ),
+        ] = "local",
+        workers: Annotated[
+            int, typer.Option("--workers", min=1, help="local: users run at once.")
+        ] = 2,
+        ray_address: Annotated[
+            str | None,
+            typer.Option(
+                "--ray-address",
+                help="ray: the cluster (e.g. ray://head:10001 or auto); default: a local cluster on this machine.",
+            ),
+        ] = None,
+        ray_retries: Annotated[
+            int,
+            typer.Option("--ray-retries", min=0, help="ray: reruns of a user whose worker died."),
+        ] = 3,
+        ray_setup_hook: Annotated[
+            str | None,
+            typer.Option(
+                "--ray-setup-hook",
+                help="ray: 'module.function' each worker process runs first (Ray's worker_process_setup_hook), e.g. to register custom LMs.",
+            ),
+        ] = None,
+        max_concurrent_lm: Annotated[
+            int | None,
+            typer.Option(
+                "--max-concurrent-lm",
+                min=1,
+                help="At most this many LM calls in flight per endpoint (model + api_base), across all workers.",
+            ),
+        ] = None,
+        json_out: Annotated[
+            bool,
+            typer.Option(
+                "--json", help="Print batch_summary.json instead of the table (no progress bar)."
+            ),
+        ] = False,
+        tracking_uri: Annotated[
+            str | None,
+            typer.Option(
+                "--tracking-uri",
+                help="optimize: the MLflow server (http://host:5000) or store every user logs to (default sqlite:///OUT/mlflow.db).",
+            ),
+        ] = None,
+        experiment: Annotated[
+            str | None,
+            typer.Option(
+                "--experiment",
+                help="optimize: the one MLflow experiment of every user's parent run (default memsteer-batch/<OUT name>).",
+            ),
+        ] = None,
+    ) -> None:
         if name != "optimize" and (tracking_uri or experiment):
             raise typer.BadParameter(
                 "only for batch optimize", param_hint="--tracking-uri/--experiment"
             )
-        _run(ctx, name, users=users, out=out, format=format, path=path, external=external, on_error=on_error,
-             executor=executor, workers=workers, ray_address=ray_address, ray_retries=ray_retries,
-             ray_setup_hook=ray_setup_hook, max_concurrent_lm=max_concurrent_lm, json_out=json_out,
-             tracking_uri=tracking_uri, experiment=experiment)  # fmt: skip
+        _run(
+            ctx,
+            name,
+            users=users,
+            out=out,
+            format=format,
+            path=path,
+            external=external,
+            on_error=on_error,
+            executor=executor,
+            workers=workers,
+            ray_address=ray_address,
+            ray_retries=ray_retries,
+            ray_setup_hook=ray_setup_hook,
+            max_concurrent_lm=max_concurrent_lm,
+            json_out=json_out,
+            tracking_uri=tracking_uri,
+            experiment=experiment,
+        )
 
     command.__doc__ = doc
     command.__name__ = name

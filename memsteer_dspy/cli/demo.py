@@ -89,9 +89,14 @@ def demo(
         overrides["paper"] = True
     settings = demo_settings(size, threads=threads, **overrides)
     result = run_demo(
-        out, lm_config, settings=settings, tracking_uri=tracking_uri, tracking=not no_tracking,
-        progress=True, restart=restart,
-    )  # fmt: skip
+        out,
+        lm_config,
+        settings=settings,
+        tracking_uri=tracking_uri,
+        tracking=not no_tracking,
+        progress=True,
+        restart=restart,
+    )
     if json_out:
         echo_json(result.model_dump(mode="json"))
         return

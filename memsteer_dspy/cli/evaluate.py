@@ -92,7 +92,10 @@ def evaluate(
     ] = None,
     restart: Annotated[
         bool,
-        typer.Option("--restart", help="Empty the --out run folder (never a folder of your own: it is refused) and start over instead of resuming."),
+        typer.Option(
+            "--restart",
+            help="Empty the --out run folder (never a folder of your own: it is refused) and start over instead of resuming.",
+        ),
     ] = False,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (the summary) instead of a table.")
@@ -155,16 +158,27 @@ def evaluate(
     check_not_inputs(out, [history.path, qa, design, *(compare or ())])
     d = MemoryDesign.base_bm25() if design == "base-bm25" else MemoryDesign.load(design)
     if all_instances:
-        return _evaluate_all(history, lm_config, d, metrics, out, json_out, threads, protocol, limit,
-                             None if no_cache else (cache_dir or default_cache_dir()))  # fmt: skip
+        return _evaluate_all(
+            history,
+            lm_config,
+            d,
+            metrics,
+            out,
+            json_out,
+            threads,
+            protocol,
+            limit,
+            None if no_cache else (cache_dir or default_cache_dir()),
+        )
     loaded = history.load()
     if qa == "official":
         items = list(loaded.qa_items)
         if not items:
             raise InputError(
-                f"the {history.format} history has no official QA items", field="--qa",
+                f"the {history.format} history has no official QA items",
+                field="--qa",
                 hint="pass --qa <path to a QA JSONL file> (e.g. the train.jsonl or val.jsonl `memsteer generate` writes)",
-            )  # fmt: skip
+            )
     else:
         skipped: list = []
         items = read_qa_jsonl(qa, on_error=history.on_error, skipped=skipped)
@@ -175,9 +189,20 @@ def evaluate(
     protocol = protocol or ("as_of" if history.format == "rhelm" else "full")
 
     if compare is not None:
-        _compare(compare, loaded, items, lm_config, metrics=metrics, protocol=protocol, threads=threads, out=out,
-                 cache=None if no_cache else (cache_dir or default_cache_dir()), seed=seed, json_out=json_out,
-                 source=qa)  # fmt: skip
+        _compare(
+            compare,
+            loaded,
+            items,
+            lm_config,
+            metrics=metrics,
+            protocol=protocol,
+            threads=threads,
+            out=out,
+            cache=None if no_cache else (cache_dir or default_cache_dir()),
+            seed=seed,
+            json_out=json_out,
+            source=qa,
+        )
         return
     needs = d.lm_uses(answering=metrics == "all")
     lms = {}
@@ -187,9 +212,16 @@ def evaluate(
     cache = None if no_cache else (cache_dir or default_cache_dir())
     system = MemorySystem.from_design(d, loaded.history, cache_dir=cache, lms=lms, threads=threads)
     report = evaluate_design(
-        system, items, metrics=metrics, judge_lm=judge_lm, protocol=protocol, threads=threads, out_dir=out,
-        restart=restart, usage=lm_config.usage_by_role,
-    )  # fmt: skip
+        system,
+        items,
+        metrics=metrics,
+        judge_lm=judge_lm,
+        protocol=protocol,
+        threads=threads,
+        out_dir=out,
+        restart=restart,
+        usage=lm_config.usage_by_role,
+    )
     result = report.as_json()
     if needs or judge_lm is not None:
         result["lms"] = lm_config.describe()
@@ -219,8 +251,10 @@ def evaluate(
             + (" ..." if len(s.unresolved_evidence) > 5 else "")
         )
     if s.no_evidence:
-        notes.append(f"{s.no_evidence} of {s.n} item(s) have no evidence ids: counted in n, left out of "
-                     "the recall columns (their means are over the items with evidence)")  # fmt: skip
+        notes.append(
+            f"{s.no_evidence} of {s.n} item(s) have no evidence ids: counted in n, left out of "
+            "the recall columns (their means are over the items with evidence)"
+        )
     if s.errors:
         notes.append(f"{s.errors} item(s) failed (scored 0; see 'error' in items.jsonl)")
     if out is not None:
@@ -259,12 +293,25 @@ def _compare(
         system = MemorySystem.from_design(
             d, loaded.history, cache_dir=cache, lms=lms, threads=threads
         )
-        reports.append(evaluate_design(system, items, metrics=metrics, judge_lm=judge_lm, protocol=protocol,
-                                       threads=threads, out_dir=(out / label) if out is not None else None))  # fmt: skip
-    comp = compare_item_results(reports[0].items, reports[1].items, answered=metrics == "all", seed=seed,
-                                source=source)  # fmt: skip
-    result = {"a": {"spec": specs[0], "design_key": designs[0].key()},
-              "b": {"spec": specs[1], "design_key": designs[1].key()}, **comp.model_dump(mode="json")}  # fmt: skip
+        reports.append(
+            evaluate_design(
+                system,
+                items,
+                metrics=metrics,
+                judge_lm=judge_lm,
+                protocol=protocol,
+                threads=threads,
+                out_dir=(out / label) if out is not None else None,
+            )
+        )
+    comp = compare_item_results(
+        reports[0].items, reports[1].items, answered=metrics == "all", seed=seed, source=source
+    )
+    result = {
+        "a": {"spec": specs[0], "design_key": designs[0].key()},
+        "b": {"spec": specs[1], "design_key": designs[1].key()},
+        **comp.model_dump(mode="json"),
+    }
     if out is not None:
         import json
 
@@ -273,19 +320,28 @@ def _compare(
     if json_out:
         echo_json(result)
         return
-    typer.echo(f"A = {specs[0]} ({designs[0].key()})   B = {specs[1]} ({designs[1].key()})   {comp.n} items, "
-               f"protocol {protocol}, metrics {metrics}")  # fmt: skip
+    typer.echo(
+        f"A = {specs[0]} ({designs[0].key()})   B = {specs[1]} ({designs[1].key()})   {comp.n} items, "
+        f"protocol {protocol}, metrics {metrics}"
+    )
     typer.echo(
         f"{'metric':<18} {'A':>7} {'B':>7} {'B - A':>7}  95% CI (paired bootstrap, seed {seed})"
     )
     for m in comp.initial:
-        typer.echo(f"{m:<18} {_fmt(comp.initial[m])} {_fmt(comp.best.get(m))} "
-                   f"{points(comp.diff.get(m), '   -  '):>7}  {points_ci(comp.ci95.get(m), '-')}")  # fmt: skip
-    typer.echo(f"verdict on {comp.primary}: B is {comp.verdict} than A" if comp.verdict != "inconclusive"
-               else f"verdict on {comp.primary}: inconclusive (the interval contains 0)")  # fmt: skip
+        typer.echo(
+            f"{m:<18} {_fmt(comp.initial[m])} {_fmt(comp.best.get(m))} "
+            f"{points(comp.diff.get(m), '   -  '):>7}  {points_ci(comp.ci95.get(m), '-')}"
+        )
+    typer.echo(
+        f"verdict on {comp.primary}: B is {comp.verdict} than A"
+        if comp.verdict != "inconclusive"
+        else f"verdict on {comp.primary}: inconclusive (the interval contains 0)"
+    )
     typer.echo(
         f"one-sided p (B not better): bootstrap {comp.p_bootstrap:.3f}, sign test {comp.p_sign:.3f}"
     )
+
+
 def _evaluate_all(
     history: HistoryArgs, lm_config, d, metrics, out, json_out, threads, protocol, limit, cache
 ) -> None:
@@ -304,10 +360,17 @@ def _evaluate_all(
     judge_lm = lm_config.lm("judge") if metrics == "all" else None
     with typer.progressbar(length=n, label="instances", file=sys.stderr) as bar:
         report = evaluate_instances(
-            (instance_loaded(i, history.path, history.on_error) for i in instances), d, metrics=metrics,
-            lms=lms, judge_lm=judge_lm, protocol=protocol or "full", threads=threads, out_dir=out,
-            cache_dir=cache, on_instance=lambda user, rep: bar.update(1),
-        )  # fmt: skip
+            (instance_loaded(i, history.path, history.on_error) for i in instances),
+            d,
+            metrics=metrics,
+            lms=lms,
+            judge_lm=judge_lm,
+            protocol=protocol or "full",
+            threads=threads,
+            out_dir=out,
+            cache_dir=cache,
+            on_instance=lambda user, rep: bar.update(1),
+        )
     s = report.summary
     if json_out:
         result = report.as_json()

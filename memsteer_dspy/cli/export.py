@@ -23,13 +23,45 @@ TARGETS = ("mstar", "memevolve")
 @history_options
 def export(
     history: HistoryArgs,
-    to: Annotated[str, typer.Option("--to", help="Target optimizer: 'mstar' (wbopan/mstar dataset loader + data) or 'memevolve' (EvolveLab memory provider + tasks).")],
-    supervision: Annotated[str, typer.Option("--supervision", "-s", help="A folder with train.jsonl and val.jsonl (as `memsteer generate` writes), or 'official' (the format's own QA items).")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the export into (created; files are replaced).")],
-    design: Annotated[str, typer.Option("--design", "-d", help="memevolve: 'base-bm25' or the path of a design JSON (e.g. the best_design.json `memsteer optimize` writes).")] = "base-bm25",
-    name: Annotated[str | None, typer.Option("--name", help="mstar: the dataset name to register (default memsteer_<user>).")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the export summary as JSON.")] = False,
-) -> None:  # fmt: skip
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="Target optimizer: 'mstar' (wbopan/mstar dataset loader + data) or 'memevolve' (EvolveLab memory provider + tasks).",
+        ),
+    ],
+    supervision: Annotated[
+        str,
+        typer.Option(
+            "--supervision",
+            "-s",
+            help="A folder with train.jsonl and val.jsonl (as `memsteer generate` writes), or 'official' (the format's own QA items).",
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out", "-o", help="Folder to write the export into (created; files are replaced)."
+        ),
+    ],
+    design: Annotated[
+        str,
+        typer.Option(
+            "--design",
+            "-d",
+            help="memevolve: 'base-bm25' or the path of a design JSON (e.g. the best_design.json `memsteer optimize` writes).",
+        ),
+    ] = "base-bm25",
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name", help="mstar: the dataset name to register (default memsteer_<user>)."
+        ),
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the export summary as JSON.")
+    ] = False,
+) -> None:
     """Export the history and its supervision for another memory optimizer: M* (train items =
     records, val items = QA) or MemEvolve (a provider serving a MemoryDesign, QA as tasks). The
     folder's README.md says how to plug it in."""
@@ -39,8 +71,11 @@ def export(
     loaded = history.load()
     if supervision == "official":
         if not loaded.qa_items:
-            raise InputError(f"the {history.format} history has no official QA items", field="--supervision",
-                             hint="pass a folder with train.jsonl and val.jsonl (memsteer generate writes one)")  # fmt: skip
+            raise InputError(
+                f"the {history.format} history has no official QA items",
+                field="--supervision",
+                hint="pass a folder with train.jsonl and val.jsonl (memsteer generate writes one)",
+            )
         items = [ExportItem(q, "official") for q in loaded.qa_items]
     else:
         items = qa_export_items(*read_supervision(supervision))
@@ -52,9 +87,12 @@ def export(
     unresolved = summary.get("unresolved_evidence") or []
     if unresolved:
         shown = ", ".join(f"{u['qa_id']}: {u['evidence_id']!r}" for u in unresolved[:5])
-        typer.secho(f"warning: {len(unresolved)} evidence id(s) are not records of the history and were "
-                    f"exported as they are: {shown}{' ...' if len(unresolved) > 5 else ''}",
-                    fg=typer.colors.YELLOW, err=True)  # fmt: skip
+        typer.secho(
+            f"warning: {len(unresolved)} evidence id(s) are not records of the history and were "
+            f"exported as they are: {shown}{' ...' if len(unresolved) > 5 else ''}",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
     if json_out:
         echo_json(summary)
         return

@@ -18,11 +18,17 @@ PROFILES = ("auto", "small", "full")
 # The steering panel's options, shared by `generate` (at its end) and `assess --steering`.
 ReferenceOption = Annotated[
     Path | None,
-    typer.Option("--reference", help="Steering: a QA JSONL file to measure against (default: the format's own QA)."),
+    typer.Option(
+        "--reference",
+        help="Steering: a QA JSONL file to measure against (default: the format's own QA).",
+    ),
 ]
 PanelOption = Annotated[
     Path | None,
-    typer.Option("--panel", help="Steering: a JSON object name -> patch of Base-BM25 (default: the package's panel)."),
+    typer.Option(
+        "--panel",
+        help="Steering: a JSON object name -> patch of Base-BM25 (default: the package's panel).",
+    ),
 ]
 
 
@@ -241,8 +247,9 @@ def generate(
     small = profile == "small" or (profile == "auto" and lm_config.in_process("planner"))
     # unset --lean: the small-LM pipeline (benchmarks/generate_cost.py's lean-anchor) or the paper's
     if lean is None:
-        lean = small_lm_default = (small and bounded and method == "memsteer" and not anchored
-                                   and not steer_by_yield)  # fmt: skip
+        lean = small_lm_default = (
+            small and bounded and method == "memsteer" and not anchored and not steer_by_yield
+        )
         if small_lm_default:
             anchored, steer_by_yield, yield_power = True, True, 2.0
     bundle_config, chosen = _bundle_config(
@@ -251,10 +258,21 @@ def generate(
     check_not_inputs(out, [history.path])
     loaded = history.load()
     config = GenerationConfig(
-        n=n, max_candidates=max_candidates, time_budget_s=time_budget, method=method, checks=checks,
-        seed=seed, threads=threads, batch_size=batch_size, max_demos=max_demos, bundle=bundle_config, bounded=bounded, lean=lean,
-        anchored=anchored, own_words=own_words,
-    )  # fmt: skip
+        n=n,
+        max_candidates=max_candidates,
+        time_budget_s=time_budget,
+        method=method,
+        checks=checks,
+        seed=seed,
+        threads=threads,
+        batch_size=batch_size,
+        max_demos=max_demos,
+        bundle=bundle_config,
+        bounded=bounded,
+        lean=lean,
+        anchored=anchored,
+        own_words=own_words,
+    )
     lms = {role: lm_config.lm(role) for role in GENERATION_ROLES}
     described = lm_config.describe()
     typer.echo(
@@ -264,9 +282,14 @@ def generate(
         err=True,
     )
     summary = generate_supervision(
-        loaded.history, lms, out, config, lm_description=described, restart=restart,
+        loaded.history,
+        lms,
+        out,
+        config,
+        lm_description=described,
+        restart=restart,
         usage=lm_config.usage_by_role,
-    )  # fmt: skip
+    )
     summary["lm_usage_by_role"] = lm_config.usage_by_role()
     report = None
     if steering and summary.get("accepted"):
@@ -282,8 +305,10 @@ def generate(
         typer.echo(format_summary(summary))
         if report is not None:
             typer.echo(format_steering(report))
-        typer.echo(f"wrote {out}/train.jsonl, val.jsonl, rejected.jsonl, summary.json, dataset/"
-                   + (", steering.json" if report is not None else ""))  # fmt: skip
+        typer.echo(
+            f"wrote {out}/train.jsonl, val.jsonl, rejected.jsonl, summary.json, dataset/"
+            + (", steering.json" if report is not None else "")
+        )
 
 
 def _reference_items(loaded, reference: Path | None) -> tuple[list, str]:
@@ -295,8 +320,16 @@ def _reference_items(loaded, reference: Path | None) -> tuple[list, str]:
     return list(loaded.qa_items), "the history's own QA"
 
 
-def _steering(loaded, folder: Path, reference: Path | None, panel: Path | None, fmt: str,
-              *, own_folder: bool, say=None):  # fmt: skip
+def _steering(
+    loaded,
+    folder: Path,
+    reference: Path | None,
+    panel: Path | None,
+    fmt: str,
+    *,
+    own_folder: bool,
+    say=None,
+):
     """Score the steering panel on ``folder``'s accepted items against the reference. In the
     command's own output folder (``own_folder``: generate's ``--out``) also write ``steering.json``
     and ``summary.json`` ``steering`` and log one MLflow run; never into a folder that is only an
@@ -314,15 +347,25 @@ def _steering(loaded, folder: Path, reference: Path | None, panel: Path | None, 
     if not items:
         return None
     report = steering_of_folder(
-        loaded.history, folder, items, protocol="as_of" if fmt == "rhelm" else "full",
-        panel=load_panel(panel), cache_dir=default_cache_dir(), reference_source=source, progress=say,
-    )  # fmt: skip
+        loaded.history,
+        folder,
+        items,
+        protocol="as_of" if fmt == "rhelm" else "full",
+        panel=load_panel(panel),
+        cache_dir=default_cache_dir(),
+        reference_source=source,
+        progress=say,
+    )
     if not own_folder:
         return report
     save_steering(folder, report)
     tracker = Tracker.for_history(folder, loaded.history.user_id, loaded.history.fingerprint)
-    track_steering(tracker, report, run_name=f"steering {folder.name}",
-                   tags={"memsteer.supervision": str(folder)})  # fmt: skip
+    track_steering(
+        tracker,
+        report,
+        run_name=f"steering {folder.name}",
+        tags={"memsteer.supervision": str(folder)},
+    )
     return report
 
 
@@ -392,11 +435,17 @@ def assess(
     )
 
     if not supervision and not fidelity:
-        raise InputError("nothing to assess", field="--supervision",
-                         hint="pass --supervision <generate output folder> (repeatable) and/or --fidelity")  # fmt: skip
+        raise InputError(
+            "nothing to assess",
+            field="--supervision",
+            hint="pass --supervision <generate output folder> (repeatable) and/or --fidelity",
+        )
     if steering and not supervision:
-        raise InputError("--steering needs the generated items", field="--supervision",
-                         hint="pass --supervision <generate output folder>")  # fmt: skip
+        raise InputError(
+            "--steering needs the generated items",
+            field="--supervision",
+            hint="pass --supervision <generate output folder>",
+        )
     check_not_inputs(out, [history.path, *(supervision or ())])
     loaded = history.load()
     report: dict = {"user": loaded.history.user_id, "lm": lm_config.describe()}
@@ -405,12 +454,17 @@ def assess(
         from memsteer_dspy.supervision.steering import format_steering
 
         if not _reference_items(loaded, reference)[0]:
-            raise InputError(f"the {history.format} history has no QA to measure steering against",
-                             field="--reference", hint="pass --reference <QA JSONL> (hand-written or official items)")  # fmt: skip
+            raise InputError(
+                f"the {history.format} history has no QA to measure steering against",
+                field="--reference",
+                hint="pass --reference <QA JSONL> (hand-written or official items)",
+            )
         say = None if as_json else (lambda line: typer.echo(line, err=True))
         report["steering"] = {}
         for folder in supervision:
-            rep = _steering(loaded, folder, reference, panel, history.format, own_folder=False, say=say)
+            rep = _steering(
+                loaded, folder, reference, panel, history.format, own_folder=False, say=say
+            )
             report["steering"][str(folder)] = rep.model_dump(mode="json")
             lines.append(f"{folder}:\n{format_steering(rep)}")
         if not fidelity:
@@ -418,14 +472,23 @@ def assess(
             return
     if supervision and not steering:
         bounded = lm_config.in_process("quality_judge")
-        quality = assess_quality(loaded.history, supervision, lm_config.lm("quality_judge"), limit=limit, seed=seed,
-                                 bounded=bounded)  # fmt: skip
+        quality = assess_quality(
+            loaded.history,
+            supervision,
+            lm_config.lm("quality_judge"),
+            limit=limit,
+            seed=seed,
+            bounded=bounded,
+        )
         report["quality"] = quality
         lines.append(format_quality(quality))
     if fidelity:
         if not loaded.qa_items:
-            raise InputError(f"the {history.format} history has no official QA items to check against",
-                             field="--fidelity", hint="use a format with QA (rhelm, locomo) or drop --fidelity")  # fmt: skip
+            raise InputError(
+                f"the {history.format} history has no official QA items to check against",
+                field="--fidelity",
+                hint="use a format with QA (rhelm, locomo) or drop --fidelity",
+            )
         lms = {r: lm_config.lm(r) for r in ("auditor", "blind_reader")}
         bounded = lm_config.in_process(*lms)
         fid = assess_fidelity(

@@ -1,6 +1,5 @@
 """``memsteer lm check``: which LM serves each role, and one tiny structured call per distinct LM."""
 
-
 from typing import Annotated
 
 import typer
@@ -16,12 +15,21 @@ lm_app = typer.Typer(help="Inspect and test the LM of each role.", no_args_is_he
 @lm_options
 def check(
     lm_config,
-    json_out: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print JSON instead of a table.")
+    ] = False,
 ) -> None:
     """Print the LM of each role and make one tiny structured call per distinct LM (latency, tokens)."""
     results = check_lms(lm_config)
     if json_out:
-        echo_json({"roles": lm_config.describe(), "checks": [r.model_dump() if hasattr(r, "model_dump") else r.__dict__ for r in results]})
+        echo_json(
+            {
+                "roles": lm_config.describe(),
+                "checks": [
+                    r.model_dump() if hasattr(r, "model_dump") else r.__dict__ for r in results
+                ],
+            }
+        )
     else:
         typer.echo("\n".join(f"{role:15s} {model}" for role, model in lm_config.describe().items()))
         typer.echo(format_check_table(results))

@@ -45,9 +45,10 @@ def load_supervision(spec: str, loaded, *, seed: int):
     if spec == "official":
         if not loaded.qa_items:
             raise InputError(
-                "the history has no official QA items to split", field="--supervision",
+                "the history has no official QA items to split",
+                field="--supervision",
                 hint="pass --supervision <folder with train.jsonl and val.jsonl> (memsteer generate writes one)",
-            )  # fmt: skip
+            )
         train, val = split_official(loaded.qa_items, seed=seed)
         return train, val, f"official QA split (seed {seed})"
     train, val = read_supervision(spec)
@@ -388,17 +389,33 @@ def optimize(
     --accept paired); scores the initial and the best design on held-out items at the end, with a
     paired 95% interval and a verdict; tracked in MLflow."""
     resolved = resolve_defaults(
-        {"objective": objective, "proposer_output": proposer_output, "feedback_tokens": feedback_tokens,
-         "accept": accept_rule, "guard": guard or None, "guard_margin": guard_margin, "val_from": val_from,
-         "max_eval_lm_calls": max_eval_lm_calls},
+        {
+            "objective": objective,
+            "proposer_output": proposer_output,
+            "feedback_tokens": feedback_tokens,
+            "accept": accept_rule,
+            "guard": guard or None,
+            "guard_margin": guard_margin,
+            "val_from": val_from,
+            "max_eval_lm_calls": max_eval_lm_calls,
+        },
         proposer_in_process=lm_config.in_process("proposer"),
-        answerer_in_process=lm_config.in_process("answerer"), paper=paper,
-    )  # fmt: skip
+        answerer_in_process=lm_config.in_process("answerer"),
+        paper=paper,
+    )
     v = resolved.values
-    objective, proposer_output, feedback_tokens, accept_rule = (v["objective"], v["proposer_output"],
-                                                                v["feedback_tokens"], v["accept"])  # fmt: skip
-    guard, guard_margin, val_from, max_eval_lm_calls = (v["guard"], v["guard_margin"], v["val_from"],
-                                                        v["max_eval_lm_calls"])  # fmt: skip
+    objective, proposer_output, feedback_tokens, accept_rule = (
+        v["objective"],
+        v["proposer_output"],
+        v["feedback_tokens"],
+        v["accept"],
+    )
+    guard, guard_margin, val_from, max_eval_lm_calls = (
+        v["guard"],
+        v["guard_margin"],
+        v["val_from"],
+        v["max_eval_lm_calls"],
+    )
     if objective not in OBJECTIVES:
         raise typer.BadParameter(f"choose one of {', '.join(OBJECTIVES)}", param_hint="--objective")
     if feedback not in FEEDBACK_MODES:
@@ -409,28 +426,50 @@ def optimize(
         raise typer.BadParameter("choose 'as_of' or 'full'", param_hint="--protocol")
     if proposer_output not in ("design", "changes"):
         raise typer.BadParameter("choose 'design' or 'changes'", param_hint="--proposer-output")
-    for value, allowed, hint in ((search, SEARCHES, "--search"), (parents, PARENT_STRATEGIES, "--parents"),
-                                 (accept_rule, ACCEPT_RULES, "--accept"), (accept_test, ("bootstrap", "sign"), "--accept-test"),
-                                 (val_from, ("val", "train+val"), "--val-from"),
-                                 *((g, GUARD_METRICS, "--guard") for g in guard or ())):  # fmt: skip
+    for value, allowed, hint in (
+        (search, SEARCHES, "--search"),
+        (parents, PARENT_STRATEGIES, "--parents"),
+        (accept_rule, ACCEPT_RULES, "--accept"),
+        (accept_test, ("bootstrap", "sign"), "--accept-test"),
+        (val_from, ("val", "train+val"), "--val-from"),
+        *((g, GUARD_METRICS, "--guard") for g in guard or ()),
+    ):
         if value not in allowed:
             raise typer.BadParameter(f"choose one of {', '.join(allowed)}", param_hint=hint)
     check_not_inputs(out, [history.path, supervision, test, init_design])
     d0 = MemoryDesign.load(init_design) if init_design is not None else MemoryDesign.base_bm25()
     loaded = history.load()
     train, val, source = load_supervision(supervision, loaded, seed=seed)
-    train, val, test_items, test_source = load_test_split(supervision, loaded, train, val, seed=seed, test=test,
-                                                          test_fraction=test_fraction)  # fmt: skip
+    train, val, test_items, test_source = load_test_split(
+        supervision, loaded, train, val, seed=seed, test=test, test_fraction=test_fraction
+    )
     config = OptimizeConfig(
-        iterations=iterations, objective=objective, feedback=feedback, seed=seed, feedback_tokens=feedback_tokens,
-        protocol=protocol or ("as_of" if history.format == "rhelm" else "full"), threads=threads,
-        proposer_output=proposer_output, max_build_calls=_build_call_limit(max_build_calls, lm_config),
-        max_eval_lm_calls=max_eval_lm_calls, max_embed_units=max_embed_units,
-        search=search, parents=parents, accept=accept_rule, accept_alpha=accept_alpha, accept_margin=accept_margin,
-        accept_test=accept_test, lm_retrieval_margin=lm_retrieval_margin, proposals=proposals,
-        guard=list(guard or []), guard_margin=guard_margin, val_from=val_from, tabu=tabu,
-        stop_at_max=stop_at_max, resolved=resolved.line(),
-    )  # fmt: skip
+        iterations=iterations,
+        objective=objective,
+        feedback=feedback,
+        seed=seed,
+        feedback_tokens=feedback_tokens,
+        protocol=protocol or ("as_of" if history.format == "rhelm" else "full"),
+        threads=threads,
+        proposer_output=proposer_output,
+        max_build_calls=_build_call_limit(max_build_calls, lm_config),
+        max_eval_lm_calls=max_eval_lm_calls,
+        max_embed_units=max_embed_units,
+        search=search,
+        parents=parents,
+        accept=accept_rule,
+        accept_alpha=accept_alpha,
+        accept_margin=accept_margin,
+        accept_test=accept_test,
+        lm_retrieval_margin=lm_retrieval_margin,
+        proposals=proposals,
+        guard=list(guard or []),
+        guard_margin=guard_margin,
+        val_from=val_from,
+        tabu=tabu,
+        stop_at_max=stop_at_max,
+        resolved=resolved.line(),
+    )
     tracker = _tracker(out, loaded, tracking_uri, no_tracking)
     if dspy_autolog:
         tracker.enable_dspy_autolog()
@@ -441,20 +480,40 @@ def optimize(
         err=True,
     )
     opt = MemSteerOpt(
-        loaded.history, train, val, out, config=config, lms=lm_config.lm, init_design=d0, tracker=tracker,
-        cache_dir=None if no_cache else (cache_dir or default_cache_dir()), usage=lm_config.usage_by_role,
+        loaded.history,
+        train,
+        val,
+        out,
+        config=config,
+        lms=lm_config.lm,
+        init_design=d0,
+        tracker=tracker,
+        cache_dir=None if no_cache else (cache_dir or default_cache_dir()),
+        usage=lm_config.usage_by_role,
         on_event=_progress,
-        run_params={"supervision": source, "lm": lm_config.describe(), "format": history.format,
-                    "external": history.external},
-        test=test_items, test_source=test_source, restart=restart,
-    )  # fmt: skip
+        run_params={
+            "supervision": source,
+            "lm": lm_config.describe(),
+            "format": history.format,
+            "external": history.external,
+        },
+        test=test_items,
+        test_source=test_source,
+        restart=restart,
+    )
     result = opt.run()
     best, base = result.best_score, result.baseline_score
     summary = {
-        "user": loaded.history.user_id, "objective": objective, "feedback": feedback, "search": search,
-        "accept": accept_rule, "resolved": resolved.line(), **result.summary(), "baseline": base.model_dump(),
+        "user": loaded.history.user_id,
+        "objective": objective,
+        "feedback": feedback,
+        "search": search,
+        "accept": accept_rule,
+        "resolved": resolved.line(),
+        **result.summary(),
+        "baseline": base.model_dump(),
         "lm_usage": lm_config.usage_by_role(),
-    }  # fmt: skip
+    }
     if json_out:
         echo_json(summary)
         return
@@ -552,13 +611,24 @@ def tune_prompts(
     train, val, source = load_supervision(supervision, loaded, seed=seed)
     tracker = _tracker(out, loaded, tracking_uri, no_tracking)
     result = run_tuning(
-        loaded.history, train, val, d, out_dir=out, optimizer=optimizer, answerer_lm=lm_config.lm("answerer"),
-        judge_lm=lm_config.lm("judge"), reflection_lm=lm_config.lm("proposer"), auto=None if max_metric_calls else auto,
-        max_metric_calls=max_metric_calls, seed=seed, threads=threads,
+        loaded.history,
+        train,
+        val,
+        d,
+        out_dir=out,
+        optimizer=optimizer,
+        answerer_lm=lm_config.lm("answerer"),
+        judge_lm=lm_config.lm("judge"),
+        reflection_lm=lm_config.lm("proposer"),
+        auto=None if max_metric_calls else auto,
+        max_metric_calls=max_metric_calls,
+        seed=seed,
+        threads=threads,
         protocol=protocol or ("as_of" if history.format == "rhelm" else "full"),
-        cache_dir=cache_dir or default_cache_dir(), tracker=tracker,
+        cache_dir=cache_dir or default_cache_dir(),
+        tracker=tracker,
         run_params={"supervision": source, "lm": lm_config.describe()},
-    )  # fmt: skip
+    )
     report = result.model_dump(mode="json") | {"lm_usage": lm_config.usage_by_role()}
     if json_out:
         echo_json(report)

@@ -41,9 +41,15 @@ def report(
     rep = write_report(run_dir, out)
     tracked = None if no_tracking else log_report(rep, run_dir, tracking_uri=tracking_uri)
     if json_out:
-        echo_json({"html": str(rep.html), "figures": {k: str(v) for k, v in rep.figures.items()},
-                   "mlflow_parent_run_id": tracked and tracked["parent_run_id"],
-                   "mlflow_ui_url": tracked and tracked["ui_url"], **rep.data})  # fmt: skip
+        echo_json(
+            {
+                "html": str(rep.html),
+                "figures": {k: str(v) for k, v in rep.figures.items()},
+                "mlflow_parent_run_id": tracked and tracked["parent_run_id"],
+                "mlflow_ui_url": tracked and tracked["ui_url"],
+                **rep.data,
+            }
+        )
         return
     typer.echo(f"wrote {rep.html}")
     for name, path in rep.figures.items():

@@ -58,23 +58,33 @@ def check_export_folder(out: Path) -> None:
     (it has no ``export.json``): the export replaces its own files (``records.jsonl``,
     ``README.md``, ...), which in another folder would be the user's."""
     if out.exists() and not out.is_dir():
-        raise InputError("the output folder is a file", file=out, field="--out",
-                         hint="pass an --out folder that does not exist yet")  # fmt: skip
+        raise InputError(
+            "the output folder is a file",
+            file=out,
+            field="--out",
+            hint="pass an --out folder that does not exist yet",
+        )
     if out.is_dir() and not (out / EXPORT_MARKER).is_file():
         names = sorted(p.name for p in out.iterdir())
         if names:
             shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
             raise InputError(
                 f"the folder is not an earlier export (no {EXPORT_MARKER}) and holds {shown}; an "
-                "export replaces its files, so nothing was written", file=out, field="--out",
+                "export replaces its files, so nothing was written",
+                file=out,
+                field="--out",
                 hint="pass an --out folder that does not exist yet, or an earlier export's folder",
-            )  # fmt: skip
+            )
 
 
 def unresolved_evidence(history: History, items: list[ExportItem]) -> list[dict[str, str]]:
     """Evidence ids of the exported items that are no record of ``history``."""
-    return [{"qa_id": e.item.id, "evidence_id": rid} for e in items
-            for rid in e.item.evidence_ids if rid not in history]  # fmt: skip
+    return [
+        {"qa_id": e.item.id, "evidence_id": rid}
+        for e in items
+        for rid in e.item.evidence_ids
+        if rid not in history
+    ]
 
 
 def write_atomic(path: Path, text: str) -> None:

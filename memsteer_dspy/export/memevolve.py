@@ -177,17 +177,30 @@ def export_memevolve(
     out = Path(out).resolve()
     check_export_folder(out)
     if not items:
-        raise InputError("no QA items to export", field="--supervision",
-                         hint="pass a folder `memsteer generate` wrote, or --supervision official")  # fmt: skip
+        raise InputError(
+            "no QA items to export",
+            field="--supervision",
+            hint="pass a folder `memsteer generate` wrote, or --supervision official",
+        )
     records = [r.model_dump(mode="json") for r in history.records]
     tasks = [
-        {"task_id": e.item.id, "Question": e.item.question, "Level": 1, "Final answer": e.item.answer,
-         "file_name": "",
-         "Annotator Metadata": {"evidence_ids": list(e.item.evidence_ids), "span_ids": list(e.item.span_ids),
-                                "qa_category": e.category, "answer_type": str(e.item.answer_type),
-                                "split": e.split, "source": "memsteer"}}
+        {
+            "task_id": e.item.id,
+            "Question": e.item.question,
+            "Level": 1,
+            "Final answer": e.item.answer,
+            "file_name": "",
+            "Annotator Metadata": {
+                "evidence_ids": list(e.item.evidence_ids),
+                "span_ids": list(e.item.span_ids),
+                "qa_category": e.category,
+                "answer_type": str(e.item.answer_type),
+                "split": e.split,
+                "source": "memsteer",
+            },
+        }
         for e in items
-    ]  # fmt: skip
+    ]
     write_atomic(out / "records.jsonl", jsonl(records))
     write_atomic(out / "design.json", design.to_json() + "\n")
     write_atomic(out / "tasks.jsonl", jsonl(tasks))
@@ -195,13 +208,27 @@ def export_memevolve(
         out / "memsteer_design_provider.py",
         PROVIDER_SOURCE.replace("__EXPORT_DIR__", repr(str(out))),
     )
-    write_atomic(out / "README.md", README_TEMPLATE.format(
-        design=design.name, design_key=design.key(), user=history.user_id, n_records=len(records),
-        n_qa=len(tasks), out=out, commit_ref=f"bionicbutterfly13/MemEvolve@{MEMEVOLVE_COMMIT[:8]}",
-    ))  # fmt: skip
-    summary = {"to": "memevolve", "provider": str(out / "memsteer_design_provider.py"), "design": design.name,
-               "records": len(records), "qa_items": len(tasks), "out": str(out),
-               "follows": f"bionicbutterfly13/MemEvolve@{MEMEVOLVE_COMMIT} (fork of bingreeky/MemEvolve)",
-               "unresolved_evidence": unresolved_evidence(history, items)}  # fmt: skip
+    write_atomic(
+        out / "README.md",
+        README_TEMPLATE.format(
+            design=design.name,
+            design_key=design.key(),
+            user=history.user_id,
+            n_records=len(records),
+            n_qa=len(tasks),
+            out=out,
+            commit_ref=f"bionicbutterfly13/MemEvolve@{MEMEVOLVE_COMMIT[:8]}",
+        ),
+    )
+    summary = {
+        "to": "memevolve",
+        "provider": str(out / "memsteer_design_provider.py"),
+        "design": design.name,
+        "records": len(records),
+        "qa_items": len(tasks),
+        "out": str(out),
+        "follows": f"bionicbutterfly13/MemEvolve@{MEMEVOLVE_COMMIT} (fork of bingreeky/MemEvolve)",
+        "unresolved_evidence": unresolved_evidence(history, items),
+    }
     write_atomic(out / "export.json", json.dumps(summary, indent=2) + "\n")
     return summary

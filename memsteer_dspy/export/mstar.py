@@ -142,28 +142,57 @@ def export_mstar(
     ident = _identifier(name)
     module = ident if ident.startswith("memsteer") else f"memsteer_{ident}"
     if not items:
-        raise InputError("no QA items to export", field="--supervision",
-                         hint="pass a folder `memsteer generate` wrote, or --supervision official")  # fmt: skip
+        raise InputError(
+            "no QA items to export",
+            field="--supervision",
+            hint="pass a folder `memsteer generate` wrote, or --supervision official",
+        )
     records = [
-        {"id": r.id, "raw_text": record_raw_text(r), "timestamp": r.timestamp.isoformat() if r.timestamp else None,
-         "kind": r.kind}
+        {
+            "id": r.id,
+            "raw_text": record_raw_text(r),
+            "timestamp": r.timestamp.isoformat() if r.timestamp else None,
+            "kind": r.kind,
+        }
         for r in history
-    ]  # fmt: skip
+    ]
     qa = [
-        {"id": e.item.id, "question": e.item.question, "answer": e.item.answer, "qa_category": e.category,
-         "evidence_ids": list(e.item.evidence_ids), "span_ids": list(e.item.span_ids), "split": e.split,
-         "question_date": e.item.question_date.isoformat() if e.item.question_date else None}
+        {
+            "id": e.item.id,
+            "question": e.item.question,
+            "answer": e.item.answer,
+            "qa_category": e.category,
+            "evidence_ids": list(e.item.evidence_ids),
+            "span_ids": list(e.item.span_ids),
+            "split": e.split,
+            "question_date": e.item.question_date.isoformat() if e.item.question_date else None,
+        }
         for e in items
-    ]  # fmt: skip
-    fill = {"name": name, "module": module, "ident": ident, "user": history.user_id, "data_dir": str(out),
-            "n_records": len(records), "n_qa": len(qa), "commit": MSTAR_COMMIT,
-            "test_size": max(1, len(qa) // 3)}  # fmt: skip
+    ]
+    fill = {
+        "name": name,
+        "module": module,
+        "ident": ident,
+        "user": history.user_id,
+        "data_dir": str(out),
+        "n_records": len(records),
+        "n_qa": len(qa),
+        "commit": MSTAR_COMMIT,
+        "test_size": max(1, len(qa) // 3),
+    }
     write_atomic(out / "records.jsonl", jsonl(records))
     write_atomic(out / "qa.jsonl", jsonl(qa))
     write_atomic(out / f"{module}.py", LOADER_TEMPLATE.format(**fill))
     write_atomic(out / "README.md", README_TEMPLATE.format(**fill))
-    summary = {"to": "mstar", "dataset": name, "loader": str(out / f"{module}.py"), "records": len(records),
-               "qa_items": len(qa), "out": str(out), "follows": f"wbopan/mstar@{MSTAR_COMMIT}",
-               "unresolved_evidence": unresolved_evidence(history, items)}  # fmt: skip
+    summary = {
+        "to": "mstar",
+        "dataset": name,
+        "loader": str(out / f"{module}.py"),
+        "records": len(records),
+        "qa_items": len(qa),
+        "out": str(out),
+        "follows": f"wbopan/mstar@{MSTAR_COMMIT}",
+        "unresolved_evidence": unresolved_evidence(history, items),
+    }
     write_atomic(out / "export.json", json.dumps(summary, indent=2) + "\n")
     return summary

@@ -206,13 +206,22 @@ def ensure_wheel(python: str, args: str, *, version: str = LLAMA_CPP_PYTHON_VERS
         env = dict(os.environ, CMAKE_ARGS=args, FORCE_CMAKE="1")
         subprocess.run(
             [
-                python, "-m", "pip", "wheel", "-q", "--no-deps", "--no-cache-dir",
-                "--no-binary", "llama-cpp-python", "-w", tmp,
+                python,
+                "-m",
+                "pip",
+                "wheel",
+                "-q",
+                "--no-deps",
+                "--no-cache-dir",
+                "--no-binary",
+                "llama-cpp-python",
+                "-w",
+                tmp,
                 f"llama-cpp-python=={version}",
             ],
             check=True,
             env=env,
-        )  # fmt: skip
+        )
         built = sorted(Path(tmp).glob("llama_cpp_python-*.whl"))
         if not built:
             raise RuntimeError(f"pip wheel wrote no llama-cpp-python wheel in {tmp}")

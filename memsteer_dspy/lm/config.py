@@ -618,8 +618,10 @@ class _FileConfig:
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read the config file: {exc}") from exc
         except UnicodeDecodeError as exc:
-            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); a config "
-                              "file is UTF-8 TOML") from None  # fmt: skip
+            raise ConfigError(
+                f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); a config "
+                "file is UTF-8 TOML"
+            ) from None
         try:
             data = tomllib.loads(self.text)
         except tomllib.TOMLDecodeError as exc:

@@ -90,10 +90,24 @@ def start_llama_server(
     port = free_port()
     log = log_dir / f"llama-server-{port}.log"
     cmd = [
-        sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", alias,
-        "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx),
-        "--n_threads", str(n_threads), "--verbose", "False",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(gguf),
+        "--model_alias",
+        alias,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        str(n_ctx),
+        "--n_threads",
+        str(n_threads),
+        "--verbose",
+        "False",
+    ]
     with open(log, "wb") as out:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     server = LlamaServer(process, port, alias, log)

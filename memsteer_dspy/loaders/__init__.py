@@ -43,11 +43,18 @@ def load_history(
     if format == "rhelm":
         root = Path(path) if path is not None else default_rhelm_root()
         if root is None:
-            raise InputError("RHELM data not found", field="--path",
-                             hint="pass --path <rhelm folder> or set MEMSTEER_RHELM_ROOT")  # fmt: skip
+            raise InputError(
+                "RHELM data not found",
+                field="--path",
+                hint="pass --path <rhelm folder> or set MEMSTEER_RHELM_ROOT",
+            )
         if user is None:
-            raise InputError("choose a persona with --user", file=root, field="--user",
-                             hint=f"available: {', '.join(list_personas(root))}")  # fmt: skip
+            raise InputError(
+                "choose a persona with --user",
+                file=root,
+                field="--user",
+                hint=f"available: {', '.join(list_personas(root))}",
+            )
         return load_rhelm(root, user, external=external, on_error=on_error)
     if path is None:
         raise InputError(f"--path is required for format {format!r}", field="--path")
@@ -61,4 +68,8 @@ def load_history(
         return load_longmemeval(path, user=user, on_error=on_error)
     if format == "atm":
         return load_atm(path, user=user, on_error=on_error)
-    raise InputError(f"unknown format {format!r}", field="--format", hint="choose jsonl, rhelm, locomo, hf, longmemeval or atm")
+    raise InputError(
+        f"unknown format {format!r}",
+        field="--format",
+        hint="choose jsonl, rhelm, locomo, hf, longmemeval or atm",
+    )

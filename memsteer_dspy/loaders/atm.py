@@ -89,10 +89,19 @@ def _email_records(path: Path, on_error: str, skipped: list[SkippedInput]) -> li
                 record=str(e["id"]),
                 field=f"[{i}]",
             )
-        out.append(Record(
-            id=str(e["id"]).strip(), kind=RecordKind.EMAIL, text=text, timestamp=parse_atm_timestamp(e.get("timestamp")),
-            metadata={"source": f"{path}:[{i}]", "subject": summary, "raw_timestamp": e.get("timestamp")},
-        ))  # fmt: skip
+        out.append(
+            Record(
+                id=str(e["id"]).strip(),
+                kind=RecordKind.EMAIL,
+                text=text,
+                timestamp=parse_atm_timestamp(e.get("timestamp")),
+                metadata={
+                    "source": f"{path}:[{i}]",
+                    "subject": summary,
+                    "raw_timestamp": e.get("timestamp"),
+                },
+            )
+        )
     return out
 
 
@@ -141,12 +150,22 @@ def _media_records(path: Path, on_error: str, skipped: list[SkippedInput]) -> li
                 record=Path(media).stem,
                 field=f"[{i}]",
             )
-        out.append(Record(
-            id=Path(str(media)).stem, kind=kind, text=text, timestamp=parse_atm_timestamp(e.get("timestamp")),
-            metadata={"source": f"{path}:[{i}]", "media_path": str(media), "title": e.get("short_caption") or None,
-                      "location_name": e.get("location_name"), "tags": e.get("tags") or [],
-                      "raw_timestamp": e.get("timestamp")},
-        ))  # fmt: skip
+        out.append(
+            Record(
+                id=Path(str(media)).stem,
+                kind=kind,
+                text=text,
+                timestamp=parse_atm_timestamp(e.get("timestamp")),
+                metadata={
+                    "source": f"{path}:[{i}]",
+                    "media_path": str(media),
+                    "title": e.get("short_caption") or None,
+                    "location_name": e.get("location_name"),
+                    "tags": e.get("tags") or [],
+                    "raw_timestamp": e.get("timestamp"),
+                },
+            )
+        )
     return out
 
 
@@ -175,8 +194,12 @@ def _qa_items(path: Path, history: History, on_error: str, skipped: list[Skipped
                     SkippedInput(str(path), None, f"[{i}]: QA entry lacks id, question or answer")
                 )
                 continue
-            raise InputError("QA entry lacks 'id', 'question' or 'answer'", file=path, field=f"[{i}]",
-                             record=str(q["id"]) if isinstance(q, dict) and q.get("id") else None)  # fmt: skip
+            raise InputError(
+                "QA entry lacks 'id', 'question' or 'answer'",
+                file=path,
+                field=f"[{i}]",
+                record=str(q["id"]) if isinstance(q, dict) and q.get("id") else None,
+            )
         qid = str(q["id"])
         if qid in seen:
             raise InputError(f"duplicate QA id {qid!r}", file=path, record=qid, field=f"[{i}].id")
@@ -196,12 +219,18 @@ def _qa_items(path: Path, history: History, on_error: str, skipped: list[Skipped
         extra = {
             k: v for k, v in q.items() if k not in ("id", "question", "answer", "evidence_ids")
         }
-        items.append(QAItem(
-            id=qid, question=str(q["question"]), answer=answer, answer_type=_answer_type(answer),
-            evidence_ids=list(dict.fromkeys(evidence)),
-            question_type=q.get("qtype") or q.get("question_type") or q.get("type"), source="official",
-            metadata={"raw_evidence": [str(e) for e in raw], **extra},
-        ))  # fmt: skip
+        items.append(
+            QAItem(
+                id=qid,
+                question=str(q["question"]),
+                answer=answer,
+                answer_type=_answer_type(answer),
+                evidence_ids=list(dict.fromkeys(evidence)),
+                question_type=q.get("qtype") or q.get("question_type") or q.get("type"),
+                source="official",
+                metadata={"raw_evidence": [str(e) for e in raw], **extra},
+            )
+        )
     return items, unresolved
 
 
@@ -209,8 +238,12 @@ def load_atm(path: str | Path, *, user: str | None = None, on_error: str = "rais
     """Load ATM-Bench's text memory (emails, image/video captions) and one QA file from ``path``."""
     root = Path(path)
     if not root.is_dir():
-        raise InputError("not a folder", file=root, field="--path",
-                         hint="point --path at the ATM-Bench folder (holding data/ and output/)")  # fmt: skip
+        raise InputError(
+            "not a folder",
+            file=root,
+            field="--path",
+            hint="point --path at the ATM-Bench folder (holding data/ and output/)",
+        )
     skipped: list[SkippedInput] = []
     records: list[Record] = []
     for p in sorted(root.rglob("emails.json")):
@@ -219,23 +252,32 @@ def load_atm(path: str | Path, *, user: str | None = None, on_error: str = "rais
         records += _media_records(p, on_error, skipped)
     if not records:
         raise InputError(
-            "no emails.json or batch_results.json under this folder", file=root,
+            "no emails.json or batch_results.json under this folder",
+            file=root,
             hint="ATM-Bench's text memory is data/raw_memory/email/emails.json and output/{image,video}/*/batch_results.json",
-        )  # fmt: skip
+        )
     qa_files = atm_qa_files(root)
     qa_path = None
     if user is not None:
         if user not in qa_files:
-            raise InputError(f"no QA file {user}.json", file=root, field="--user",
-                             hint=f"available: {', '.join(qa_files) or 'none'}")  # fmt: skip
+            raise InputError(
+                f"no QA file {user}.json",
+                file=root,
+                field="--user",
+                hint=f"available: {', '.join(qa_files) or 'none'}",
+            )
         qa_path = qa_files[user]
     elif "atm-bench" in qa_files:
         qa_path = qa_files["atm-bench"]
     elif len(qa_files) == 1:
         qa_path = next(iter(qa_files.values()))
     elif qa_files:
-        raise InputError("several QA files; choose one with --user", file=root, field="--user",
-                         hint=f"available: {', '.join(qa_files)}")  # fmt: skip
+        raise InputError(
+            "several QA files; choose one with --user",
+            file=root,
+            field="--user",
+            hint=f"available: {', '.join(qa_files)}",
+        )
     history = History(root.name, records, source=str(root))
     items, unresolved = _qa_items(qa_path, history, on_error, skipped) if qa_path else ([], [])
     return Loaded(history, items, unresolved, skipped)

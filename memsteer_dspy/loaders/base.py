@@ -40,7 +40,9 @@ class Loaded:
     @property
     def evidence_resolved_fraction(self) -> float | None:
         """Items whose evidence all resolved / items with evidence (None without such items)."""
-        with_evidence = [q for q in self.qa_items if q.evidence_ids or q.metadata.get("raw_evidence")]
+        with_evidence = [
+            q for q in self.qa_items if q.evidence_ids or q.metadata.get("raw_evidence")
+        ]
         if not with_evidence:
             return None
         bad = {u.qa_id for u in self.unresolved}
@@ -54,7 +56,9 @@ class Loaded:
         return {
             **stats,
             "qa_items": len(self.qa_items),
-            "qa_by_type": dict(Counter(q.question_type or "unknown" for q in self.qa_items).most_common()),
+            "qa_by_type": dict(
+                Counter(q.question_type or "unknown" for q in self.qa_items).most_common()
+            ),
             "evidence_resolved_fraction": self.evidence_resolved_fraction,
             "unresolved_evidence": [
                 {"qa_id": u.qa_id, "raw": u.raw, "reason": u.reason} for u in self.unresolved

@@ -47,9 +47,11 @@ def iter_json_lines(
                     skipped.append(SkippedInput(str(path), n, reason))
                     continue
                 raise InputError(
-                    reason, file=path, line=n,
+                    reason,
+                    file=path,
+                    line=n,
                     hint="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8), or use --on-error skip",
-                ) from None  # fmt: skip
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -61,9 +63,11 @@ def iter_json_lines(
                     skipped.append(SkippedInput(str(path), n, reason))
                     continue
                 raise InputError(
-                    reason, file=path, line=n,
+                    reason,
+                    file=path,
+                    line=n,
                     hint="each line must be one JSON object; use --on-error skip to skip bad lines",
-                ) from None  # fmt: skip
+                ) from None
 
 
 def read_records(
@@ -91,9 +95,14 @@ def read_records(
             if on_error == "skip":
                 skipped.append(SkippedInput(str(path), n, reason))
                 continue
-            raise DuplicateRecordError(reason, file=path, line=n, record=record.id,
-                                       hint="record ids must be unique within one history; "
-                                       "use --on-error skip to keep the first")  # fmt: skip
+            raise DuplicateRecordError(
+                reason,
+                file=path,
+                line=n,
+                record=record.id,
+                hint="record ids must be unique within one history; "
+                "use --on-error skip to keep the first",
+            )
         first_line[record.id] = n
         records.append(
             record.model_copy(update={"metadata": {**record.metadata, "source": f"{path}:{n}"}})
@@ -130,9 +139,12 @@ def read_qa_items(
             item = _qa_item(obj, path, n, fields)
             if item.id in first_line:
                 raise InputError(
-                    f"duplicate QA id {item.id!r} (first at {path}:{first_line[item.id]})", file=path,
-                    line=n, record=item.id, hint="QA ids must be unique within one file",
-                )  # fmt: skip
+                    f"duplicate QA id {item.id!r} (first at {path}:{first_line[item.id]})",
+                    file=path,
+                    line=n,
+                    record=item.id,
+                    hint="QA ids must be unique within one file",
+                )
         except InputError as exc:
             if on_error == "skip":
                 where = f" (field {exc.field!r})" if exc.field else ""
@@ -146,16 +158,24 @@ def read_qa_items(
 
 def _qa_item(obj: Any, path: Path, n: int, fields: set[str]) -> QAItem:
     if not isinstance(obj, dict):
-        raise InputError(f"expected a JSON object, got {type(obj).__name__}", file=path, line=n,
-                         hint="each line must be one QA item object")  # fmt: skip
+        raise InputError(
+            f"expected a JSON object, got {type(obj).__name__}",
+            file=path,
+            line=n,
+            hint="each line must be one QA item object",
+        )
     qa_id = obj.get("id") if isinstance(obj.get("id"), str) else None
     unknown = [k for k in obj if k not in fields and k not in QA_EXTRA_FIELDS]
     if unknown:
         raise InputError(
-            "not a QA item field", file=path, line=n, field=str(unknown[0]), record=qa_id,
+            "not a QA item field",
+            file=path,
+            line=n,
+            field=str(unknown[0]),
+            record=qa_id,
             hint=f"a QA line holds {', '.join(QAItem.model_fields)} (and {', '.join(QA_EXTRA_FIELDS)}, "
             "kept in metadata); put anything else inside metadata",
-        )  # fmt: skip
+        )
     core = {k: v for k, v in obj.items() if k in fields}
     extra = {k: obj[k] for k in QA_EXTRA_FIELDS if k in obj}
     if extra:
@@ -172,9 +192,13 @@ def _qa_item(obj: Any, path: Path, n: int, fields: set[str]) -> QAItem:
         err = errs[0] if errs else {"msg": str(exc), "loc": ()}
         field = ".".join(str(p) for p in err.get("loc", ())) or None
         raise InputError(
-            err["msg"], file=path, line=n, field=field, record=qa_id,
+            err["msg"],
+            file=path,
+            line=n,
+            field=field,
+            record=qa_id,
             hint="a QA line needs id, question and answer (see QAItem; `memsteer generate` writes them)",
-        ) from None  # fmt: skip
+        ) from None
 
 
 def load_jsonl(path: str | Path, *, user: str | None = None, on_error: str = "raise") -> Loaded:
@@ -185,9 +209,10 @@ def load_jsonl(path: str | Path, *, user: str | None = None, on_error: str = "ra
         records_path = path / "records.jsonl"
         if not records_path.exists():
             raise InputError(
-                "folder has no records.jsonl", file=path,
+                "folder has no records.jsonl",
+                file=path,
                 hint="point --path at a .jsonl file, or at a folder holding records.jsonl (and qa.jsonl)",
-            )  # fmt: skip
+            )
         qa_path = path / "qa.jsonl" if (path / "qa.jsonl").exists() else None
     else:
         records_path = path
@@ -198,6 +223,8 @@ def load_jsonl(path: str | Path, *, user: str | None = None, on_error: str = "ra
     qa = read_qa_items(qa_path, on_error=on_error, skipped=skipped) if qa_path else []
     unresolved = [
         UnresolvedEvidence(q.id, e, "no record with this id")
-        for q in qa for e in q.evidence_ids if e not in history
-    ]  # fmt: skip
+        for q in qa
+        for e in q.evidence_ids
+        if e not in history
+    ]
     return Loaded(history, qa, unresolved, skipped)

@@ -64,8 +64,9 @@ def load_locomo(path: str | Path, *, user: str | None = None, on_error: str = "r
         if len(samples) != 1:
             raise InputError(
                 f"the file holds {len(samples)} samples; choose one with --user",
-                file=path, hint=f"available: {', '.join(ids)}",
-            )  # fmt: skip
+                file=path,
+                hint=f"available: {', '.join(ids)}",
+            )
         index = 0
     elif user in ids:
         index = ids.index(user)
@@ -93,8 +94,13 @@ def load_locomo(path: str | Path, *, user: str | None = None, on_error: str = "r
                 f"unparseable session date {raw_when!r} (expected like '1:56 pm on 8 May, 2023')"
             )
             if on_error != "skip":
-                raise InputError(reason, file=path, record=user, field=f"conversation.{key}_date_time",
-                                 hint="fix the date, or use --on-error skip to load the session undated")  # fmt: skip
+                raise InputError(
+                    reason,
+                    file=path,
+                    record=user,
+                    field=f"conversation.{key}_date_time",
+                    hint="fix the date, or use --on-error skip to load the session undated",
+                )
             skipped.append(
                 SkippedInput(
                     str(path), None, f"conversation.{key}_date_time: {reason}; session left undated"
@@ -126,8 +132,13 @@ def load_locomo(path: str | Path, *, user: str | None = None, on_error: str = "r
                 if on_error == "skip":
                     skipped.append(SkippedInput(str(path), None, f"{problem[1]}: {problem[0]}"))
                     continue
-                raise InputError(problem[0], file=path, record=user, field=problem[1],
-                                 hint="fix the turn, or use --on-error skip to leave it out")  # fmt: skip
+                raise InputError(
+                    problem[0],
+                    file=path,
+                    record=user,
+                    field=problem[1],
+                    hint="fix the turn, or use --on-error skip to leave it out",
+                )
             dia = normalize_dia_ids(str(turn["dia_id"]))
             rid = dia[0] if dia else str(turn["dia_id"]).strip()
             if rid in seen_ids:
@@ -137,18 +148,33 @@ def load_locomo(path: str | Path, *, user: str | None = None, on_error: str = "r
                         SkippedInput(str(path), None, f"{where}: {reason}; turn left out")
                     )
                     continue
-                raise InputError(reason, file=path, record=rid, field=f"{where}.dia_id",
-                                 hint="dia ids must be unique; use --on-error skip to keep the first")  # fmt: skip
+                raise InputError(
+                    reason,
+                    file=path,
+                    record=rid,
+                    field=f"{where}.dia_id",
+                    hint="dia ids must be unique; use --on-error skip to keep the first",
+                )
             seen_ids[rid] = where
             text = f"{turn.get('speaker', '?')}: {turn['text']}"
             if turn.get("blip_caption"):
                 text += f" [shares an image: {turn['blip_caption']}]"
-            records.append(Record(
-                id=rid, kind=RecordKind.CONVERSATION_TURN, text=text, timestamp=when,
-                author=turn.get("speaker"), thread_id=f"session_{n}", position=pos,
-                metadata={"source": f"{path}:{where}", "session": n,
-                          **({"img_url": turn["img_url"]} if turn.get("img_url") else {})},
-            ))  # fmt: skip
+            records.append(
+                Record(
+                    id=rid,
+                    kind=RecordKind.CONVERSATION_TURN,
+                    text=text,
+                    timestamp=when,
+                    author=turn.get("speaker"),
+                    thread_id=f"session_{n}",
+                    position=pos,
+                    metadata={
+                        "source": f"{path}:{where}",
+                        "session": n,
+                        **({"img_url": turn["img_url"]} if turn.get("img_url") else {}),
+                    },
+                )
+            )
     history = History(user, records, source=str(path))
 
     qa_items: list[QAItem] = []
@@ -187,10 +213,20 @@ def load_locomo(path: str | Path, *, user: str | None = None, on_error: str = "r
                     evidence.append(e)
                 else:
                     unresolved.append(UnresolvedEvidence(qid, raw, f"no turn {e}"))
-        qa_items.append(QAItem(
-            id=qid, question=q["question"], answer=str(answer),
-            answer_type=AnswerType.TEXT, evidence_ids=list(dict.fromkeys(evidence)),
-            question_type=CATEGORIES.get(category, str(category)), source="official",
-            metadata={"category": category, "adversarial": adversarial, "raw_evidence": raw_evidence},
-        ))  # fmt: skip
+        qa_items.append(
+            QAItem(
+                id=qid,
+                question=q["question"],
+                answer=str(answer),
+                answer_type=AnswerType.TEXT,
+                evidence_ids=list(dict.fromkeys(evidence)),
+                question_type=CATEGORIES.get(category, str(category)),
+                source="official",
+                metadata={
+                    "category": category,
+                    "adversarial": adversarial,
+                    "raw_evidence": raw_evidence,
+                },
+            )
+        )
     return Loaded(history, qa_items, unresolved, skipped)

@@ -55,9 +55,12 @@ def parse_longmemeval_date(value: Any, *, file: Path, record: str, field: str) -
         except ValueError:
             continue
     raise InputError(
-        f"unreadable date {value!r}", file=file, record=record, field=field,
+        f"unreadable date {value!r}",
+        file=file,
+        record=record,
+        field=field,
         hint="LongMemEval dates look like '2023/05/20 (Sat) 02:21'",
-    )  # fmt: skip
+    )
 
 
 def read_instances(path: str | Path) -> list[dict[str, Any]]:
@@ -76,10 +79,12 @@ def read_instances(path: str | Path) -> list[dict[str, Any]]:
         missing = [k for k in REQUIRED if k not in inst]
         if missing:
             raise InputError(
-                f"instance {i} lacks {', '.join(missing)}", file=path,
-                record=str(inst.get("question_id", i)), field=missing[0],
+                f"instance {i} lacks {', '.join(missing)}",
+                file=path,
+                record=str(inst.get("question_id", i)),
+                field=missing[0],
                 hint="is this a longmemeval_s / _m / _oracle file?",
-            )  # fmt: skip
+            )
     return data
 
 
@@ -88,8 +93,12 @@ def instance_loaded(inst: dict[str, Any], path: Path, on_error: str = "raise") -
     qid = str(inst["question_id"])
     sessions, session_ids = inst["haystack_sessions"], inst["haystack_session_ids"]
     if not isinstance(sessions, list) or not isinstance(session_ids, list):
-        raise InputError("haystack_sessions and haystack_session_ids must be lists", file=path, record=qid,
-                         field="haystack_sessions")  # fmt: skip
+        raise InputError(
+            "haystack_sessions and haystack_session_ids must be lists",
+            file=path,
+            record=qid,
+            field="haystack_sessions",
+        )
     dates = inst.get("haystack_dates") or [None] * len(session_ids)
     if not isinstance(dates, list):
         raise InputError(
@@ -98,8 +107,10 @@ def instance_loaded(inst: dict[str, Any], path: Path, on_error: str = "raise") -
     if not (len(sessions) == len(session_ids) == len(dates)):
         raise InputError(
             f"{len(session_ids)} session ids, {len(sessions)} sessions and {len(dates)} dates: they must match",
-            file=path, record=qid, field="haystack_session_ids",
-        )  # fmt: skip
+            file=path,
+            record=qid,
+            field="haystack_session_ids",
+        )
     skipped: list[SkippedInput] = []
     records: list[Record] = []
     evidence: list[str] = []
@@ -131,12 +142,23 @@ def instance_loaded(inst: dict[str, Any], path: Path, on_error: str = "raise") -
                 )
             rid = f"{sid}:{t}"
             role = str(turn["role"])
-            records.append(Record(
-                id=rid, kind=RecordKind.CONVERSATION_TURN, text=f"{role.capitalize()}: {turn['content']}",
-                timestamp=ts, author=role, thread_id=sid, position=t,
-                metadata={"source": f"{path}:{qid}.{where}", "session_id": sid,
-                          "session_date": when, "has_answer": bool(turn.get("has_answer"))},
-            ))  # fmt: skip
+            records.append(
+                Record(
+                    id=rid,
+                    kind=RecordKind.CONVERSATION_TURN,
+                    text=f"{role.capitalize()}: {turn['content']}",
+                    timestamp=ts,
+                    author=role,
+                    thread_id=sid,
+                    position=t,
+                    metadata={
+                        "source": f"{path}:{qid}.{where}",
+                        "session_id": sid,
+                        "session_date": when,
+                        "has_answer": bool(turn.get("has_answer")),
+                    },
+                )
+            )
             session_of_turns[rid] = sid
             if turn.get("has_answer"):
                 evidence.append(rid)
@@ -155,19 +177,33 @@ def instance_loaded(inst: dict[str, Any], path: Path, on_error: str = "raise") -
     answer_sessions = [str(a) for a in (given if isinstance(given, list) else [given])]
     qtype = inst.get("question_type")
     if qtype is not None and not isinstance(qtype, str | int | float):
-        raise InputError(f"question_type is a {type(qtype).__name__}, not a string", file=path,
-                         record=qid, field="question_type")  # fmt: skip
+        raise InputError(
+            f"question_type is a {type(qtype).__name__}, not a string",
+            file=path,
+            record=qid,
+            field="question_type",
+        )
     unresolved = [
         UnresolvedEvidence(qid, a, "answer session not in the haystack")
-        for a in answer_sessions if a not in set(map(str, session_ids))
-    ]  # fmt: skip
+        for a in answer_sessions
+        if a not in set(map(str, session_ids))
+    ]
     item = QAItem(
-        id=qid, question=str(inst["question"]), answer=str(answer), answer_type=answer_type,
-        evidence_ids=evidence, question_date=qdate.date() if qdate else None,
-        question_type=None if qtype is None else str(qtype), source="official",
-        metadata={"answer_session_ids": answer_sessions, "abstention": qid.endswith("_abs"),
-                  "question_date": inst.get("question_date"), "sessions": len(session_ids)},
-    )  # fmt: skip
+        id=qid,
+        question=str(inst["question"]),
+        answer=str(answer),
+        answer_type=answer_type,
+        evidence_ids=evidence,
+        question_date=qdate.date() if qdate else None,
+        question_type=None if qtype is None else str(qtype),
+        source="official",
+        metadata={
+            "answer_session_ids": answer_sessions,
+            "abstention": qid.endswith("_abs"),
+            "question_date": inst.get("question_date"),
+            "sessions": len(session_ids),
+        },
+    )
     return Loaded(history, [item], unresolved, skipped)
 
 
@@ -190,9 +226,10 @@ def load_longmemeval(
         if len(instances) != 1:
             raise InputError(
                 f"the file holds {len(instances)} instances; choose one with --user <question_id>",
-                file=path, field="--user",
+                file=path,
+                field="--user",
                 hint=f"available: {shown}; `memsteer evaluate --all` evaluates every instance",
-            )  # fmt: skip
+            )
         return instance_loaded(instances[0], path, on_error)
     if user not in ids:
         raise InputError(

@@ -218,23 +218,46 @@ def _conversation_turns(path: Path, data: Path, persona: str, errors: _Errors) -
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
-        errors(InputError(f"invalid JSON: {exc.msg}", file=path, line=exc.lineno,
-                          hint="fix the JSON, or load with on_error='skip' to leave the session out"))  # fmt: skip
+        errors(
+            InputError(
+                f"invalid JSON: {exc.msg}",
+                file=path,
+                line=exc.lineno,
+                hint="fix the JSON, or load with on_error='skip' to leave the session out",
+            )
+        )
         return []
     if not isinstance(obj, dict):
-        errors(InputError(f"expected a JSON object, got {type(obj).__name__}", file=path,
-                          hint="a session file is {character, date, conversation: [turns]}"))  # fmt: skip
+        errors(
+            InputError(
+                f"expected a JSON object, got {type(obj).__name__}",
+                file=path,
+                hint="a session file is {character, date, conversation: [turns]}",
+            )
+        )
         return []
     session = obj.get("date")
     if not isinstance(session, str) or not _DATE.match(session.strip()):
-        errors(InputError(f"missing or malformed session date {session!r}", file=path, field="date",
-                          hint="a session needs 'date': 'YYYY-MM-DD'"))  # fmt: skip
+        errors(
+            InputError(
+                f"missing or malformed session date {session!r}",
+                file=path,
+                field="date",
+                hint="a session needs 'date': 'YYYY-MM-DD'",
+            )
+        )
         return []
     session = session.strip()
     turns = obj.get("conversation")
     if not isinstance(turns, list):
-        errors(InputError("missing 'conversation' list of turns", file=path, field="conversation",
-                          hint="a session file is {character, date, conversation: [turns]}"))  # fmt: skip
+        errors(
+            InputError(
+                "missing 'conversation' list of turns",
+                file=path,
+                field="conversation",
+                hint="a session file is {character, date, conversation: [turns]}",
+            )
+        )
         return []
     author = _display_name(str(obj.get("character") or persona))
     records: list[Record] = []
@@ -249,9 +272,14 @@ def _conversation_turns(path: Path, data: Path, persona: str, errors: _Errors) -
             continue
         missing = [k for k in ("turn", "timestamp", "user", "assistant") if k not in turn]
         if missing:
-            errors(InputError(f"turn lacks {', '.join(repr(m) for m in missing)}", file=path,
-                              field=f"{where}.{missing[0]}",
-                              hint="each turn needs turn, timestamp, user and assistant"))  # fmt: skip
+            errors(
+                InputError(
+                    f"turn lacks {', '.join(repr(m) for m in missing)}",
+                    file=path,
+                    field=f"{where}.{missing[0]}",
+                    hint="each turn needs turn, timestamp, user and assistant",
+                )
+            )
             continue
         try:
             number = int(turn["turn"])
@@ -267,8 +295,14 @@ def _conversation_turns(path: Path, data: Path, persona: str, errors: _Errors) -
         try:
             timestamp = datetime.fromisoformat(str(turn["timestamp"]))
         except ValueError:
-            errors(InputError(f"timestamp {turn['timestamp']!r} is not ISO 8601", file=path,
-                              field=f"{where}.timestamp", hint="write it as YYYY-MM-DDTHH:MM:SS"))  # fmt: skip
+            errors(
+                InputError(
+                    f"timestamp {turn['timestamp']!r} is not ISO 8601",
+                    file=path,
+                    field=f"{where}.timestamp",
+                    hint="write it as YYYY-MM-DDTHH:MM:SS",
+                )
+            )
             continue
         metadata: dict[str, Any] = {"source": rel, "session_date": session, "turn": number}
         if turn.get("message_type"):
@@ -367,10 +401,16 @@ def _email_file(
         fields, body = _parse_email(lines)
         missing = [f for f in ("sender", "recipient", "subject") if not fields.get(f)]
         if missing:
-            errors(InputError(f"email {k} lacks a {missing[0].capitalize()}: line", file=path, line=line_no,
-                              field=missing[0].capitalize(),
-                              hint="each email starts with 'Sender:', 'Recipient:', 'Subject:' and "
-                                   "'Summary:' lines; emails are separated by a line of '='"))  # fmt: skip
+            errors(
+                InputError(
+                    f"email {k} lacks a {missing[0].capitalize()}: line",
+                    file=path,
+                    line=line_no,
+                    field=missing[0].capitalize(),
+                    hint="each email starts with 'Sender:', 'Recipient:', 'Subject:' and "
+                    "'Summary:' lines; emails are separated by a line of '='",
+                )
+            )
             continue
         sender, recipient = fields["sender"], fields["recipient"]
         metadata: dict[str, Any] = {
@@ -427,9 +467,11 @@ def _thread_emails(emails: Sequence[Record]) -> list[Record]:
         if earlier and _REPLY_PREFIX.match(r.metadata["subject"]):
             mine = r.metadata.get("recipient_address") or r.metadata["recipient_name"].casefold()
             answered = [
-                e for e in earlier
-                if (e.metadata.get("sender_address") or e.metadata["sender_name"].casefold()) == mine
-            ]  # fmt: skip
+                e
+                for e in earlier
+                if (e.metadata.get("sender_address") or e.metadata["sender_name"].casefold())
+                == mine
+            ]
             references = [(answered or earlier)[-1].id]
         rec = r.model_copy(
             update={"thread_id": thread_id, "position": len(earlier) + 1, "references": references}
@@ -486,9 +528,29 @@ def _markdown_sections(text: str) -> list[_Section]:
 
 
 _BLOCK_TAGS = {
-    "p", "div", "section", "article", "header", "footer", "ul", "ol", "table", "thead", "tbody",
-    "tr", "blockquote", "pre", "hr", "dl", "dt", "dd", "figure", "figcaption", "main", "nav",
-}  # fmt: skip
+    "p",
+    "div",
+    "section",
+    "article",
+    "header",
+    "footer",
+    "ul",
+    "ol",
+    "table",
+    "thead",
+    "tbody",
+    "tr",
+    "blockquote",
+    "pre",
+    "hr",
+    "dl",
+    "dt",
+    "dd",
+    "figure",
+    "figcaption",
+    "main",
+    "nav",
+}
 _SKIP_TAGS = {"head", "style", "script", "title", "noscript", "template"}
 _HEADINGS = {"h1", "h2", "h3", "h4", "h5", "h6"}
 
@@ -810,10 +872,11 @@ class EvidenceResolver:
             method = "email_recipient"
         elif header:
             candidates = [
-                r for r in emails
+                r
+                for r in emails
                 if _party_matches(header.group(1), r, "sender")
                 and (not header.group(2) or _party_matches(header.group(2), r, "recipient"))
-            ]  # fmt: skip
+            ]
             method = "email_header"
         if not candidates:
             return EvidenceResolution(raw, [], method, reason=f"no email of {day} matches {part!r}")
@@ -1132,9 +1195,12 @@ def load_rhelm(
             if doc and t.timestamp is not None:
                 uploaded.setdefault(Path(doc).stem, date.fromisoformat(t.metadata["session_date"]))
         session_days = sorted(
-            {date(int(m.group(1)), int(m.group(2)), int(m.group(3))) for p in sessions
-             if (m := _CONVERSATION_FILE.search(p.name))}
-        )  # fmt: skip
+            {
+                date(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+                for p in sessions
+                if (m := _CONVERSATION_FILE.search(p.name))
+            }
+        )
         for path in _sorted_files(data / "attachments" / persona, _ATTACHMENT_FILE):
             nn = int(path.name.split("_", 1)[0])
             if nn in email_files:
@@ -1218,9 +1284,16 @@ def _official_qa(
             k for k in ("id", "question", "answer") if not isinstance(obj, dict) or k not in obj
         ]
         if missing:
-            errors(InputError(f"QA item lacks {missing[0]!r}", file=path, line=n, field=missing[0],
-                              hint="each line is {id, question, answer, question_date, question_type, "
-                                   "supporting_evidence, characteristics}"))  # fmt: skip
+            errors(
+                InputError(
+                    f"QA item lacks {missing[0]!r}",
+                    file=path,
+                    line=n,
+                    field=missing[0],
+                    hint="each line is {id, question, answer, question_date, question_type, "
+                    "supporting_evidence, characteristics}",
+                )
+            )
             continue
         qa_id = str(obj["id"])
         raw_evidence = obj.get("supporting_evidence") or []
@@ -1232,8 +1305,15 @@ def _official_qa(
             try:
                 question_date = date.fromisoformat(str(obj["question_date"]).strip()[:10])
             except ValueError:
-                errors(InputError(f"question_date {obj['question_date']!r} is not YYYY-MM-DD", file=path,
-                                  line=n, field="question_date", record=qa_id))  # fmt: skip
+                errors(
+                    InputError(
+                        f"question_date {obj['question_date']!r} is not YYYY-MM-DD",
+                        file=path,
+                        line=n,
+                        field="question_date",
+                        record=qa_id,
+                    )
+                )
                 continue
         evidence_ids: list[str] = []
         resolutions = []

@@ -70,11 +70,14 @@ class _Spec(BaseModel):
         if kind is None or value is None:
             return value
         ok = (
-            isinstance(value, bool) if kind is bool
-            else isinstance(value, str) if kind is str
-            else isinstance(value, int) and not isinstance(value, bool) if kind is int
+            isinstance(value, bool)
+            if kind is bool
+            else isinstance(value, str)
+            if kind is str
+            else isinstance(value, int) and not isinstance(value, bool)
+            if kind is int
             else isinstance(value, int | float) and not isinstance(value, bool)
-        )  # fmt: skip
+        )
         if not ok:
             raise ValueError(f"expected {_SCALARS[kind]}, got {type(value).__name__} {value!r}")
         return value
@@ -106,16 +109,20 @@ class StoreSpec(_Spec):
     )
     window_size: int = Field(3, ge=1, le=64, description="unit='window': records per window.")
     window_stride: int = Field(
-        2, ge=1, le=64,
+        2,
+        ge=1,
+        le=64,
         description="unit='window': records the window moves by; must be <= window_size so no record is skipped.",
-    )  # fmt: skip
+    )
     section_max_tokens: int = Field(
         256, ge=32, le=8192, description="unit='section': the most tokens in one section piece."
     )
     facts_batch: int = Field(
-        4, ge=1, le=32,
+        4,
+        ge=1,
+        le=32,
         description="unit='facts': consecutive records of a thread given to the extractor in one LM call.",
-    )  # fmt: skip
+    )
     max_facts_per_record: int = Field(
         6, ge=1, le=50, description="unit='facts': the most facts kept per source record."
     )
@@ -291,9 +298,11 @@ class RetrieveSpec(_Spec):
         True, description="Only records dated strictly before the question date can be retrieved."
     )
     expand_neighbors: int = Field(
-        0, ge=0, le=5,
+        0,
+        ge=0,
+        le=5,
         description="Also deliver this many neighbouring units on each side of every hit in its thread (conversation turns, document sections).",
-    )  # fmt: skip
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RetrieveSpec:
@@ -340,9 +349,11 @@ class ContextSpec(_Spec):
         description="'rank' best first; 'chronological' oldest first; 'thread' grouped by thread (threads in rank order of their best unit, units in time order).",
     )
     budget_tokens: int = Field(
-        DEFAULT_CONTEXT_BUDGET, ge=64, le=1_000_000,
+        DEFAULT_CONTEXT_BUDGET,
+        ge=64,
+        le=1_000_000,
         description="Token budget of the context (cl100k tokens). Held fixed across designs by default, as in the paper.",
-    )  # fmt: skip
+    )
     show_ids: bool = Field(True, description="Write each record's id in its header.")
     show_dates: bool = Field(True, description="Write each record's date in its header.")
     show_author: bool = Field(True, description="Write each record's author/speaker in its header.")
@@ -461,9 +472,11 @@ class MemoryDesign(_Spec):
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InputError(
-                f"not valid JSON: {exc.msg}", file=source, line=exc.lineno,
+                f"not valid JSON: {exc.msg}",
+                file=source,
+                line=exc.lineno,
                 hint="a design is one JSON object with the sections store, retrieve, context, answer",
-            ) from None  # fmt: skip
+            ) from None
         return cls.from_dict(data, source=source)
 
     @classmethod
@@ -482,14 +495,18 @@ class MemoryDesign(_Spec):
         path = Path(path)
         if not path.is_file():
             raise InputError(
-                "design file not found", file=path,
+                "design file not found",
+                file=path,
                 hint="pass --design base-bm25 or the path of a design JSON (see `MemoryDesign.base_bm25().to_json()`)",
-            )  # fmt: skip
+            )
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
-            raise InputError(f"not UTF-8 text (byte {exc.start}: {exc.reason})", file=path,
-                             hint="a design is a UTF-8 JSON file; re-encode it (e.g. iconv -t utf-8)") from None  # fmt: skip
+            raise InputError(
+                f"not UTF-8 text (byte {exc.start}: {exc.reason})",
+                file=path,
+                hint="a design is a UTF-8 JSON file; re-encode it (e.g. iconv -t utf-8)",
+            ) from None
         return cls.from_json(text, source=path)
 
     def save(self, path: str | Path) -> None:

@@ -133,9 +133,12 @@ class SentenceTransformerEmbedder:
             texts = [self.query_instruction + t for t in texts]
         with self._lock:  # torch modules are not re-entrant across threads on CPU
             vecs = self.model.encode(
-                texts, batch_size=self.batch_size, convert_to_numpy=True,
-                normalize_embeddings=True, show_progress_bar=False,
-            )  # fmt: skip
+                texts,
+                batch_size=self.batch_size,
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+                show_progress_bar=False,
+            )
         return _normalize(vecs)
 
 
@@ -157,9 +160,11 @@ class FlagEmbedder:
                 self._m3 = True
             else:
                 self.model = FlagModel(
-                    str(path), use_fp16=False, devices="cpu",
+                    str(path),
+                    use_fp16=False,
+                    devices="cpu",
                     query_instruction_for_retrieval=query_instruction or None,
-                )  # fmt: skip
+                )
                 self._m3 = False
         self.name = name
         self.query_instruction = query_instruction
@@ -231,10 +236,17 @@ def check_local_models(design: Any) -> None:
     that is not there (a dense embedder path, a cross-encoder reranker path). Cheap: nothing is
     loaded. The named embedders (``minilm``, ``wordllama``) ship as packages and always pass."""
     retrieve = design.retrieve
-    if retrieve.index in ("dense", "hybrid") and retrieve.dense.embedder not in ("minilm", "wordllama"):
-        local_model_path(retrieve.dense.embedder, field="retrieve.dense.embedder", what="embedding model")
+    if retrieve.index in ("dense", "hybrid") and retrieve.dense.embedder not in (
+        "minilm",
+        "wordllama",
+    ):
+        local_model_path(
+            retrieve.dense.embedder, field="retrieve.dense.embedder", what="embedding model"
+        )
     if retrieve.rerank == "cross_encoder" and retrieve.reranker_model:
-        local_model_path(retrieve.reranker_model, field="retrieve.reranker_model", what="reranker model")
+        local_model_path(
+            retrieve.reranker_model, field="retrieve.reranker_model", what="reranker model"
+        )
 
 
 # --------------------------------------------------------------------------------------------

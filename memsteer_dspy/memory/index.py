@@ -287,6 +287,9 @@ def open_dense(
 ) -> DenseIndex:
     embedder = embedder_factory()
     return _load_or_build(
-        folder, lambda f: DenseIndex.load(f, params, embedder), lambda: DenseIndex(params, embedder).build(texts),
-        stats, "dense",
-    )  # fmt: skip
+        folder,
+        lambda f: DenseIndex.load(f, params, embedder),
+        lambda: DenseIndex(params, embedder).build(texts),
+        stats,
+        "dense",
+    )

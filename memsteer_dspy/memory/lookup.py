@@ -90,8 +90,13 @@ def lookup_record(
     pool = retriever.spec.pool
     record = system.user_history.get(record_id)
     units = store.units_of_record.get(record_id, [])
-    base = {"record_id": record_id, "in_history": record is not None, "pool": pool,
-            "unit_ids": [store.units[i].id for i in units], "stored": bool(units)}  # fmt: skip
+    base = {
+        "record_id": record_id,
+        "in_history": record is not None,
+        "pool": pool,
+        "unit_ids": [store.units[i].id for i in units],
+        "stored": bool(units),
+    }
     if record is None or not units:
         return RecordLookup(**base, retrievable=False)
     cutoff = retriever.cutoff_day(question_date, as_of)

@@ -58,9 +58,15 @@ class MemoryRetriever(dspy.Module):
     """Ranks memory units for a question under one design's retrieval settings."""
 
     def __init__(
-        self, store: MemoryStore, index: UnitIndex, spec: RetrieveSpec, *, query_lm=None, rerank_lm=None,
+        self,
+        store: MemoryStore,
+        index: UnitIndex,
+        spec: RetrieveSpec,
+        *,
+        query_lm=None,
+        rerank_lm=None,
         reranker=None,
-    ):  # fmt: skip
+    ):
         super().__init__()
         self.store = store
         self.index = index
@@ -68,8 +74,12 @@ class MemoryRetriever(dspy.Module):
         self.reranker = reranker
         self.expand_query = None
         if spec.query != "raw":
-            sig = {"rewrite": RewriteQuery, "decompose": DecomposeQuestion, "hyde": HypotheticalRecords,
-                   "multi_query": MultiQuery}[spec.query]  # fmt: skip
+            sig = {
+                "rewrite": RewriteQuery,
+                "decompose": DecomposeQuestion,
+                "hyde": HypotheticalRecords,
+                "multi_query": MultiQuery,
+            }[spec.query]
             self.expand_query = dspy.Predict(sig)
             self.expand_query.lm = query_lm
         self.listwise = None
@@ -144,10 +154,15 @@ class MemoryRetriever(dspy.Module):
             passages.append("\n\n".join(p.text for p in parts))
             record_ids.append(list(dict.fromkeys(r for p in parts for r in p.record_ids)))
         return dspy.Prediction(
-            passages=passages, indices=ranked, scores=scores, via=via,
-            unit_ids=[self.store.units[i].id for i in ranked], record_ids=record_ids,
-            queries=queries, cutoff_day=cutoff,
-        )  # fmt: skip
+            passages=passages,
+            indices=ranked,
+            scores=scores,
+            via=via,
+            unit_ids=[self.store.units[i].id for i in ranked],
+            record_ids=record_ids,
+            queries=queries,
+            cutoff_day=cutoff,
+        )
 
     # -- rerank and expansion -----------------------------------------------------------------
     def _candidate_text(self, i: int, cutoff: int | None) -> str:

@@ -81,9 +81,12 @@ class MemoryUnit:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id, "kind": self.kind, "thread_id": self.thread_id,
-            "index_text": self.index_text, "parts": [p.to_dict() for p in self.parts],
-        }  # fmt: skip
+            "id": self.id,
+            "kind": self.kind,
+            "thread_id": self.thread_id,
+            "index_text": self.index_text,
+            "parts": [p.to_dict() for p in self.parts],
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MemoryUnit:
@@ -103,9 +106,12 @@ class StoreReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "units": self.units, "records": self.records, "records_stored": self.records_stored,
-            "failures": self.failures, "built_seconds": round(self.built_seconds, 3),
-        }  # fmt: skip
+            "units": self.units,
+            "records": self.records,
+            "records_stored": self.records_stored,
+            "failures": self.failures,
+            "built_seconds": round(self.built_seconds, 3),
+        }
 
 
 # --------------------------------------------------------------------------------------------
@@ -190,9 +196,14 @@ def _window_units(history: History, spec: StoreSpec) -> list[MemoryUnit]:
             chunk = recs[s : s + size]
             uid = chunk[0].id if thread_id is None else f"{thread_id}[{s}:{s + len(chunk)}]"
             units.append(
-                MemoryUnit(uid, "window", tuple(_record_part(r) for r in chunk),
-                           "\n\n".join(render_indexed(r, spec) for r in chunk), thread_id)
-            )  # fmt: skip
+                MemoryUnit(
+                    uid,
+                    "window",
+                    tuple(_record_part(r) for r in chunk),
+                    "\n\n".join(render_indexed(r, spec) for r in chunk),
+                    thread_id,
+                )
+            )
     return units
 
 
@@ -201,9 +212,14 @@ def _thread_units(history: History, spec: StoreSpec) -> list[MemoryUnit]:
     for thread_id, recs in _sequences(history):
         uid = recs[0].id if thread_id is None else f"thread:{thread_id}"
         units.append(
-            MemoryUnit(uid, "thread", tuple(_record_part(r) for r in recs),
-                       "\n\n".join(render_indexed(r, spec) for r in recs), thread_id)
-        )  # fmt: skip
+            MemoryUnit(
+                uid,
+                "thread",
+                tuple(_record_part(r) for r in recs),
+                "\n\n".join(render_indexed(r, spec) for r in recs),
+                thread_id,
+            )
+        )
     return units
 
 
@@ -274,9 +290,14 @@ def _section_units(history: History, spec: StoreSpec) -> list[MemoryUnit]:
         for i, piece in enumerate(pieces, start=1):
             uid = r.id if len(pieces) == 1 else f"{r.id}§{i}"
             units.append(
-                MemoryUnit(uid, "section", (UnitPart((r.id,), piece, record_day(r)),),
-                           render_indexed(r, spec, piece), r.thread_id)
-            )  # fmt: skip
+                MemoryUnit(
+                    uid,
+                    "section",
+                    (UnitPart((r.id,), piece, record_day(r)),),
+                    render_indexed(r, spec, piece),
+                    r.thread_id,
+                )
+            )
     return units
 
 
@@ -329,16 +350,25 @@ def _fact_units(
             head = recs[0]
             header = render_indexed(head, spec, text)
             units.append(
-                MemoryUnit(f"fact:{n}", "facts", (UnitPart(tuple(src), text, max(days) if days else None),),
-                           header, head.thread_id)
-            )  # fmt: skip
+                MemoryUnit(
+                    f"fact:{n}",
+                    "facts",
+                    (UnitPart(tuple(src), text, max(days) if days else None),),
+                    header,
+                    head.thread_id,
+                )
+            )
     return units
 
 
 def build_units(
-    history: History, spec: StoreSpec, *, extract_facts: FactExtractor | None = None,
-    threads: int = 1, report: StoreReport | None = None,
-) -> list[MemoryUnit]:  # fmt: skip
+    history: History,
+    spec: StoreSpec,
+    *,
+    extract_facts: FactExtractor | None = None,
+    threads: int = 1,
+    report: StoreReport | None = None,
+) -> list[MemoryUnit]:
     """Store_s(H): the memory units of ``history`` under the store parameters ``spec``."""
     report = report if report is not None else StoreReport()
     if spec.unit == "record":
@@ -433,9 +463,11 @@ class MemoryStore:
             for u in self.units:
                 f.write(json.dumps(u.to_dict(), ensure_ascii=False) + "\n")
         meta = {
-            "history_fingerprint": self.history.fingerprint, "store_key": key,
-            "store": self.spec.model_dump(mode="json"), "report": self.report.to_dict(),
-        }  # fmt: skip
+            "history_fingerprint": self.history.fingerprint,
+            "store_key": key,
+            "store": self.spec.model_dump(mode="json"),
+            "report": self.report.to_dict(),
+        }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
         _replace_dir(tmp, folder)
 

@@ -88,9 +88,15 @@ class MemorySystem(dspy.Module):
     """A memory design d built over one history: store → retriever → context builder → answerer."""
 
     def __init__(
-        self, design: MemoryDesign, history: History, store: MemoryStore, retriever: MemoryRetriever,
-        context_builder: ContextBuilder, lms: Mapping[str, Any], build_info: dict[str, Any],
-    ):  # fmt: skip
+        self,
+        design: MemoryDesign,
+        history: History,
+        store: MemoryStore,
+        retriever: MemoryRetriever,
+        context_builder: ContextBuilder,
+        lms: Mapping[str, Any],
+        build_info: dict[str, Any],
+    ):
         super().__init__()
         self.design = design
         self.user_history = history  # (dspy.Module reserves `history` for its call log)
@@ -121,9 +127,14 @@ class MemorySystem(dspy.Module):
 
     @classmethod
     def from_design(
-        cls, design: MemoryDesign, history: History, *, cache_dir: str | Path | None = None,
-        lms: Mapping[str, Any] | Any | None = None, threads: int = 1,
-    ) -> MemorySystem:  # fmt: skip
+        cls,
+        design: MemoryDesign,
+        history: History,
+        *,
+        cache_dir: str | Path | None = None,
+        lms: Mapping[str, Any] | Any | None = None,
+        threads: int = 1,
+    ) -> MemorySystem:
         """Build the memory system of ``design`` over ``history``.
 
         With ``cache_dir``, the store and index are saved under
@@ -133,8 +144,11 @@ class MemorySystem(dspy.Module):
         the answerer's only when answering. ``threads`` parallelises fact extraction.
         """
         parts = cls.resolve_lms(lms)
-        for part, needed in (("facts", design.store.unit == "facts"), ("query", design.retrieve.query != "raw"),
-                             ("rerank", design.retrieve.rerank == "llm")):  # fmt: skip
+        for part, needed in (
+            ("facts", design.store.unit == "facts"),
+            ("query", design.retrieve.query != "raw"),
+            ("rerank", design.retrieve.rerank == "llm"),
+        ):
             if needed and part not in parts:
                 raise ConfigError(
                     f"the design's {LM_PARTS[part]} needs an LM, and none was given: pass "
@@ -150,8 +164,14 @@ class MemorySystem(dspy.Module):
         reranker = None
         if design.retrieve.rerank == "cross_encoder":
             reranker = embedders.LocalCrossEncoder(design.retrieve.reranker_model)
-        retriever = MemoryRetriever(store, index, design.retrieve, query_lm=parts.get("query"),
-                                    rerank_lm=parts.get("rerank"), reranker=reranker)  # fmt: skip
+        retriever = MemoryRetriever(
+            store,
+            index,
+            design.retrieve,
+            query_lm=parts.get("query"),
+            rerank_lm=parts.get("rerank"),
+            reranker=reranker,
+        )
         info["open_seconds"] = round(time.perf_counter() - t0, 3)
         return cls(
             design, history, store, retriever, ContextBuilder(design.context, store), parts, info
@@ -239,11 +259,17 @@ class MemorySystem(dspy.Module):
             question=question,
             question_date=date_text(question_date) if question_date is not None else None,
             cutoff=date.fromordinal(cutoff).isoformat() if cutoff is not None else None,
-            queries=pred.queries, ranked_unit_ids=pred.unit_ids, ranked_record_ids=pred.record_ids,
-            scores=[float(s) for s in pred.scores], delivered_unit_ids=built.delivered_unit_ids,
-            delivered_record_ids=built.delivered_record_ids, context=built.text,
-            context_tokens=built.tokens, context_truncated=built.truncated, empty_context=built.empty,
-        )  # fmt: skip
+            queries=pred.queries,
+            ranked_unit_ids=pred.unit_ids,
+            ranked_record_ids=pred.record_ids,
+            scores=[float(s) for s in pred.scores],
+            delivered_unit_ids=built.delivered_unit_ids,
+            delivered_record_ids=built.delivered_record_ids,
+            context=built.text,
+            context_tokens=built.tokens,
+            context_truncated=built.truncated,
+            empty_context=built.empty,
+        )
 
     def forward(self, question: str, question_date=None, as_of=None) -> dspy.Prediction:
         """Answer ``question`` from memory. ``question_date`` drives the design's time filter;
@@ -287,10 +313,14 @@ def fact_extractor(lm: Any, max_facts_per_record: int):
 
     def extract(records: list[Record]) -> list[tuple[str, list[str]]]:
         src = [
-            SourceRecord(id=r.id, date=r.timestamp.date().isoformat() if r.timestamp else None,
-                         author=r.author, text=r.text)
+            SourceRecord(
+                id=r.id,
+                date=r.timestamp.date().isoformat() if r.timestamp else None,
+                author=r.author,
+                text=r.text,
+            )
             for r in records
-        ]  # fmt: skip
+        ]
         out = predictor(records=src, max_facts_per_record=max_facts_per_record)
         return [(f.text, list(f.record_ids)) for f in out.facts]
 

@@ -21,8 +21,21 @@ from memsteer_dspy.stats import PairedComparison
 from memsteer_dspy.tracking import Tracker, flatten
 
 RUN_ARTIFACTS = ("best_design.json", "trajectory.jsonl", "summary.md", "summary.json", "run.json")
-RUN_PARAMS = ("history_fingerprint", "user", "objective", "feedback", "seed", "protocol", "n_train", "n_val",
-              "iterations", "init_design_key", "search", "accept", "n_test")  # fmt: skip
+RUN_PARAMS = (
+    "history_fingerprint",
+    "user",
+    "objective",
+    "feedback",
+    "seed",
+    "protocol",
+    "n_train",
+    "n_val",
+    "iterations",
+    "init_design_key",
+    "search",
+    "accept",
+    "n_test",
+)
 
 
 class RunStart(TypedDict):
@@ -79,8 +92,15 @@ class OptimizeCallback(Protocol):
     ``on_iteration_end``, ``on_stopped``, ``on_held_out``, ``on_run_end``, each taking its event."""
 
 
-EVENTS = ("on_run_start", "on_iteration_start", "on_candidate_done", "on_iteration_end", "on_stopped",
-          "on_held_out", "on_run_end")  # fmt: skip
+EVENTS = (
+    "on_run_start",
+    "on_iteration_start",
+    "on_candidate_done",
+    "on_iteration_end",
+    "on_stopped",
+    "on_held_out",
+    "on_run_end",
+)
 
 
 class CompositeCallback:
@@ -144,13 +164,21 @@ class ProgressCallback:
 
     def on_iteration_end(self, event: IterationEnd) -> None:
         entry = event["entry"]
-        self.on_event({
-            "iteration": entry.iteration, "total": event["total"], "status": entry.status,
-            "candidate": entry.score or entry.screen_score, "best": entry.best_score,
-            "objective": event["objective"], "cost_total": entry.cost_total, "reason": entry.reason,
-            "changes": entry.changes, "parent": entry.parent_iteration,
-            "lm_per_question": entry.retrieval_lm_calls,
-        })  # fmt: skip
+        self.on_event(
+            {
+                "iteration": entry.iteration,
+                "total": event["total"],
+                "status": entry.status,
+                "candidate": entry.score or entry.screen_score,
+                "best": entry.best_score,
+                "objective": event["objective"],
+                "cost_total": entry.cost_total,
+                "reason": entry.reason,
+                "changes": entry.changes,
+                "parent": entry.parent_iteration,
+                "lm_per_question": entry.retrieval_lm_calls,
+            }
+        )
 
 
 class MlflowCallback:
@@ -168,9 +196,10 @@ class MlflowCallback:
     def on_run_start(self, event: RunStart) -> None:
         state = event["state"]
         self.parent_run_id = self.tracker.start_run(
-            f"optimize-{event['user_id']}", resume_run_id=state.get("parent_run_id"),
+            f"optimize-{event['user_id']}",
+            resume_run_id=state.get("parent_run_id"),
             tags={"memsteer.kind": "optimize", "memsteer.user": event["user_id"]},
-        )  # fmt: skip
+        )
         if self.parent_run_id:
             state["parent_run_id"] = self.parent_run_id
             state["tracking_uri"] = self.tracker.uri
@@ -183,8 +212,12 @@ class MlflowCallback:
             return
         marker = event["folder"] / "mlflow_run_id"
         previous = marker.read_text().strip() if marker.exists() else None
-        run_id = self.tracker.start_run(f"iter-{t:03d}", parent_run_id=self.parent_run_id, resume_run_id=previous,
-                                        tags={"memsteer.iteration": t})  # fmt: skip
+        run_id = self.tracker.start_run(
+            f"iter-{t:03d}",
+            parent_run_id=self.parent_run_id,
+            resume_run_id=previous,
+            tags={"memsteer.iteration": t},
+        )
         if run_id:
             write_atomic(marker, run_id + "\n")
         self._runs[t] = run_id
@@ -207,78 +240,130 @@ class MlflowCallback:
 
     def _log_candidate(self, rid: str, entry: TrajectoryEntry) -> None:
         tr = self.tracker
-        params: dict[str, Any] = {"iteration": entry.iteration, "status": entry.status, "parent_key": entry.parent_key,
-                                  "design_key": entry.design_key}  # fmt: skip
+        params: dict[str, Any] = {
+            "iteration": entry.iteration,
+            "status": entry.status,
+            "parent_key": entry.parent_key,
+            "design_key": entry.design_key,
+        }
         if entry.design is not None:
             design = {k: v for k, v in entry.design.items() if k != "name"}
             params.update({f"design.{k}": v for k, v in flatten(design).items()})
         tr.log_params(rid, params)
         s = entry.score or entry.screen_score
         failures = entry.train_failures or {}
-        tr.log_metrics(rid, {
-            "val_accuracy": s.accuracy if s else None, "val_qs": s.qs if s else None,
-            "val_recall_at_10": s.recall_at_10 if s else None, "val_delivered_recall": s.delivered_recall if s else None,
-            "lm_calls": entry.cost.calls, "lm_tokens": entry.cost.total_tokens,
-            "lm_prompt_tokens": entry.cost.prompt_tokens, "lm_completion_tokens": entry.cost.completion_tokens,
-            "wall_seconds": entry.cost.seconds, "lm_cost_usd": entry.cost.cost_usd,
-            "retrieval_lm_calls_per_question": entry.retrieval_lm_calls,
-            "accept_p": (entry.accept_stats or {}).get("p"), "accept_gain": (entry.accept_stats or {}).get("gain"),
-            **{f"train_{k}_failures": v for k, v in failures.items()},
-        }, step=entry.iteration)  # fmt: skip
-        tr.set_tags(rid, {"accepted": "true" if entry.accepted else "false", "status": entry.status,
-                          "selected_by": entry.selected_by or "", "reason": entry.reason or ""})  # fmt: skip
+        tr.log_metrics(
+            rid,
+            {
+                "val_accuracy": s.accuracy if s else None,
+                "val_qs": s.qs if s else None,
+                "val_recall_at_10": s.recall_at_10 if s else None,
+                "val_delivered_recall": s.delivered_recall if s else None,
+                "lm_calls": entry.cost.calls,
+                "lm_tokens": entry.cost.total_tokens,
+                "lm_prompt_tokens": entry.cost.prompt_tokens,
+                "lm_completion_tokens": entry.cost.completion_tokens,
+                "wall_seconds": entry.cost.seconds,
+                "lm_cost_usd": entry.cost.cost_usd,
+                "retrieval_lm_calls_per_question": entry.retrieval_lm_calls,
+                "accept_p": (entry.accept_stats or {}).get("p"),
+                "accept_gain": (entry.accept_stats or {}).get("gain"),
+                **{f"train_{k}_failures": v for k, v in failures.items()},
+            },
+            step=entry.iteration,
+        )
+        tr.set_tags(
+            rid,
+            {
+                "accepted": "true" if entry.accepted else "false",
+                "status": entry.status,
+                "selected_by": entry.selected_by or "",
+                "reason": entry.reason or "",
+            },
+        )
 
     def _log_artifacts(self, rid: str, event: CandidateDone) -> None:
         tr, entry, folder = self.tracker, event["entry"], event["folder"]
         if entry.design is not None:
             tr.log_dict(rid, entry.design, "design.json")
-        tr.log_text(rid, f"# Iteration {entry.iteration} ({entry.status})\n\n{entry.rationale or '(initial design)'}\n\n"
-                    + "## Changes\n\n" + ("".join(f"- {c}\n" for c in entry.changes) or "(none)\n")
-                    + (f"\n## Outcome\n\n{entry.reason}\n" if entry.reason else ""), "rationale.md")  # fmt: skip
+        tr.log_text(
+            rid,
+            f"# Iteration {entry.iteration} ({entry.status})\n\n{entry.rationale or '(initial design)'}\n\n"
+            + "## Changes\n\n"
+            + ("".join(f"- {c}\n" for c in entry.changes) or "(none)\n")
+            + (f"\n## Outcome\n\n{entry.reason}\n" if entry.reason else ""),
+            "rationale.md",
+        )
         for sub in ("val", "val-recall"):
             items = folder / sub / "items.jsonl"
             if items.exists():
                 tr.log_table(rid, item_rows(items), f"{sub}_items.json")
-        for state, name in ((event["feedback_state"], "diagnosis.json"), (event["new_state"], "train_diagnosis.json")):
+        for state, name in (
+            (event["feedback_state"], "diagnosis.json"),
+            (event["new_state"], "train_diagnosis.json"),
+        ):
             if state is not None:
                 tr.log_table(rid, [d.row() for d in state.diagnoses.values()], name)
         if event["feedback"] is not None:
             tr.log_artifact(rid, folder / "feedback.md")
             tr.log_artifact(rid, folder / "feedback.json")
         if entry.attempts:
-            tr.log_dict(rid, [a.model_dump(mode="json") for a in entry.attempts], "proposal_attempts.json")
+            tr.log_dict(
+                rid, [a.model_dump(mode="json") for a in entry.attempts], "proposal_attempts.json"
+            )
 
     def on_iteration_end(self, event: IterationEnd) -> None:
         entry = event["entry"]
         best, cand = entry.best_score, entry.score or entry.screen_score
-        self.tracker.log_metrics(self.parent_run_id, {
-            "best_score": best.primary(event["objective"]) if best else None,
-            "best_accuracy": best.accuracy if best else None,
-            "best_delivered_recall": best.delivered_recall if best else None,
-            "best_recall_at_10": best.recall_at_10 if best else None,
-            "candidate_accuracy": entry.score.accuracy if entry.score else None,
-            "candidate_delivered_recall": cand.delivered_recall if cand else None,
-            "candidate_recall_at_10": cand.recall_at_10 if cand else None,
-            "accepted": float(entry.accepted), "cost_lm_calls": entry.cost_total.calls,
-            "cost_tokens": entry.cost_total.total_tokens, "cost_seconds": entry.cost_total.seconds,
-            "cost_usd": entry.cost_total.cost_usd,
-        }, step=entry.iteration)  # fmt: skip
+        self.tracker.log_metrics(
+            self.parent_run_id,
+            {
+                "best_score": best.primary(event["objective"]) if best else None,
+                "best_accuracy": best.accuracy if best else None,
+                "best_delivered_recall": best.delivered_recall if best else None,
+                "best_recall_at_10": best.recall_at_10 if best else None,
+                "candidate_accuracy": entry.score.accuracy if entry.score else None,
+                "candidate_delivered_recall": cand.delivered_recall if cand else None,
+                "candidate_recall_at_10": cand.recall_at_10 if cand else None,
+                "accepted": float(entry.accepted),
+                "cost_lm_calls": entry.cost_total.calls,
+                "cost_tokens": entry.cost_total.total_tokens,
+                "cost_seconds": entry.cost_total.seconds,
+                "cost_usd": entry.cost_total.cost_usd,
+            },
+            step=entry.iteration,
+        )
 
     def on_stopped(self, event: Stopped) -> None:
         self.tracker.log_params(self.parent_run_id, {"stopped": event["reason"]})
 
     def on_held_out(self, event: HeldOut) -> None:
         comp = event["comparison"]
-        out: dict[str, float | None] = {"test_n": float(comp.n), "test_p_bootstrap": comp.p_bootstrap,
-                                        "test_p_sign": comp.p_sign}  # fmt: skip
+        out: dict[str, float | None] = {
+            "test_n": float(comp.n),
+            "test_p_bootstrap": comp.p_bootstrap,
+            "test_p_sign": comp.p_sign,
+        }
         for m in comp.initial:
             ci = comp.ci95.get(m)
-            out.update({f"test_initial_{m}": comp.initial.get(m), f"test_best_{m}": comp.best.get(m),
-                        f"test_diff_{m}": comp.diff.get(m), f"test_ci_low_{m}": ci[0] if ci else None,
-                        f"test_ci_high_{m}": ci[1] if ci else None})  # fmt: skip
+            out.update(
+                {
+                    f"test_initial_{m}": comp.initial.get(m),
+                    f"test_best_{m}": comp.best.get(m),
+                    f"test_diff_{m}": comp.diff.get(m),
+                    f"test_ci_low_{m}": ci[0] if ci else None,
+                    f"test_ci_high_{m}": ci[1] if ci else None,
+                }
+            )
         self.tracker.log_metrics(self.parent_run_id, out)
-        self.tracker.set_tags(self.parent_run_id, {"test_verdict": comp.verdict, "test_primary": event["primary"],
-                                                   "test_source": event["source"]})  # fmt: skip
+        self.tracker.set_tags(
+            self.parent_run_id,
+            {
+                "test_verdict": comp.verdict,
+                "test_primary": event["primary"],
+                "test_source": event["source"],
+            },
+        )
 
     def on_run_end(self, event: RunEnd) -> None:
         rid = self.parent_run_id
@@ -295,11 +380,20 @@ def item_rows(path: Path) -> list[dict[str, Any]]:
     rows = []
     for r in JsonlLog(path).read(repair=False):
         trace = r.get("trace") or {}
-        rows.append({
-            "qa_id": r.get("qa_id"), "question": r.get("question"), "question_type": r.get("question_type"),
-            "reference": r.get("reference"), "prediction": r.get("prediction"), "correct": r.get("correct"),
-            "qs": r.get("qs"), "recall_at_10": r.get("recall_at_10"), "delivered_recall": r.get("delivered_recall"),
-            "evidence_ids": r.get("evidence_ids"), "delivered_ids": trace.get("delivered_record_ids"),
-            "error": r.get("error"),
-        })  # fmt: skip
+        rows.append(
+            {
+                "qa_id": r.get("qa_id"),
+                "question": r.get("question"),
+                "question_type": r.get("question_type"),
+                "reference": r.get("reference"),
+                "prediction": r.get("prediction"),
+                "correct": r.get("correct"),
+                "qs": r.get("qs"),
+                "recall_at_10": r.get("recall_at_10"),
+                "delivered_recall": r.get("delivered_recall"),
+                "evidence_ids": r.get("evidence_ids"),
+                "delivered_ids": trace.get("delivered_record_ids"),
+                "error": r.get("error"),
+            }
+        )
     return rows

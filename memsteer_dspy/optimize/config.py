@@ -92,10 +92,12 @@ class OptimizeConfig(BaseModel):
         "bootstrap", description="accept='paired': one-sided paired bootstrap or exact sign test."
     )
     lm_retrieval_margin: float = Field(
-        0.02, ge=0, le=1,
+        0.02,
+        ge=0,
+        le=1,
         description="A design that calls an LM at retrieval time must beat the best LM-free design "
         "found so far by this much (primary metric) to be accepted.",
-    )  # fmt: skip
+    )
     guard: list[str] = Field(
         default_factory=list,
         description="Non-inferiority guards: metrics (recall_at_1/5/10, delivered_recall, accuracy) a "
@@ -103,10 +105,12 @@ class OptimizeConfig(BaseModel):
         "items (one-sided, same accept_test and accept_alpha), on top of the accept rule.",
     )
     guard_margin: float | None = Field(
-        None, gt=0, lt=1,
+        None,
+        gt=0,
+        lt=1,
         description="Guards as a non-inferiority test: pass only when the paired bootstrap shows the "
         "candidate above current - guard_margin (p < accept_alpha). None: reject only a significant loss.",
-    )  # fmt: skip
+    )
     val_from: Literal["val", "train+val"] = Field(
         "val",
         description="Items that select (accept rule, guards, parent choice, the best design): 'val', or "
@@ -114,10 +118,12 @@ class OptimizeConfig(BaseModel):
         "also select; feedback still comes from the training items alone).",
     )
     proposals: int = Field(
-        1, ge=1, le=8,
+        1,
+        ge=1,
+        le=8,
         description="K proposals per iteration from the LM proposer (search hill or population), each "
         "screened by retrieval-only recall on validation; the best goes on to be scored and judged.",
-    )  # fmt: skip
+    )
     stop_at_max: bool = Field(
         False,
         description="Stop before an iteration when the best design already scores the objective's "
@@ -160,9 +166,16 @@ def val_items(train: list[QAItem], val: list[QAItem], config: Any) -> list[QAIte
     return [*val, *(q for q in train if q.id not in seen)]
 
 
-def optimize_run_key(config: OptimizeConfig, history: History, init_design_key: str, *,
-                     train: list[QAItem], val: list[QAItem], test: list[QAItem],
-                     lms: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def optimize_run_key(
+    config: OptimizeConfig,
+    history: History,
+    init_design_key: str,
+    *,
+    train: list[QAItem],
+    val: list[QAItem],
+    test: list[QAItem],
+    lms: dict[str, Any],
+) -> dict[str, Any]:
     """The same-run key of an optimization (:func:`memsteer_dspy.runfolder.run_key`): the history
     fingerprint, the protocol, the initial design's key, the LM identities of ``lms`` (role -> LM
     or None), every option but :data:`KEY_EXCLUDED`, and the content hashes of the train,
@@ -175,25 +188,54 @@ def optimize_run_key(config: OptimizeConfig, history: History, init_design_key: 
         if options.get(later) is False:
             options.pop(later)
     key = run_key(
-        "optimize", history=history, protocol=config.protocol, design_key=init_design_key,
-        lms={r: lm_identity(lm) for r, lm in lms.items()}, options=options,
-    )  # fmt: skip
-    key["qa_hash"] = {"train": qa_content_hash(train), "val": qa_content_hash(val),
-                      "test": qa_content_hash(test)}  # fmt: skip
+        "optimize",
+        history=history,
+        protocol=config.protocol,
+        design_key=init_design_key,
+        lms={r: lm_identity(lm) for r, lm in lms.items()},
+        options=options,
+    )
+    key["qa_hash"] = {
+        "train": qa_content_hash(train),
+        "val": qa_content_hash(val),
+        "test": qa_content_hash(test),
+    }
     return key
 
 
-def run_settings(config: OptimizeConfig, history: History, init_design_key: str, *,
-                 train: list[QAItem], val: list[QAItem], test: list[QAItem],
-                 test_source: str) -> dict[str, Any]:  # fmt: skip
+def run_settings(
+    config: OptimizeConfig,
+    history: History,
+    init_design_key: str,
+    *,
+    train: list[QAItem],
+    val: list[QAItem],
+    test: list[QAItem],
+    test_source: str,
+) -> dict[str, Any]:
     """The settings written beside the key in ``run.json`` (descriptive: the report and the
     summaries read them)."""
     c = config
     return {
-        "history_fingerprint": history.fingerprint, "user": history.user_id, "objective": c.objective,
-        "feedback": c.feedback, "seed": c.seed, "train_ids": ids_digest(train), "val_ids": ids_digest(val),
-        "init_design_key": init_design_key, "protocol": c.protocol, "n_train": len(train), "n_val": len(val),
-        "search": c.search, "parents": c.parents, "accept": c.accept, "guard": c.guard, "guard_margin": c.guard_margin,
-        "val_from": c.val_from, "n_test": len(test), "test_ids": ids_digest(test) if test else None,
-        "test_source": test_source, "resolved": c.resolved,
-    }  # fmt: skip
+        "history_fingerprint": history.fingerprint,
+        "user": history.user_id,
+        "objective": c.objective,
+        "feedback": c.feedback,
+        "seed": c.seed,
+        "train_ids": ids_digest(train),
+        "val_ids": ids_digest(val),
+        "init_design_key": init_design_key,
+        "protocol": c.protocol,
+        "n_train": len(train),
+        "n_val": len(val),
+        "search": c.search,
+        "parents": c.parents,
+        "accept": c.accept,
+        "guard": c.guard,
+        "guard_margin": c.guard_margin,
+        "val_from": c.val_from,
+        "n_test": len(test),
+        "test_ids": ids_digest(test) if test else None,
+        "test_source": test_source,
+        "resolved": c.resolved,
+    }

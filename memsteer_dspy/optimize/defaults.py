@@ -42,10 +42,15 @@ AUTO_OPTIONS = tuple(PAPER)
 """The options resolved here; None for any of them means "auto"."""
 
 FLAGS = {
-    "objective": "--objective", "proposer_output": "--proposer-output", "feedback_tokens": "--feedback-tokens",
-    "accept": "--accept", "guard": "--guard", "guard_margin": "--guard-margin", "val_from": "--val-from",
+    "objective": "--objective",
+    "proposer_output": "--proposer-output",
+    "feedback_tokens": "--feedback-tokens",
+    "accept": "--accept",
+    "guard": "--guard",
+    "guard_margin": "--guard-margin",
+    "val_from": "--val-from",
     "max_eval_lm_calls": "--max-eval-lm-calls",
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -78,9 +83,12 @@ class ResolvedDefaults:
 
 
 def resolve_defaults(
-    given: Mapping[str, Any], *, proposer_in_process: bool, answerer_in_process: bool,
+    given: Mapping[str, Any],
+    *,
+    proposer_in_process: bool,
+    answerer_in_process: bool,
     paper: bool = False,
-) -> ResolvedDefaults:  # fmt: skip
+) -> ResolvedDefaults:
     """Fill the options of ``given`` that are None (auto; a missing key counts as None).
 
     ``paper`` forces :data:`PAPER`. Otherwise a proposer decoded in this process gets

@@ -116,6 +116,7 @@ def changes_signature(
     ``avoid``'s values for that field (the tabu list). Lists, free strings
     and the rationale are bounded. Parsing still accepts any design field and value (an API LM
     that strays is told what was invalid)."""
+
     def value(f: str) -> dict[str, Any]:
         cur = None if current is None else current_value(current, f)
         return field_value_schema(f, cur, (avoid or {}).get(f, ()))

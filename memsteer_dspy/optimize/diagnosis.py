@@ -47,8 +47,11 @@ class EvidenceCheck(BaseModel):
     missing_spans: list[str] = Field(
         default_factory=list, description="Cited spans whose text is not in the context."
     )
-    span_check: str = Field("text", description="'text': span text searched in the context; 'record': the memory "
-                            "rewrites content (facts), so the record's delivery stands for its spans.")  # fmt: skip
+    span_check: str = Field(
+        "text",
+        description="'text': span text searched in the context; 'record': the memory "
+        "rewrites content (facts), so the record's delivery stands for its spans.",
+    )
 
     @property
     def present(self) -> bool:
@@ -60,8 +63,10 @@ class EvidenceCheck(BaseModel):
         if not self.delivered:
             return f"{self.record_id}: not delivered to the answerer"
         if self.missing_spans:
-            return (f"{self.record_id}: delivered, but {len(self.missing_spans)} of {len(self.cited_spans)} "
-                    f"cited span(s) not in the context ({', '.join(self.missing_spans)})")  # fmt: skip
+            return (
+                f"{self.record_id}: delivered, but {len(self.missing_spans)} of {len(self.cited_spans)} "
+                f"cited span(s) not in the context ({', '.join(self.missing_spans)})"
+            )
         return f"{self.record_id}: in the context"
 
 
@@ -82,11 +87,14 @@ class Diagnosis(BaseModel):
     def row(self) -> dict:
         """One row of the diagnosis table."""
         return {
-            "qa_id": self.qa_id, "stage": self.stage.value, "missing_ids": self.missing_ids,
+            "qa_id": self.qa_id,
+            "stage": self.stage.value,
+            "missing_ids": self.missing_ids,
             "evidence": [c.record_id for c in self.checks],
-            "checks": [c.summary() for c in self.checks], "lookups": [lk.summary() for lk in self.lookups],
+            "checks": [c.summary() for c in self.checks],
+            "lookups": [lk.summary() for lk in self.lookups],
             "note": self.note,
-        }  # fmt: skip
+        }
 
 
 def is_failure(result: ItemResult) -> bool:
@@ -134,10 +142,16 @@ def evidence_checks(system: MemorySystem, item: QAItem, result: ItemResult) -> l
                     continue
                 if _norm(text) not in context:
                     missing.append(sid)
-        checks.append(EvidenceCheck(
-            record_id=rid, in_history=in_history, delivered=rid in delivered, cited_spans=cited,
-            missing_spans=missing, span_check="record" if rewrites else "text",
-        ))  # fmt: skip
+        checks.append(
+            EvidenceCheck(
+                record_id=rid,
+                in_history=in_history,
+                delivered=rid in delivered,
+                cited_spans=cited,
+                missing_spans=missing,
+                span_check="record" if rewrites else "text",
+            )
+        )
     return checks
 
 
@@ -153,9 +167,12 @@ def diagnose(
         note = f"the response failed ({result.error_stage}): {result.error}"
     if not checks:
         return Diagnosis(
-            qa_id=item.id, stage=FailureStage.ANSWERING, checks=[],
-            note=note or "no evidence annotation: nothing could be missing, so the answer step is blamed",
-        )  # fmt: skip
+            qa_id=item.id,
+            stage=FailureStage.ANSWERING,
+            checks=[],
+            note=note
+            or "no evidence annotation: nothing could be missing, so the answer step is blamed",
+        )
     if not missing:
         return Diagnosis(qa_id=item.id, stage=FailureStage.ANSWERING, checks=checks, note=note)
     as_of = item.question_date if protocol == "as_of" else None
@@ -174,9 +191,13 @@ def diagnose(
 
 
 def diagnose_failures(
-    system: MemorySystem, items: list[QAItem], results: list[ItemResult], *, protocol: str = "full",
+    system: MemorySystem,
+    items: list[QAItem],
+    results: list[ItemResult],
+    *,
+    protocol: str = "full",
     errors: dict[str, str] | None = None,
-) -> dict[str, Diagnosis]:  # fmt: skip
+) -> dict[str, Diagnosis]:
     """Diagnose every failure among ``results`` (matched to ``items`` by id). An item whose
     diagnosis raises is left out, with the reason put in ``errors`` (qa id → reason); it never
     stops the rest."""

@@ -27,9 +27,15 @@ class HistoryEvaluator:
     """
 
     def __init__(
-        self, history: History, *, lm: Callable[[str], Any], protocol: str = "full", threads: int = 1,
-        cache_dir: str | Path | None = None, answering: bool = True,
-    ):  # fmt: skip
+        self,
+        history: History,
+        *,
+        lm: Callable[[str], Any],
+        protocol: str = "full",
+        threads: int = 1,
+        cache_dir: str | Path | None = None,
+        answering: bool = True,
+    ):
         self.history = history
         self.lm = lm
         self.protocol = protocol
@@ -43,8 +49,9 @@ class HistoryEvaluator:
         if key not in self._systems:
             uses = design.lm_uses(answering=self.answering)
             lms = {"answerer": self.lm("answerer")} if uses else {}
-            system = MemorySystem.from_design(design, self.history, cache_dir=self.cache_dir, lms=lms,
-                                              threads=self.threads)  # fmt: skip
+            system = MemorySystem.from_design(
+                design, self.history, cache_dir=self.cache_dir, lms=lms, threads=self.threads
+            )
             while len(self._systems) >= 2:
                 self._systems.pop(next(iter(self._systems)))
             self._systems[key] = system
@@ -53,8 +60,15 @@ class HistoryEvaluator:
     def evaluate(self, design: MemoryDesign, items: list[QAItem], metrics: str, folder: Path):
         system = self.system(design)
         judge = self.lm("judge") if metrics == "all" else None
-        report = evaluate_design(system, items, metrics=metrics, judge_lm=judge, protocol=self.protocol,
-                                 threads=self.threads, out_dir=folder)  # fmt: skip
+        report = evaluate_design(
+            system,
+            items,
+            metrics=metrics,
+            judge_lm=judge,
+            protocol=self.protocol,
+            threads=self.threads,
+            out_dir=folder,
+        )
         return system, report
 
 
@@ -94,12 +108,15 @@ def check_extras(design: MemoryDesign) -> None:
                 field="retrieve.index",
                 hint="choose index 'bm25', or install it: pip install 'memsteer-dspy[dense]'",
             )
-    if r.rerank == "cross_encoder" and not (importlib.util.find_spec("FlagEmbedding")
-                                            or importlib.util.find_spec("sentence_transformers")):  # fmt: skip
+    if r.rerank == "cross_encoder" and not (
+        importlib.util.find_spec("FlagEmbedding")
+        or importlib.util.find_spec("sentence_transformers")
+    ):
         raise InputError(
             "retrieve.rerank 'cross_encoder' needs the 'dense' extra, which is not installed here",
-            field="retrieve.rerank", hint="choose rerank 'none' or 'llm', or pip install 'memsteer-dspy[dense]'",
-        )  # fmt: skip
+            field="retrieve.rerank",
+            hint="choose rerank 'none' or 'llm', or pip install 'memsteer-dspy[dense]'",
+        )
 
 
 class BuildCheck:
@@ -162,15 +179,28 @@ class BuildCheck:
             )
 
 
-def candidate_of(iteration: int, design: MemoryDesign, score: Any, items: list[ItemResult], val: list[QAItem],
-                 objective: Objective, guard_metrics: list[str]) -> Candidate:  # fmt: skip
+def candidate_of(
+    iteration: int,
+    design: MemoryDesign,
+    score: Any,
+    items: list[ItemResult],
+    val: list[QAItem],
+    objective: Objective,
+    guard_metrics: list[str],
+) -> Candidate:
     """A scored design as accept rules and selectors see it: per-item primary scores (and guard
     metrics) on the selecting items ``val``, in their order (None for an item without a result)."""
     by_id = {r.qa_id: r for r in items}
     ids = [q.id for q in val]
     return Candidate(
-        iteration=iteration, design=design, score=score, item_ids=ids,
+        iteration=iteration,
+        design=design,
+        score=score,
+        item_ids=ids,
         item_scores=[item_primary(objective, by_id[i]) if i in by_id else None for i in ids],
         retrieval_lm_calls=retrieval_lm_calls(design),
-        item_metrics={m: [item_metric(m, by_id[i]) if i in by_id else None for i in ids] for m in guard_metrics},
-    )  # fmt: skip
+        item_metrics={
+            m: [item_metric(m, by_id[i]) if i in by_id else None for i in ids]
+            for m in guard_metrics
+        },
+    )

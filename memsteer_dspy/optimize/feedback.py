@@ -110,9 +110,10 @@ class FeedbackCase(BaseModel):
             # a missing record's "not delivered" check repeats the missing list: show only what adds to it
             missing = self.missing_ids or []
             lines.extend(
-                f"  check {c}" for c in self.checks or []
+                f"  check {c}"
+                for c in self.checks or []
                 if "span" in c or not any(c.startswith(f"{m}: not delivered") for m in missing)
-            )  # fmt: skip
+            )
             lines.extend(f"  lookup {lk}" for lk in self.lookups or [])
         return "\n".join(lines)
 
@@ -131,8 +132,10 @@ class Feedback(BaseModel):
     def render(self, max_tokens: int | None = None) -> str:
         """The cases as text, within ``max_tokens`` (cl100k) when given. Under ``stratified``
         cases are grouped by stage and, if the budget is short, taken round-robin over stages."""
-        head = [f"Feedback mode: {self.mode}. The current design failed {self.n_failures} of {self.n_items} "
-                "training questions."]  # fmt: skip
+        head = [
+            f"Feedback mode: {self.mode}. The current design failed {self.n_failures} of {self.n_items} "
+            "training questions."
+        ]
         if self.stage_counts is not None:
             head.append(
                 "Failures by stage: "
@@ -221,13 +224,19 @@ def _case(
     else:
         score = result.delivered_recall if result.delivered_recall is not None else 0.0
     case = FeedbackCase(
-        qa_id=item.id, question=item.question, reference=item.answer, prediction=result.prediction, score=score,
+        qa_id=item.id,
+        question=item.question,
+        reference=item.answer,
+        prediction=result.prediction,
+        score=score,
         question_date=item.question_date.isoformat() if item.question_date else None,
         ranked_ids=trace.ranked_records(RANKED_SHOWN) if trace is not None else [],
         delivered_ids=list(trace.delivered_record_ids) if trace is not None else [],
-        context_excerpt=truncate_to_tokens(trace.context, CONTEXT_EXCERPT_TOKENS).replace("\n", " ") if trace else "",
+        context_excerpt=truncate_to_tokens(trace.context, CONTEXT_EXCERPT_TOKENS).replace("\n", " ")
+        if trace
+        else "",
         error=result.error,
-    )  # fmt: skip
+    )
     if gold or diag:
         case.evidence_ids = list(item.evidence_ids)
     if gold:

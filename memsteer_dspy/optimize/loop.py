@@ -116,9 +116,19 @@ from memsteer_dspy.tracking import Tracker
 # Kept importable from here (the experiment scripts, the demo and older callers use these names).
 _usage_delta = usage_delta
 __all__ = [
-    "KEY_EXCLUDED", "USAGE_KEYS", "Cost", "MemSteerOpt", "OptimizeConfig", "OptimizeResult", "TrajectoryEntry",
-    "best_of", "ceiling_reason", "lm_usage", "progress_line", "render_summary",
-]  # fmt: skip
+    "KEY_EXCLUDED",
+    "USAGE_KEYS",
+    "Cost",
+    "MemSteerOpt",
+    "OptimizeConfig",
+    "OptimizeResult",
+    "TrajectoryEntry",
+    "best_of",
+    "ceiling_reason",
+    "lm_usage",
+    "progress_line",
+    "render_summary",
+]
 
 
 def lm_usage(lm: Any) -> dict[str, int]:
@@ -193,15 +203,27 @@ class MemSteerOpt:
     """
 
     def __init__(
-        self, history: History, train: list[QAItem], val: list[QAItem], out_dir: str | Path, *,
-        config: OptimizeConfig | None = None, lms: Mapping[str, Any] | Callable[[str], Any] | None = None,
-        init_design: MemoryDesign | None = None, proposer: DesignProposer | None = None,
-        tracker: Tracker | None = None, cache_dir: str | Path | None = None,
+        self,
+        history: History,
+        train: list[QAItem],
+        val: list[QAItem],
+        out_dir: str | Path,
+        *,
+        config: OptimizeConfig | None = None,
+        lms: Mapping[str, Any] | Callable[[str], Any] | None = None,
+        init_design: MemoryDesign | None = None,
+        proposer: DesignProposer | None = None,
+        tracker: Tracker | None = None,
+        cache_dir: str | Path | None = None,
         usage: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
-        on_event: Callable[[dict[str, Any]], None] | None = None, run_params: Mapping[str, Any] | None = None,
-        test: list[QAItem] | None = None, test_source: str = "", evaluator: Evaluator | None = None,
-        search_proposer: Proposer | None = None, restart: bool = False,
-    ):  # fmt: skip
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        run_params: Mapping[str, Any] | None = None,
+        test: list[QAItem] | None = None,
+        test_source: str = "",
+        evaluator: Evaluator | None = None,
+        search_proposer: Proposer | None = None,
+        restart: bool = False,
+    ):
         self.config = c = config or OptimizeConfig()
         _check_inputs(c, train, val, test or [])
         self.history, self.train, self.out = history, train, Path(out_dir)
@@ -215,20 +237,28 @@ class MemSteerOpt:
         self.test, self.test_source = list(test or []), test_source
         self.restart = restart
         self.state = RunState(self.out)
-        self.tracking = MlflowCallback(tracker or Tracker.disabled(), self.state.iter_dir, c.objective)
+        self.tracking = MlflowCallback(
+            tracker or Tracker.disabled(), self.state.iter_dir, c.objective
+        )
         listeners: list[Any] = [self.tracking] + ([ProgressCallback(on_event)] if on_event else [])
         self.callbacks = CompositeCallback(listeners)
         self.check = BuildCheck(history, len(self.val), c)
         self.evaluator: Evaluator = evaluator or HistoryEvaluator(
-            history, lm=self.lm, protocol=c.protocol, threads=c.threads,
-            cache_dir=cache_dir, answering=c.objective != "recall",
-        )  # fmt: skip
+            history,
+            lm=self.lm,
+            protocol=c.protocol,
+            threads=c.threads,
+            cache_dir=cache_dir,
+            answering=c.objective != "recall",
+        )
         self.rule, self.guards = accept_rule(c), guards_of(c)
         self.judge = Judge(self.rule, self.guards, c.objective, c.lm_retrieval_margin)
         self.selector = parent_selector(c.search, c.parents, c.objective, c.softmax_temperature)
         self.search_proposer = search_proposer or self._default_proposer()
         if c.proposals > 1 and not self.search_proposer.uses_feedback:
-            raise ConfigError("--proposals K applies to the LM proposer (--search hill or population)")
+            raise ConfigError(
+                "--proposals K applies to the LM proposer (--search hill or population)"
+            )
         self.folder: RunFolder | None = None
         self._usage_start: dict[str, dict[str, int]] = {}
 
@@ -269,10 +299,16 @@ class MemSteerOpt:
         if self._proposer is None:
             c = self.config
             self._proposer = DesignProposer(
-                self.lm("proposer"), fixed_budget=self.fixed_budget, max_resamples=c.max_resamples,
-                resample_temperature=c.resample_temperature, history_tokens=c.history_tokens,
-                output=c.proposer_output, check=self.check, tabu=c.tabu, unscored=unscored_fields(c.objective),
-            )  # fmt: skip
+                self.lm("proposer"),
+                fixed_budget=self.fixed_budget,
+                max_resamples=c.max_resamples,
+                resample_temperature=c.resample_temperature,
+                history_tokens=c.history_tokens,
+                output=c.proposer_output,
+                check=self.check,
+                tabu=c.tabu,
+                unscored=unscored_fields(c.objective),
+            )
         elif self._proposer.fixed_budget is None:
             self._proposer.fixed_budget = self.fixed_budget
         return self._proposer
@@ -298,8 +334,15 @@ class MemSteerOpt:
         return self.state.iter_dir(t)
 
     def _settings(self) -> dict[str, Any]:
-        return run_settings(self.config, self.history, self.d0.key(), train=self.train, val=self.val,
-                            test=self.test, test_source=self.test_source)  # fmt: skip
+        return run_settings(
+            self.config,
+            self.history,
+            self.d0.key(),
+            train=self.train,
+            val=self.val,
+            test=self.test,
+            test_source=self.test_source,
+        )
 
     def run_key(self) -> dict[str, Any]:
         """The same-run key of this optimization (:func:`memsteer_dspy.runfolder.run_key`): every
@@ -317,10 +360,19 @@ class MemSteerOpt:
             lms["judge"] = self._lm_or_none("judge")
         if self.search_proposer.uses_feedback:
             lms["proposer"] = (
-                getattr(self._proposer, "lm", None) if self._proposer is not None else self._lm_or_none("proposer")
-            )  # fmt: skip
-        return optimize_run_key(self.config, self.history, self.d0.key(), train=self.train, val=self.val,
-                                test=self.test, lms=lms)  # fmt: skip
+                getattr(self._proposer, "lm", None)
+                if self._proposer is not None
+                else self._lm_or_none("proposer")
+            )
+        return optimize_run_key(
+            self.config,
+            self.history,
+            self.d0.key(),
+            train=self.train,
+            val=self.val,
+            test=self.test,
+            lms=lms,
+        )
 
     def _lm_or_none(self, role: str) -> Any:
         """The role's LM for the same-run key, without marking the role as used; None when this run
@@ -339,8 +391,13 @@ class MemSteerOpt:
         """Open the run folder through the run-folder layer: resume only the same run (see
         :meth:`run_key`), ``restart`` empties it first. The settings beside the key in ``run.json``
         are descriptive (the report and summaries read them)."""
-        folder = RunFolder.open(self.out, self.run_key(), restart=self.restart,
-                                legacy_files=("trajectory.jsonl",), extra=self._settings())  # fmt: skip
+        folder = RunFolder.open(
+            self.out,
+            self.run_key(),
+            restart=self.restart,
+            legacy_files=("trajectory.jsonl",),
+            extra=self._settings(),
+        )
         folder.state["iterations"] = self.config.iterations
         folder.state["config"] = self.config.model_dump(mode="json")
         return folder
@@ -360,8 +417,12 @@ class MemSteerOpt:
         self._save_usage()
 
     # -- candidates ---------------------------------------------------------------------------
-    def _candidate_of(self, iteration: int, design: MemoryDesign, score: Score, items: list[Any]) -> Candidate:
-        return candidate_of(iteration, design, score, items, self.val, self.config.objective, self.config.guard)
+    def _candidate_of(
+        self, iteration: int, design: MemoryDesign, score: Score, items: list[Any]
+    ) -> Candidate:
+        return candidate_of(
+            iteration, design, score, items, self.val, self.config.objective, self.config.guard
+        )
 
     def candidate(self, entry: TrajectoryEntry) -> Candidate:
         """A scored entry as accept rules and parent selectors see it (per-item validation scores
@@ -376,8 +437,13 @@ class MemSteerOpt:
 
     def pool(self, entries: list[TrajectoryEntry]) -> list[Candidate]:
         """Every scored design so far (the population search's pool)."""
-        return [self.candidate(e) for e in entries
-                if e.score is not None and e.design is not None and e.status in ("baseline", "accepted", "rejected")]  # fmt: skip
+        return [
+            self.candidate(e)
+            for e in entries
+            if e.score is not None
+            and e.design is not None
+            and e.status in ("baseline", "accepted", "rejected")
+        ]
 
     def _best_lm_free(self, entries: list[TrajectoryEntry]) -> Candidate | None:
         free = [c for c in self.pool(entries) if not c.uses_lm]
@@ -386,7 +452,9 @@ class MemSteerOpt:
         objective = self.config.objective
         return max(free, key=lambda c: (c.score.primary(objective) or 0.0, c.score.recall_key()))
 
-    def _decide(self, cand: Candidate, incumbent: Candidate, entries: list[TrajectoryEntry]) -> Decision:
+    def _decide(
+        self, cand: Candidate, incumbent: Candidate, entries: list[TrajectoryEntry]
+    ) -> Decision:
         return self.judge.decide(cand, incumbent, self._best_lm_free(entries))
 
     # -- training results and feedback --------------------------------------------------------
@@ -418,24 +486,48 @@ class MemSteerOpt:
         if state is None:
             return None, ""
         c, folder = self.config, self._iter_dir(t)
-        feedback = build_feedback(self.train, state.results, state.diagnoses, self.history, mode=c.feedback, seed=c.seed,
-                                  iteration=t, n_random=c.n_random, per_stage=c.per_stage)  # fmt: skip
+        feedback = build_feedback(
+            self.train,
+            state.results,
+            state.diagnoses,
+            self.history,
+            mode=c.feedback,
+            seed=c.seed,
+            iteration=t,
+            n_random=c.n_random,
+            per_stage=c.per_stage,
+        )
         text = feedback.render(c.feedback_tokens)
         write_atomic(folder / "feedback.json", feedback.model_dump_json(indent=2) + "\n")
         write_atomic(folder / "feedback.md", text + "\n")
         return feedback, text
 
     # -- propose ------------------------------------------------------------------------------
-    def _ask(self, parent: MemoryDesign, entries: list[TrajectoryEntry], feedback_text: str,
-             iteration: int, seen_extra: Mapping[str, str] | None = None) -> Proposal:  # fmt: skip
-        seen = {e.design_key: f"iteration {e.iteration} ({e.status})" for e in entries if e.design_key}
+    def _ask(
+        self,
+        parent: MemoryDesign,
+        entries: list[TrajectoryEntry],
+        feedback_text: str,
+        iteration: int,
+        seen_extra: Mapping[str, str] | None = None,
+    ) -> Proposal:
+        seen = {
+            e.design_key: f"iteration {e.iteration} ({e.status})" for e in entries if e.design_key
+        }
         try:
-            return self.search_proposer.propose(parent, [e.revision() for e in entries], feedback_text,
-                                                seen={**seen, **(seen_extra or {})}, iteration=iteration)  # fmt: skip
+            return self.search_proposer.propose(
+                parent,
+                [e.revision() for e in entries],
+                feedback_text,
+                seen={**seen, **(seen_extra or {})},
+                iteration=iteration,
+            )
         except Exception as exc:  # noqa: BLE001 - the proposer never stops the loop
             return Proposal(status="failed", error=f"{type(exc).__name__}: {exc}")
 
-    def _propose(self, t: int, parent: MemoryDesign, entries: list[TrajectoryEntry], feedback_text: str) -> Proposal:
+    def _propose(
+        self, t: int, parent: MemoryDesign, entries: list[TrajectoryEntry], feedback_text: str
+    ) -> Proposal:
         """This iteration's proposal: the one saved before an interruption (reused, never asked and
         paid for twice), else a new one; with ``--proposals K`` the best of K by recall."""
         proposal = self.state.saved_proposal(t, check=self.check)
@@ -447,8 +539,13 @@ class MemSteerOpt:
         return proposal
 
     def _best_of_k(
-        self, t: int, parent: MemoryDesign, entries: list[TrajectoryEntry], feedback_text: str, first: Proposal
-    ) -> Proposal:  # fmt: skip
+        self,
+        t: int,
+        parent: MemoryDesign,
+        entries: list[TrajectoryEntry],
+        feedback_text: str,
+        first: Proposal,
+    ) -> Proposal:
         """``--proposals K``: K-1 more proposals (each told the earlier ones, so they differ), all
         screened by retrieval-only recall on validation; returns the best, with every attempt."""
         found, attempts = [first], list(first.attempts)
@@ -484,8 +581,14 @@ class MemSteerOpt:
             _, rep = self.evaluate(design, self.val, "recall", folder / "val-recall")
             screen = Score.from_summary(rep.summary, "recall")
             if not passes_screen(objective, screen, current):
-                return Scored(None, screen, (f"screened out by recall ({screen.short()} vs the current "
-                                             f"{current.short()}); not answered"))  # fmt: skip
+                return Scored(
+                    None,
+                    screen,
+                    (
+                        f"screened out by recall ({screen.short()} vs the current "
+                        f"{current.short()}); not answered"
+                    ),
+                )
         metrics = metrics_for(objective)
         _, rep = self.evaluate(design, self.val, metrics, folder / "val")
         return Scored(Score.from_summary(rep.summary, metrics), screen, None, rep.items)
@@ -494,14 +597,24 @@ class MemSteerOpt:
         try:
             return self._score(design, folder, current)
         except Exception as exc:  # noqa: BLE001 - a candidate that cannot be built or scored never stops the loop
-            return Scored(None, None, f"could not build or score the design: {type(exc).__name__}: {exc}")
+            return Scored(
+                None, None, f"could not build or score the design: {type(exc).__name__}: {exc}"
+            )
 
     # -- decide -------------------------------------------------------------------------------
-    def _judge(self, t: int, design: MemoryDesign, scored: Scored, incumbent: Candidate,
-               entries: list[TrajectoryEntry]) -> Verdict:  # fmt: skip
+    def _judge(
+        self,
+        t: int,
+        design: MemoryDesign,
+        scored: Scored,
+        incumbent: Candidate,
+        entries: list[TrajectoryEntry],
+    ) -> Verdict:
         """Accept, reject or fail a scored proposal (a screened-out one is rejected)."""
         if scored.score is None:
-            screened = scored.screen is not None and scored.reason and scored.reason.startswith("screened")
+            screened = (
+                scored.screen is not None and scored.reason and scored.reason.startswith("screened")
+            )
             return Verdict("rejected" if screened else "failed", reason=scored.reason)
         cand = self._candidate_of(t, design, scored.score, scored.items or [])
         self.state.candidates[t] = cand
@@ -513,10 +626,18 @@ class MemSteerOpt:
     # -- screen -------------------------------------------------------------------------------
     def _screens_subchanges(self) -> bool:
         c = self.config  # the random/TPE baselines keep their evaluation budget
-        return c.screen_subchanges and c.objective == "recall" and self.search_proposer.uses_feedback
+        return (
+            c.screen_subchanges and c.objective == "recall" and self.search_proposer.uses_feedback
+        )
 
-    def _screen(self, t: int, parent: MemoryDesign, proposed: MemoryDesign, incumbent: Candidate,
-                entries: list[TrajectoryEntry]) -> SubScreens | None:  # fmt: skip
+    def _screen(
+        self,
+        t: int,
+        parent: MemoryDesign,
+        proposed: MemoryDesign,
+        incumbent: Candidate,
+        entries: list[TrajectoryEntry],
+    ) -> SubScreens | None:
         """Score each single-field sub-change of a rejected or failed multi-field proposal."""
 
         def score(design: MemoryDesign, i: int) -> tuple[Score, Candidate]:
@@ -525,17 +646,32 @@ class MemSteerOpt:
             return scored.score, self._candidate_of(t, design, scored.score, scored.items or [])
 
         seen = {e.design_key for e in entries if e.design_key}
-        return screen_subchanges(t, parent, proposed, seen, self.config.objective, score=score,
-                                 decide=lambda cand: self._decide(cand, incumbent, entries))  # fmt: skip
+        return screen_subchanges(
+            t,
+            parent,
+            proposed,
+            seen,
+            self.config.objective,
+            score=score,
+            decide=lambda cand: self._decide(cand, incumbent, entries),
+        )
 
-    def _adopt_subchange(self, t: int, parent: MemoryDesign, entry: TrajectoryEntry, screens: SubScreens) -> MemoryDesign:
+    def _adopt_subchange(
+        self, t: int, parent: MemoryDesign, entry: TrajectoryEntry, screens: SubScreens
+    ) -> MemoryDesign:
         """Make the accepted sub-change this iteration's design: the entry, ``design.json`` and
         ``val/items.jsonl`` (the pool reads the entry's per-item results from there)."""
         sub, cand, folder = screens.chosen.design, screens.chosen.candidate, self._iter_dir(t)
         entry.screen_score = entry.score
-        entry.score, entry.design, entry.design_key = cand.score, sub.model_dump(mode="json"), sub.key()
-        entry.reason = (f"the proposal as a whole was {entry.status} ({entry.reason}); its sub-change "
-                        f"{'; '.join(design_diff(parent, sub))} was accepted on its own")  # fmt: skip
+        entry.score, entry.design, entry.design_key = (
+            cand.score,
+            sub.model_dump(mode="json"),
+            sub.key(),
+        )
+        entry.reason = (
+            f"the proposal as a whole was {entry.status} ({entry.reason}); its sub-change "
+            f"{'; '.join(design_diff(parent, sub))} was accepted on its own"
+        )
         entry.changes = design_diff(parent, sub)
         entry.retrieval_lm_calls = cand.retrieval_lm_calls
         entry.status, entry.accepted = "accepted", True
@@ -553,11 +689,31 @@ class MemSteerOpt:
         self.folder = self._open_folder()
         run = self.folder.state
         entries = self.read_trajectory()
-        params = {**{k: run[k] for k in ("history_fingerprint", "user", "objective", "feedback", "seed", "protocol",
-                                         "n_train", "n_val", "iterations", "init_design_key", "search", "accept",
-                                         "n_test")},
-                  "init_design": self.d0.name, **self.run_params}  # fmt: skip
-        self.callbacks.on_run_start({"user_id": self.history.user_id, "state": run, "params": params})
+        params = {
+            **{
+                k: run[k]
+                for k in (
+                    "history_fingerprint",
+                    "user",
+                    "objective",
+                    "feedback",
+                    "seed",
+                    "protocol",
+                    "n_train",
+                    "n_val",
+                    "iterations",
+                    "init_design_key",
+                    "search",
+                    "accept",
+                    "n_test",
+                )
+            },
+            "init_design": self.d0.name,
+            **self.run_params,
+        }
+        self.callbacks.on_run_start(
+            {"user_id": self.history.user_id, "state": run, "params": params}
+        )
         self.folder.save()
         status = "FAILED"
         try:
@@ -595,16 +751,23 @@ class MemSteerOpt:
         self._write_outputs(entries)
         best = best_of(entries)
         result = OptimizeResult(
-            best_design=MemoryDesign.from_dict(best.design), best_score=best.score, baseline_score=entries[0].score,
-            entries=entries, out_dir=str(self.out), parent_run_id=self.parent_run_id,
-            tracking_uri=self.tracker.uri if self.tracker.active else None, best_iteration=best.iteration,
+            best_design=MemoryDesign.from_dict(best.design),
+            best_score=best.score,
+            baseline_score=entries[0].score,
+            entries=entries,
+            out_dir=str(self.out),
+            parent_run_id=self.parent_run_id,
+            tracking_uri=self.tracker.uri if self.tracker.active else None,
+            best_iteration=best.iteration,
             stopped=stopped,
-        )  # fmt: skip
+        )
         result.test = self._held_out(entries)
         self._write_outputs(entries, result)
         return result
 
-    def _parent(self, t: int, entries: list[TrajectoryEntry], best_entry: TrajectoryEntry) -> TrajectoryEntry:
+    def _parent(
+        self, t: int, entries: list[TrajectoryEntry], best_entry: TrajectoryEntry
+    ) -> TrajectoryEntry:
         """The entry whose design iteration ``t`` revises (the selector's choice from the pool)."""
         if self.selector.name == "hill":
             return best_entry
@@ -628,9 +791,17 @@ class MemSteerOpt:
         folder = self.out / "test" / ("initial" if same else f"best-{chosen.key()}")
         _, r1 = self.evaluate(chosen, self.test, metrics, folder)
         primary = "delivered_recall" if objective == "recall" else "accuracy"
-        comp = compare_item_results(r0.items, r1.items, answered=metrics == "all", primary=primary,
-                                    source=self.test_source, seed=self.config.seed)  # fmt: skip
-        self.callbacks.on_held_out({"comparison": comp, "primary": primary, "source": self.test_source})
+        comp = compare_item_results(
+            r0.items,
+            r1.items,
+            answered=metrics == "all",
+            primary=primary,
+            source=self.test_source,
+            seed=self.config.seed,
+        )
+        self.callbacks.on_held_out(
+            {"comparison": comp, "primary": primary, "source": self.test_source}
+        )
         return comp
 
     def _baseline(self) -> TrajectoryEntry:
@@ -646,18 +817,32 @@ class MemSteerOpt:
         cost = usage_delta(before, self.usage_snapshot())
         cost.seconds = round(time.perf_counter() - t0, 3)
         entry = TrajectoryEntry(
-            iteration=0, status="baseline", accepted=True, design=d0.model_dump(mode="json"), design_key=d0.key(),
-            score=scored.score, best_key=d0.key(), best_score=scored.score, selected_by="initial design",
-            train_failures=stage_counts(state.diagnoses) if state else None, cost=cost, cost_total=cost,
-            finished_at=now(), retrieval_lm_calls=retrieval_lm_calls(d0),
-        )  # fmt: skip
+            iteration=0,
+            status="baseline",
+            accepted=True,
+            design=d0.model_dump(mode="json"),
+            design_key=d0.key(),
+            score=scored.score,
+            best_key=d0.key(),
+            best_score=scored.score,
+            selected_by="initial design",
+            train_failures=stage_counts(state.diagnoses) if state else None,
+            cost=cost,
+            cost_total=cost,
+            finished_at=now(),
+            retrieval_lm_calls=retrieval_lm_calls(d0),
+        )
         self._record(entry, folder, None, None, state)
         return entry
 
     def _iteration(
-        self, t: int, parent_entry: TrajectoryEntry, best_entry: TrajectoryEntry, state: TrainState | None,
+        self,
+        t: int,
+        parent_entry: TrajectoryEntry,
+        best_entry: TrajectoryEntry,
+        state: TrainState | None,
         entries: list[TrajectoryEntry],
-    ) -> TrajectoryEntry:  # fmt: skip
+    ) -> TrajectoryEntry:
         """One iteration: propose → score → decide → screen → record."""
         t0, before = time.perf_counter(), self.usage_snapshot()
         folder = self._iter_dir(t)
@@ -667,10 +852,17 @@ class MemSteerOpt:
         feedback, feedback_text = self._feedback(state, t)
         proposal = self._propose(t, parent, entries, feedback_text)
         entry = TrajectoryEntry(
-            iteration=t, status="failed", accepted=False, parent_key=parent.key(), attempts=proposal.attempts,
-            rationale=proposal.rationale, best_key=best_entry.design_key or "", best_score=best_entry.score,
-            parent_iteration=parent_entry.iteration, search_params=proposal.search_params,
-        )  # fmt: skip
+            iteration=t,
+            status="failed",
+            accepted=False,
+            parent_key=parent.key(),
+            attempts=proposal.attempts,
+            rationale=proposal.rationale,
+            best_key=best_entry.design_key or "",
+            best_score=best_entry.score,
+            parent_iteration=parent_entry.iteration,
+            search_params=proposal.search_params,
+        )
         if proposal.status != "ok" or proposal.design is None:
             _record_unusable(entry, parent, proposal)
             accepted = None
@@ -684,8 +876,15 @@ class MemSteerOpt:
         self._record(entry, folder, feedback, state, new_state)
         return entry
 
-    def _candidate_step(self, t: int, parent: MemoryDesign, proposal: Proposal, best_entry: TrajectoryEntry,
-                        entries: list[TrajectoryEntry], entry: TrajectoryEntry) -> MemoryDesign | None:  # fmt: skip
+    def _candidate_step(
+        self,
+        t: int,
+        parent: MemoryDesign,
+        proposal: Proposal,
+        best_entry: TrajectoryEntry,
+        entries: list[TrajectoryEntry],
+        entry: TrajectoryEntry,
+    ) -> MemoryDesign | None:
         """Score, decide and (when it is rejected) screen a usable proposal; returns the accepted
         design, if any, having filled in the entry."""
         folder = self._iter_dir(t)
@@ -694,8 +893,11 @@ class MemSteerOpt:
         entry.changes = design_diff(parent, design)
         entry.retrieval_lm_calls = retrieval_lm_calls(design)
         design.save(folder / "design.json")
-        write_atomic(folder / "rationale.md", f"# Iteration {t}\n\n{proposal.rationale.strip()}\n\n## Changes\n\n"
-                     + "".join(f"- {c}\n" for c in entry.changes))  # fmt: skip
+        write_atomic(
+            folder / "rationale.md",
+            f"# Iteration {t}\n\n{proposal.rationale.strip()}\n\n## Changes\n\n"
+            + "".join(f"- {c}\n" for c in entry.changes),
+        )
         scored = self._try_score(design, folder, best_entry.score)
         entry.score, entry.screen_score = scored.score, scored.screen
         incumbent = self.candidate(best_entry)
@@ -727,37 +929,60 @@ class MemSteerOpt:
         return new_state
 
     # -- record -------------------------------------------------------------------------------
-    def _record(self, entry: TrajectoryEntry, folder: Path, feedback: Feedback | None,
-                feedback_state: TrainState | None, new_state: TrainState | None) -> None:  # fmt: skip
+    def _record(
+        self,
+        entry: TrajectoryEntry,
+        folder: Path,
+        feedback: Feedback | None,
+        feedback_state: TrainState | None,
+        new_state: TrainState | None,
+    ) -> None:
         """Announce the finished entry (listeners may stamp it), write it, announce it written."""
-        self.callbacks.on_candidate_done({"entry": entry, "folder": folder, "feedback": feedback,
-                                          "feedback_state": feedback_state, "new_state": new_state})  # fmt: skip
+        self.callbacks.on_candidate_done(
+            {
+                "entry": entry,
+                "folder": folder,
+                "feedback": feedback,
+                "feedback_state": feedback_state,
+                "new_state": new_state,
+            }
+        )
         self._append(entry)
-        self.callbacks.on_iteration_end({"entry": entry, "total": self.config.iterations,
-                                         "objective": self.config.objective})  # fmt: skip
+        self.callbacks.on_iteration_end(
+            {"entry": entry, "total": self.config.iterations, "objective": self.config.objective}
+        )
 
-    def _write_outputs(self, entries: list[TrajectoryEntry], result: OptimizeResult | None = None) -> None:
+    def _write_outputs(
+        self, entries: list[TrajectoryEntry], result: OptimizeResult | None = None
+    ) -> None:
         write_outputs(self.out, entries, self.config, self.history, self._settings(), result)
 
 
-def _check_inputs(c: OptimizeConfig, train: list[QAItem], val: list[QAItem], test: list[QAItem]) -> None:
+def _check_inputs(
+    c: OptimizeConfig, train: list[QAItem], val: list[QAItem], test: list[QAItem]
+) -> None:
     """Refuse an unknown objective or feedback mode, missing supervision, or test items that are
     also train or validation items."""
     if c.objective not in OBJECTIVES:
-        raise ConfigError(f"unknown objective {c.objective!r}; choose one of {', '.join(OBJECTIVES)}")
+        raise ConfigError(
+            f"unknown objective {c.objective!r}; choose one of {', '.join(OBJECTIVES)}"
+        )
     if c.feedback not in FEEDBACK_MODES:
-        raise ConfigError(f"unknown feedback mode {c.feedback!r}; choose one of {', '.join(FEEDBACK_MODES)}")
+        raise ConfigError(
+            f"unknown feedback mode {c.feedback!r}; choose one of {', '.join(FEEDBACK_MODES)}"
+        )
     if not train or not val:
         raise InputError(
             f"MemSteer-Opt needs training and validation QA items (got {len(train)} train, {len(val)} val)",
             hint="generate supervision (memsteer generate) or use --supervision official",
-        )  # fmt: skip
+        )
     overlap = {q.id for q in test} & {q.id for q in [*train, *val]}
     if overlap:
         raise InputError(
             f"{len(overlap)} test item(s) are also train or validation items (e.g. {sorted(overlap)[0]!r})",
-            field="--test", hint="held-out items must be ones the optimizer never sees",
-        )  # fmt: skip
+            field="--test",
+            hint="held-out items must be ones the optimizer never sees",
+        )
 
 
 def _record_unusable(entry: TrajectoryEntry, parent: MemoryDesign, proposal: Proposal) -> None:

@@ -16,8 +16,19 @@ from typing import get_args
 from memsteer_dspy.memory.design import AnswerSpec
 from memsteer_dspy.optimize.types import Objective, Score
 
-__all__ = ["OBJECTIVES", "Objective", "Score", "accept", "at_ceiling", "metrics_for",
-           "passes_screen", "recall_better", "recall_not_worse", "selected_by", "unscored_fields"]
+__all__ = [
+    "OBJECTIVES",
+    "Objective",
+    "Score",
+    "accept",
+    "at_ceiling",
+    "metrics_for",
+    "passes_screen",
+    "recall_better",
+    "recall_not_worse",
+    "selected_by",
+    "unscored_fields",
+]
 
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
 _EPS = 1e-9
@@ -86,5 +97,8 @@ def accept(objective: Objective, candidate: Score, current: Score) -> bool:
 
 def selected_by(objective: Objective) -> str:
     """What decided an accepted design, as reported in the trajectory and summary."""
-    return {"accuracy": "accuracy", "recall": "delivered recall (R@10 tie-break)",
-            "recall-then-accuracy": "recall screen + accuracy"}[objective]  # fmt: skip
+    return {
+        "accuracy": "accuracy",
+        "recall": "delivered recall (R@10 tie-break)",
+        "recall-then-accuracy": "recall screen + accuracy",
+    }[objective]

@@ -61,12 +61,30 @@ from memsteer_dspy.tokens import count_tokens
 
 # Kept importable from here: the proposer's inputs and outputs, and its grammar helpers.
 __all__ = [
-    "CHANGES_MAX_TOKENS", "DESIGN_FIELDS", "HISTORY_TOKENS", "MAX_RATIONALE_CHARS", "MAX_VALUE_CHARS",
-    "MIN_UNTRIED_FIELDS", "RATIONALE_TOKENS", "DesignProposer", "Proposal", "ProposalAttempt",
-    "ProposerAdapter", "RevisionEntry", "apply_changes", "changes_signature", "compact_design",
-    "design_diff", "design_space_schema", "excluded_values", "field_value_schema", "rejected_alone",
-    "render_history", "single_change", "tried_fields",
-]  # fmt: skip
+    "CHANGES_MAX_TOKENS",
+    "DESIGN_FIELDS",
+    "HISTORY_TOKENS",
+    "MAX_RATIONALE_CHARS",
+    "MAX_VALUE_CHARS",
+    "MIN_UNTRIED_FIELDS",
+    "RATIONALE_TOKENS",
+    "DesignProposer",
+    "Proposal",
+    "ProposalAttempt",
+    "ProposerAdapter",
+    "RevisionEntry",
+    "apply_changes",
+    "changes_signature",
+    "compact_design",
+    "design_diff",
+    "design_space_schema",
+    "excluded_values",
+    "field_value_schema",
+    "rejected_alone",
+    "render_history",
+    "single_change",
+    "tried_fields",
+]
 
 HISTORY_TOKENS = 900
 

@@ -89,8 +89,9 @@ def carve_test(
         raise InputError(
             f"carving {fraction:.0%} of {len(train) + len(val)} items out as a test split leaves "
             f"{len(new_train)} train / {len(new_val)} validation items",
-            field="--test-fraction", hint="generate more supervision, or pass --test PATH with held-out items",
-        )  # fmt: skip
+            field="--test-fraction",
+            hint="generate more supervision, or pass --test PATH with held-out items",
+        )
     test = list({q.id: q for q in [*train, *val] if q.id in test_ids}.values())
     return new_train, new_val, test
 
@@ -104,9 +105,10 @@ def read_supervision(folder: str | Path) -> tuple[list[QAItem], list[QAItem]]:
         path = folder / name
         if not path.is_file():
             raise InputError(
-                f"the supervision folder has no {name}", file=folder,
+                f"the supervision folder has no {name}",
+                file=folder,
                 hint="pass --supervision official, or a folder `memsteer generate` wrote (train.jsonl and val.jsonl)",
-            )  # fmt: skip
+            )
         items = read_qa_items(path, on_error="raise", skipped=[])
         if not items:
             raise InputError(
@@ -121,9 +123,11 @@ def read_supervision(folder: str | Path) -> tuple[list[QAItem], list[QAItem]]:
         shown = ", ".join(repr(i) for i in shared[:5]) + (" ..." if len(shared) > 5 else "")
         raise InputError(
             f"{len(shared)} item id(s) are in both train.jsonl and val.jsonl ({shown}): selecting on "
-            "items the feedback was drawn from would overstate every design", file=folder / "val.jsonl",
-            record=shared[0], hint="keep each item in one split (memsteer generate writes disjoint ones)",
-        )  # fmt: skip
+            "items the feedback was drawn from would overstate every design",
+            file=folder / "val.jsonl",
+            record=shared[0],
+            hint="keep each item in one split (memsteer generate writes disjoint ones)",
+        )
     return out[0], out[1]
 
 

@@ -53,9 +53,11 @@ def ceiling_reason(best: TrajectoryEntry, t: int) -> str:
     who = (
         "the initial design" if best.iteration == 0 else f"the design of iteration {best.iteration}"
     )
-    return (f"{who} already scores the maximum on validation ({best.score.short() if best.score else '-'}), "
-            f"so no candidate can be strictly better there; iterations {t}..: not run "
-            "(a larger or harder validation set is needed to separate designs)")  # fmt: skip
+    return (
+        f"{who} already scores the maximum on validation ({best.score.short() if best.score else '-'}), "
+        f"so no candidate can be strictly better there; iterations {t}..: not run "
+        "(a larger or harder validation set is needed to separate designs)"
+    )
 
 
 class RunState:
@@ -83,13 +85,19 @@ class RunState:
             try:
                 e = TrajectoryEntry.model_validate(obj)
             except ValueError as exc:
-                raise InputError(f"not a trajectory entry ({exc})", file=log.path, line=n,
-                                 hint="rerun with --restart to start this run over") from None  # fmt: skip
+                raise InputError(
+                    f"not a trajectory entry ({exc})",
+                    file=log.path,
+                    line=n,
+                    hint="rerun with --restart to start this run over",
+                ) from None
             if e.iteration != len(entries):
                 raise InputError(
                     f"iteration {e.iteration} follows iteration {len(entries) - 1}: the trajectory has a gap",
-                    file=log.path, line=n, hint="rerun with --restart to start this run over",
-                )  # fmt: skip
+                    file=log.path,
+                    line=n,
+                    hint="rerun with --restart to start this run over",
+                )
             entries.append(e)
         return entries
 
@@ -101,8 +109,14 @@ class RunState:
         path = self.iter_dir(iteration) / "val" / "items.jsonl"
         return [ItemResult.model_validate(obj) for obj in JsonlLog(path).read(repair=False)]
 
-    def saved_proposal(self, t: int, name: str = "proposal.json", *, check: Callable[[Any], None] | None = None,
-                       retry_failed: bool = True) -> Proposal | None:  # fmt: skip
+    def saved_proposal(
+        self,
+        t: int,
+        name: str = "proposal.json",
+        *,
+        check: Callable[[Any], None] | None = None,
+        retry_failed: bool = True,
+    ) -> Proposal | None:
         """A proposal saved before an interruption, to reuse: None when there is none, it does not
         parse, ``check`` now refuses its design (the run's limits may have changed since, e.g.
         ``--max-build-calls``), or it failed and ``retry_failed`` (an LM failure is asked again)."""

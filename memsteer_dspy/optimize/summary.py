@@ -30,14 +30,21 @@ def _pct(v: float | None) -> str:
 
 def render_test(test: PairedComparison) -> list[str]:
     """The held-out section of ``summary.md``."""
-    lines = ["## Held-out test", "",
-             f"{test.n} items ({test.source or 'test split'}), never used for feedback or selection. "
-             f"Verdict on {test.primary}: **{test.verdict}** (paired bootstrap 95% interval, {test.resamples} "
-             f"resamples, seed {test.seed}; one-sided p = {test.p_bootstrap:.3f}, sign test p = {test.p_sign:.3f}).",
-             "", "| metric | initial | best | diff | 95% CI |", "|---|---:|---:|---:|---|"]  # fmt: skip
+    lines = [
+        "## Held-out test",
+        "",
+        f"{test.n} items ({test.source or 'test split'}), never used for feedback or selection. "
+        f"Verdict on {test.primary}: **{test.verdict}** (paired bootstrap 95% interval, {test.resamples} "
+        f"resamples, seed {test.seed}; one-sided p = {test.p_bootstrap:.3f}, sign test p = {test.p_sign:.3f}).",
+        "",
+        "| metric | initial | best | diff | 95% CI |",
+        "|---|---:|---:|---:|---|",
+    ]
     for m in test.initial:
-        lines.append(f"| {m} | {_pct(test.initial[m])} | {_pct(test.best.get(m))} | {points(test.diff.get(m))} | "
-                     f"{points_ci(test.ci95.get(m))} |")  # fmt: skip
+        lines.append(
+            f"| {m} | {_pct(test.initial[m])} | {_pct(test.best.get(m))} | {points(test.diff.get(m))} | "
+            f"{points_ci(test.ci95.get(m))} |"
+        )
     return lines + [""]
 
 
@@ -104,24 +111,43 @@ def render_summary(
     lines += ["", "## Accepted path", ""]
     for e in path:
         what = "; ".join(e.changes) if e.changes else "initial design"
-        lines.append(f"- iteration {e.iteration} `{e.design_key}`: {e.score.short() if e.score else '-'} — {what}"
-                     + (f" (selected by {e.selected_by})" if e.iteration else ""))  # fmt: skip
+        lines.append(
+            f"- iteration {e.iteration} `{e.design_key}`: {e.score.short() if e.score else '-'} — {what}"
+            + (f" (selected by {e.selected_by})" if e.iteration else "")
+        )
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(out: Path, entries: list[TrajectoryEntry], config: OptimizeConfig, history: History,
-                  settings: dict[str, Any], result: OptimizeResult | None = None) -> None:  # fmt: skip
+def write_outputs(
+    out: Path,
+    entries: list[TrajectoryEntry],
+    config: OptimizeConfig,
+    history: History,
+    settings: dict[str, Any],
+    result: OptimizeResult | None = None,
+) -> None:
     """Rewrite ``best_design.json`` and ``summary.md`` (after every iteration), and with the final
     ``result`` ``summary.json``."""
     best = best_of(entries)
     MemoryDesign.from_dict(best.design).save(out / "best_design.json")
     test = result.test if result is not None else None
     stopped = result.stopped if result is not None else None
-    write_atomic(out / "summary.md", render_summary(entries, config, history, settings, test=test, stopped=stopped))
+    write_atomic(
+        out / "summary.md",
+        render_summary(entries, config, history, settings, test=test, stopped=stopped),
+    )
     if result is not None:
         c = config
-        data = {"user": history.user_id, "objective": c.objective, "search": c.search,
-                "parents": c.parents if c.search == "population" else None, "accept": c.accept,
-                "feedback": c.feedback, "n_train": settings.get("n_train"), "n_val": settings.get("n_val"),
-                "resolved": c.resolved, **result.summary()}  # fmt: skip
+        data = {
+            "user": history.user_id,
+            "objective": c.objective,
+            "search": c.search,
+            "parents": c.parents if c.search == "population" else None,
+            "accept": c.accept,
+            "feedback": c.feedback,
+            "n_train": settings.get("n_train"),
+            "n_val": settings.get("n_val"),
+            "resolved": c.resolved,
+            **result.summary(),
+        }
         write_json(out / "summary.json", data)

@@ -42,8 +42,12 @@ from memsteer_dspy.signatures.query import (
 from memsteer_dspy.tracking import Tracker
 
 OPTIMIZERS = ("gepa", "mipro")
-QUERY_SIGNATURES = {"rewrite": RewriteQuery, "decompose": DecomposeQuestion, "hyde": HypotheticalRecords,
-                    "multi_query": MultiQuery}  # fmt: skip
+QUERY_SIGNATURES = {
+    "rewrite": RewriteQuery,
+    "decompose": DecomposeQuestion,
+    "hyde": HypotheticalRecords,
+    "multi_query": MultiQuery,
+}
 
 
 class _Shared:
@@ -82,8 +86,14 @@ class MemoryQA(dspy.Module):
             out = [self.rewriter(question=question, question_date=question_date).query]
         else:
             pred = self.rewriter(question=question, question_date=question_date, n=spec.n_queries)
-            out = list({"decompose": pred.get("sub_questions"), "hyde": pred.get("records"),
-                        "multi_query": pred.get("queries")}[spec.query] or [])  # fmt: skip
+            out = list(
+                {
+                    "decompose": pred.get("sub_questions"),
+                    "hyde": pred.get("records"),
+                    "multi_query": pred.get("queries"),
+                }[spec.query]
+                or []
+            )
         out = [str(q).strip() for q in out if str(q).strip()][
             : 1 if spec.query == "rewrite" else spec.n_queries
         ]
@@ -95,8 +105,9 @@ class MemoryQA(dspy.Module):
         system = self._memory.system
         qd = date_text(question_date)
         as_of = question_date if self.protocol == "as_of" else None
-        retrieved = system.retriever(question, question_date=question_date, as_of=as_of,
-                                     queries=self.queries(question, qd))  # fmt: skip
+        retrieved = system.retriever(
+            question, question_date=question_date, as_of=as_of, queries=self.queries(question, qd)
+        )
         built = system.context_builder(retrieved.indices, retrieved.cutoff_day)
         trace = system._trace(question, question_date, retrieved, built)
         answer = self.answerer(question=question, question_date=qd, context=built.text).answer
@@ -115,11 +126,15 @@ def to_examples(items: list[QAItem]) -> list[dspy.Example]:
     """QA items as ``dspy.Example``s: inputs ``question``, ``question_date``; labels the rest."""
     return [
         dspy.Example(
-            question=q.question, question_date=q.question_date.isoformat() if q.question_date else None,
-            answer=q.answer, answer_type=str(q.answer_type), evidence_ids=list(q.evidence_ids), qa_id=q.id,
+            question=q.question,
+            question_date=q.question_date.isoformat() if q.question_date else None,
+            answer=q.answer,
+            answer_type=str(q.answer_type),
+            evidence_ids=list(q.evidence_ids),
+            qa_id=q.id,
         ).with_inputs("question", "question_date")
         for q in items
-    ]  # fmt: skip
+    ]
 
 
 class CorrectnessMetric:
@@ -161,8 +176,11 @@ class CorrectnessMetric:
     @staticmethod
     def explain(gold, pred, ok: bool, pred_name: str | None) -> str:
         answer = str(getattr(pred, "answer", "") or "")
-        head = (f"Correct: the answer {answer!r} agrees with the reference {gold.answer!r}." if ok
-                else f"Incorrect: the answer was {answer!r}; the reference answer is {gold.answer!r}.")  # fmt: skip
+        head = (
+            f"Correct: the answer {answer!r} agrees with the reference {gold.answer!r}."
+            if ok
+            else f"Incorrect: the answer was {answer!r}; the reference answer is {gold.answer!r}."
+        )
         trace = getattr(pred, "trace", None)
         evidence = list(gold.get("evidence_ids") or [])
         if trace is None or not evidence:
@@ -178,8 +196,10 @@ class CorrectnessMetric:
             found = (
                 ", ".join(f"{r} (rank {ranks[r]})" for r in missing if r in ranks) or "none of them"
             )
-            where = (f"{len(evidence) - len(missing)} of {len(evidence)} gold evidence records reached the "
-                     f"answerer; missing: {', '.join(missing)}; of the missing, retrieved but not delivered: {found}")  # fmt: skip
+            where = (
+                f"{len(evidence) - len(missing)} of {len(evidence)} gold evidence records reached the "
+                f"answerer; missing: {', '.join(missing)}; of the missing, retrieved but not delivered: {found}"
+            )
             tip = "."
             if pred_name == "rewriter":
                 tip = f". Queries searched: {trace.queries}. Write queries that would find the missing records."
@@ -207,23 +227,49 @@ class TuneResult(BaseModel):
 def _accuracy(
     program: dspy.Module, examples: list[dspy.Example], metric: CorrectnessMetric, threads: int
 ) -> tuple[float, list]:
-    evaluator = dspy.Evaluate(devset=examples, metric=metric, num_threads=threads, display_progress=False,
-                              max_errors=len(examples) + 1, failure_score=0.0)  # fmt: skip
+    evaluator = dspy.Evaluate(
+        devset=examples,
+        metric=metric,
+        num_threads=threads,
+        display_progress=False,
+        max_errors=len(examples) + 1,
+        failure_score=0.0,
+    )
     res = evaluator(program)
     rows = []
     for ex, pred, score in res.results:
-        rows.append({"qa_id": ex.get("qa_id"), "question": ex.question, "reference": ex.answer,
-                     "prediction": str(getattr(pred, "answer", "") or ""), "correct": float(score or 0.0)})  # fmt: skip
+        rows.append(
+            {
+                "qa_id": ex.get("qa_id"),
+                "question": ex.question,
+                "reference": ex.answer,
+                "prediction": str(getattr(pred, "answer", "") or ""),
+                "correct": float(score or 0.0),
+            }
+        )
     return (sum(r["correct"] for r in rows) / len(rows) if rows else 0.0), rows
 
 
 def tune_prompts(
-    history: History, train: list[QAItem], val: list[QAItem], design: MemoryDesign, *, out_dir: str | Path,
-    optimizer: str = "gepa", answerer_lm: Any, judge_lm: Any = None, reflection_lm: Any = None,
-    auto: str | None = "light", max_metric_calls: int | None = None, seed: int = 0, threads: int = 1,
-    protocol: str = "full", cache_dir: str | Path | None = None, tracker: Any = None,
+    history: History,
+    train: list[QAItem],
+    val: list[QAItem],
+    design: MemoryDesign,
+    *,
+    out_dir: str | Path,
+    optimizer: str = "gepa",
+    answerer_lm: Any,
+    judge_lm: Any = None,
+    reflection_lm: Any = None,
+    auto: str | None = "light",
+    max_metric_calls: int | None = None,
+    seed: int = 0,
+    threads: int = 1,
+    protocol: str = "full",
+    cache_dir: str | Path | None = None,
+    tracker: Any = None,
     run_params: dict[str, Any] | None = None,
-) -> TuneResult:  # fmt: skip
+) -> TuneResult:
     """Tune the answerer (and query-rewriter) prompts of ``design`` with GEPA or MIPROv2 on ``train``,
     selecting on ``val``; writes ``tuned_program.json``, ``instructions.json`` and ``result.json``."""
     if optimizer not in OPTIMIZERS:
@@ -239,16 +285,32 @@ def tune_prompts(
     trainset, valset = to_examples(train), to_examples(val)
     score_metric = CorrectnessMetric(judge_lm)
     run_id = tracker.start_run(f"tune-prompts-{optimizer}", tags={"memsteer.kind": "tune-prompts"})
-    tracker.log_params(run_id, {"optimizer": optimizer, "design_key": design.key(), "n_train": len(train),
-                                "n_val": len(val), "auto": auto, "max_metric_calls": max_metric_calls, "seed": seed,
-                                "protocol": protocol, **(run_params or {})})  # fmt: skip
+    tracker.log_params(
+        run_id,
+        {
+            "optimizer": optimizer,
+            "design_key": design.key(),
+            "n_train": len(train),
+            "n_val": len(val),
+            "auto": auto,
+            "max_metric_calls": max_metric_calls,
+            "seed": seed,
+            "protocol": protocol,
+            **(run_params or {}),
+        },
+    )
     before, rows_before = _accuracy(student, valset, score_metric, threads)
     if optimizer == "gepa":
         tuner = dspy.GEPA(
-            metric=CorrectnessMetric(judge_lm, feedback=True), auto=auto if max_metric_calls is None else None,
-            max_metric_calls=max_metric_calls, reflection_lm=reflection_lm or answerer_lm, num_threads=threads,
-            seed=seed, log_dir=str(out / "gepa"), track_stats=True,
-        )  # fmt: skip
+            metric=CorrectnessMetric(judge_lm, feedback=True),
+            auto=auto if max_metric_calls is None else None,
+            max_metric_calls=max_metric_calls,
+            reflection_lm=reflection_lm or answerer_lm,
+            num_threads=threads,
+            seed=seed,
+            log_dir=str(out / "gepa"),
+            track_stats=True,
+        )
         tuned = tuner.compile(student, trainset=trainset, valset=valset)
     else:
         try:
@@ -257,9 +319,17 @@ def tune_prompts(
             raise MissingExtraError(
                 "optuna", "tune", "memsteer tune-prompts --optimizer mipro (MIPROv2)"
             ) from None
-        tuner = dspy.MIPROv2(metric=score_metric, prompt_model=reflection_lm or answerer_lm, task_model=answerer_lm,
-                             auto=auto or "light", num_threads=threads, seed=seed, max_bootstrapped_demos=0,
-                             max_labeled_demos=0, verbose=False)  # fmt: skip
+        tuner = dspy.MIPROv2(
+            metric=score_metric,
+            prompt_model=reflection_lm or answerer_lm,
+            task_model=answerer_lm,
+            auto=auto or "light",
+            num_threads=threads,
+            seed=seed,
+            max_bootstrapped_demos=0,
+            max_labeled_demos=0,
+            verbose=False,
+        )
         tuned = tuner.compile(student, trainset=trainset, valset=valset)
     after, rows_after = _accuracy(tuned, valset, score_metric, threads)
     instructions = {name: p.signature.instructions for name, p in tuned.named_predictors()}
@@ -268,10 +338,18 @@ def tune_prompts(
         json.dumps(instructions, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
     )
     result = TuneResult(
-        optimizer=optimizer, design_key=design.key(), n_train=len(train), n_val=len(val), val_before=before,
-        val_after=after, instructions=instructions, seconds=round(time.perf_counter() - t0, 3), out_dir=str(out),
-        tracking_uri=tracker.uri if tracker.active else None, run_id=run_id,
-    )  # fmt: skip
+        optimizer=optimizer,
+        design_key=design.key(),
+        n_train=len(train),
+        n_val=len(val),
+        val_before=before,
+        val_after=after,
+        instructions=instructions,
+        seconds=round(time.perf_counter() - t0, 3),
+        out_dir=str(out),
+        tracking_uri=tracker.uri if tracker.active else None,
+        run_id=run_id,
+    )
     (out / "result.json").write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
     tracker.log_metrics(
         run_id,

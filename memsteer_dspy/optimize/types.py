@@ -54,9 +54,14 @@ class Score(BaseModel):
     @classmethod
     def from_summary(cls, summary: MetricSummary, metrics: str) -> Score:
         return cls(
-            n=summary.n, accuracy=summary.accuracy, qs=summary.qs, recall_at_10=summary.recall_at_10,
-            delivered_recall=summary.delivered_recall, errors=summary.errors, metrics=metrics,
-        )  # fmt: skip
+            n=summary.n,
+            accuracy=summary.accuracy,
+            qs=summary.qs,
+            recall_at_10=summary.recall_at_10,
+            delivered_recall=summary.delivered_recall,
+            errors=summary.errors,
+            metrics=metrics,
+        )
 
     def recall_key(self) -> tuple[float, float]:
         return (self.delivered_recall or 0.0, self.recall_at_10 or 0.0)
@@ -100,11 +105,14 @@ class Cost(BaseModel):
             if v.get("cost_usd") is not None:
                 mine["cost_usd"] = (mine.get("cost_usd") or 0.0) + v["cost_usd"]
         return Cost(
-            calls=self.calls + other.calls, prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            calls=self.calls + other.calls,
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
-            total_tokens=self.total_tokens + other.total_tokens, seconds=round(self.seconds + other.seconds, 3),
-            cost_usd=_add_usd(self.cost_usd, other.cost_usd), by_role=roles,
-        )  # fmt: skip
+            total_tokens=self.total_tokens + other.total_tokens,
+            seconds=round(self.seconds + other.seconds, 3),
+            cost_usd=_add_usd(self.cost_usd, other.cost_usd),
+            by_role=roles,
+        )
 
     def short(self) -> str:
         usd = f", ${self.cost_usd:.4f}" if self.cost_usd is not None else ""
@@ -146,14 +154,27 @@ def usage_delta(
 # Fields that only make sense together: a switch and the settings that act under it, and the
 # top-k / pool pair (pool >= top_k). A sub-change moves each such group as one.
 COUPLED: tuple[tuple[str, ...], ...] = (
-    ("store.unit", "store.window_size", "store.window_stride", "store.section_max_tokens", "store.facts_batch",
-     "store.max_facts_per_record"),
+    (
+        "store.unit",
+        "store.window_size",
+        "store.window_stride",
+        "store.section_max_tokens",
+        "store.facts_batch",
+        "store.max_facts_per_record",
+    ),
     ("retrieve.top_k", "retrieve.pool"),
     ("retrieve.query", "retrieve.keep_original_query", "retrieve.n_queries"),
     ("retrieve.rerank", "retrieve.reranker_model", "retrieve.rerank_top"),
-    ("retrieve.index", "retrieve.bm25_weight", "retrieve.dense_weight", "retrieve.dense.embedder",
-     "retrieve.dense.backend", "retrieve.dense.query_instruction", "retrieve.dense.max_chars"),
-)  # fmt: skip
+    (
+        "retrieve.index",
+        "retrieve.bm25_weight",
+        "retrieve.dense_weight",
+        "retrieve.dense.embedder",
+        "retrieve.dense.backend",
+        "retrieve.dense.query_instruction",
+        "retrieve.dense.max_chars",
+    ),
+)
 
 
 def flat_fields(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -362,9 +383,16 @@ class TrajectoryEntry(BaseModel):
             sc.get("changes") or [] for sc in self.sub_screens if sc.get("status") == "rejected"
         ]
         alone = [c for c in map(single_change, tabu) if c is not None]
-        return RevisionEntry(iteration=self.iteration, status=self.status, changes=self.changes, score=score,
-                             rationale=self.rationale, note=note, tried_alone=self.tried_alone,
-                             rejected_alone=alone)  # fmt: skip
+        return RevisionEntry(
+            iteration=self.iteration,
+            status=self.status,
+            changes=self.changes,
+            score=score,
+            rationale=self.rationale,
+            note=note,
+            tried_alone=self.tried_alone,
+            rejected_alone=alone,
+        )
 
 
 class OptimizeResult(BaseModel):
@@ -392,21 +420,36 @@ class OptimizeResult(BaseModel):
         """``summary.json``: the result in machine-readable form (``test`` as in the issue)."""
         total = self.entries[-1].cost_total if self.entries else Cost()
         return {
-            "out": self.out_dir, "iterations": len(self.entries) - 1, "accepted_path": self.accepted_path,
-            "best_iteration": self.best_iteration, "best_design_key": self.best_design.key(),
-            "initial": self.baseline_score.model_dump(), "best": self.best_score.model_dump(),
-            "cost": total.model_dump(), "tracking_uri": self.tracking_uri, "mlflow_parent_run_id": self.parent_run_id,
+            "out": self.out_dir,
+            "iterations": len(self.entries) - 1,
+            "accepted_path": self.accepted_path,
+            "best_iteration": self.best_iteration,
+            "best_design_key": self.best_design.key(),
+            "initial": self.baseline_score.model_dump(),
+            "best": self.best_score.model_dump(),
+            "cost": total.model_dump(),
+            "tracking_uri": self.tracking_uri,
+            "mlflow_parent_run_id": self.parent_run_id,
             "test": self.test.model_dump(mode="json") if self.test is not None else None,
             "stopped": self.stopped,
             "candidates": [
-                {"iteration": e.iteration, "status": e.status, "design_key": e.design_key,
-                 "parent_iteration": e.parent_iteration, "score": (e.score or e.screen_score).model_dump()
-                 if (e.score or e.screen_score) else None, "retrieval_lm_calls": e.retrieval_lm_calls,
-                 "accept_stats": e.accept_stats, "lm_calls": e.cost.calls, "tokens": e.cost.total_tokens,
-                 "seconds": e.cost.seconds}
+                {
+                    "iteration": e.iteration,
+                    "status": e.status,
+                    "design_key": e.design_key,
+                    "parent_iteration": e.parent_iteration,
+                    "score": (e.score or e.screen_score).model_dump()
+                    if (e.score or e.screen_score)
+                    else None,
+                    "retrieval_lm_calls": e.retrieval_lm_calls,
+                    "accept_stats": e.accept_stats,
+                    "lm_calls": e.cost.calls,
+                    "tokens": e.cost.total_tokens,
+                    "seconds": e.cost.seconds,
+                }
                 for e in self.entries
             ],
-        }  # fmt: skip
+        }
 
 
 # --------------------------------------------------------------------------------------------
@@ -432,8 +475,15 @@ class Proposer(Protocol):
 
     uses_feedback: bool
 
-    def propose(self, parent: MemoryDesign, history: list[RevisionEntry], feedback: str, *,
-                seen: dict[str, str], iteration: int) -> Proposal: ...  # fmt: skip
+    def propose(
+        self,
+        parent: MemoryDesign,
+        history: list[RevisionEntry],
+        feedback: str,
+        *,
+        seen: dict[str, str],
+        iteration: int,
+    ) -> Proposal: ...
 
     def observe(self, entry: TrajectoryEntry) -> None: ...
 

@@ -290,8 +290,13 @@ def drop_stray_facts(
     kept = [f for f in plan.facts if f.span_id not in stray]
     if {_record_of(f.span_id) for f in kept if f.span_id in span_texts} != evidence:
         return plan, None
-    repair = Repair(stage="plan", field="facts", before=", ".join(stray), after="",
-                    reason="facts cited outside the evidence records were dropped")  # fmt: skip
+    repair = Repair(
+        stage="plan",
+        field="facts",
+        before=", ".join(stray),
+        after="",
+        reason="facts cited outside the evidence records were dropped",
+    )
     return plan.model_copy(update={"facts": kept}), repair
 
 
@@ -315,8 +320,13 @@ def expand_name(plan: AnswerPlan, span_texts: dict[str, str]) -> tuple[AnswerPla
     found = {(m.group(1) + answer + m.group(2)).strip() for m in pattern.finditer(text)}
     if len(found) != 1 or (full := found.pop()) == answer or len(full.split()) > 4:
         return plan, None
-    repair = Repair(stage="plan", field="answer", before=answer, after=full,
-                    reason="the answer span writes the full name")  # fmt: skip
+    repair = Repair(
+        stage="plan",
+        field="answer",
+        before=answer,
+        after=full,
+        reason="the answer span writes the full name",
+    )
     return plan.model_copy(update={"answer": full}), repair
 
 
@@ -350,19 +360,26 @@ def _unstated_issue(
 ) -> PlanIssue | None:
     """``answer_not_stated`` for a plan whose cited spans hold its answer without stating a fact
     about it (see the module docstring), or None."""
-    cited = [sid for sid in dict.fromkeys([plan.answer_span_id, *(f.span_id for f in plan.facts)])
-             if sid in span_texts]  # fmt: skip
+    cited = [
+        sid
+        for sid in dict.fromkeys([plan.answer_span_id, *(f.span_id for f in plan.facts)])
+        if sid in span_texts
+    ]
     if kind in (*EXTRACTIVE_TYPES, AnswerType.LIST):
         items = list_items(plan.answer) if kind is AnswerType.LIST else [plan.answer]
         holding = [sid for sid in cited if any(_contains(span_texts[sid], i) for i in items)]
         if holding and all(_URL.search(span_texts[sid]) for sid in holding):
-            return PlanIssue(code=PlanCheckCode.ANSWER_NOT_STATED,
-                             detail=f"{plan.answer!r} is only in a source or link line")  # fmt: skip
+            return PlanIssue(
+                code=PlanCheckCode.ANSWER_NOT_STATED,
+                detail=f"{plan.answer!r} is only in a source or link line",
+            )
     if kind is AnswerType.DATE:
         span = span_texts.get(plan.answer_span_id or "")
         if span is not None and states_nothing(span) and not _DATE_IN_TEXT.search(span):
-            return PlanIssue(code=PlanCheckCode.ANSWER_NOT_STATED,
-                             detail=f"the date is cited from a heading that writes none: {span[:60]!r}")  # fmt: skip
+            return PlanIssue(
+                code=PlanCheckCode.ANSWER_NOT_STATED,
+                detail=f"the date is cited from a heading that writes none: {span[:60]!r}",
+            )
     if kind is AnswerType.NUMBER:
         try:
             value = round(parse_answer(plan.answer, kind).value, 9)
@@ -441,8 +458,12 @@ def check_plan(
     if task_kind and (wrong := _kind_issue(resolved, kind, task)) is not None:
         issues.append(wrong)
     if kind in EXTRACTIVE_TYPES and len(resolved.answer.split()) > max_answer_words:
-        issues.append(PlanIssue(code=PlanCheckCode.ANSWER_TOO_LONG,
-                                detail=f"{len(resolved.answer.split())} words (at most {max_answer_words})"))  # fmt: skip
+        issues.append(
+            PlanIssue(
+                code=PlanCheckCode.ANSWER_TOO_LONG,
+                detail=f"{len(resolved.answer.split())} words (at most {max_answer_words})",
+            )
+        )
 
     support = _answer_support_issue(resolved, kind, span_texts)
     if support is not None and repair and kind in EXTRACTIVE_TYPES:
@@ -476,8 +497,12 @@ def check_plan(
         issues.append(PlanIssue(code=PlanCheckCode.NO_FACTS, detail="the plan cites no fact"))
     evidence_ids = resolved.evidence_ids
     if len(evidence_ids) != task.evidence_count:
-        issues.append(PlanIssue(code=PlanCheckCode.EVIDENCE_COUNT,
-                                detail=f"{len(evidence_ids)} evidence records, the task asks for {task.evidence_count}"))  # fmt: skip
+        issues.append(
+            PlanIssue(
+                code=PlanCheckCode.EVIDENCE_COUNT,
+                detail=f"{len(evidence_ids)} evidence records, the task asks for {task.evidence_count}",
+            )
+        )
     fact_records = {_record_of(f.span_id) for f in resolved.facts if f.span_id in span_texts}
     for rid in evidence_ids:
         if rid in view.record_labels.values() and rid not in fact_records:
@@ -488,8 +513,12 @@ def check_plan(
             )
     for f in resolved.facts:
         if f.span_id in span_texts and _record_of(f.span_id) not in evidence_ids:
-            issues.append(PlanIssue(code=PlanCheckCode.FACT_OUTSIDE_EVIDENCE,
-                                    detail=f"fact {f.span_id} is not from an evidence record"))  # fmt: skip
+            issues.append(
+                PlanIssue(
+                    code=PlanCheckCode.FACT_OUTSIDE_EVIDENCE,
+                    detail=f"fact {f.span_id} is not from an evidence record",
+                )
+            )
     return resolved, issues, repairs
 
 
@@ -1081,9 +1110,13 @@ def _content_words(question: str, answer: str) -> list[str]:
     names = {n for w in _TITLE_WORD.findall(unquoted) for n in normalize_text(w).split()}
     answer_words = set(normalize_text(answer).split())
     return [
-        w for w in topic_words(question, strict=True)
-        if w not in answer_words and w not in names and not any(c.isdigit() for c in w) and len(w) > 1
-    ]  # fmt: skip
+        w
+        for w in topic_words(question, strict=True)
+        if w not in answer_words
+        and w not in names
+        and not any(c.isdigit() for c in w)
+        and len(w) > 1
+    ]
 
 
 def echoed_words(question: str, evidence_text: str, answer: str = "") -> list[str]:

@@ -37,12 +37,16 @@ def bounded_type(base: Any, name: str, **schema: Any) -> type:
         result.update(schema)
         return result
 
-    return type(name, (), {
-        "__get_pydantic_core_schema__": classmethod(core),
-        "__get_pydantic_json_schema__": classmethod(json_schema),
-        "__doc__": f"{base} with JSON-schema limits {schema}",
-        "__base_type__": base,  # what it validates as (a prompt describes the field by it)
-    })  # fmt: skip
+    return type(
+        name,
+        (),
+        {
+            "__get_pydantic_core_schema__": classmethod(core),
+            "__get_pydantic_json_schema__": classmethod(json_schema),
+            "__doc__": f"{base} with JSON-schema limits {schema}",
+            "__base_type__": base,  # what it validates as (a prompt describes the field by it)
+        },
+    )
 
 
 class BriefEvidenceUse(EvidenceUse):

@@ -562,9 +562,13 @@ class _Generator(dspy.Module):
     ) -> dict[str, dspy.Example]:
         cited = [view.span_label(f.span_id) for f in plan.facts]
         blind = dspy.Example(
-            question=outcome.question, answer_type=plan.answer_type, records=view.text,
-            cited_ids=cited, answer=plan.answer, answerable=True,
-        ).with_inputs("question", "answer_type", "records")  # fmt: skip
+            question=outcome.question,
+            answer_type=plan.answer_type,
+            records=view.text,
+            cited_ids=cited,
+            answer=plan.answer,
+            answerable=True,
+        ).with_inputs("question", "answer_type", "records")
         return {"blind_read": blind}
 
     # -- shared stages -----------------------------------------------------------------------
@@ -579,10 +583,17 @@ class _Generator(dspy.Module):
     ) -> tuple[AnswerPlan, list[PlanIssue], list[Repair]]:
         texts = spans_by_id(bundle.spans())
         resolved, issues, repairs = check_plan(
-            plan, task, view, texts, max_answer_words=self.max_answer_words,
-            repair=self.checks and require_facts, user_name=self.user_name, drop_unknown=self.lean,
-            stated=self.lean, task_kind=self.lean,
-        )  # fmt: skip
+            plan,
+            task,
+            view,
+            texts,
+            max_answer_words=self.max_answer_words,
+            repair=self.checks and require_facts,
+            user_name=self.user_name,
+            drop_unknown=self.lean,
+            stated=self.lean,
+            task_kind=self.lean,
+        )
         if not require_facts:  # the direct baseline has no facts to check
             skip = ("no_facts", "evidence_without_fact", "answer_not_in_spans")
             issues = [i for i in issues if i.code.value not in skip]
@@ -626,8 +637,16 @@ class _Generator(dspy.Module):
             plan, issues, repairs = self._checked_plan(
                 to_plan(out), task, bundle, view, require_facts=require_facts
             )
-            repairs.insert(0, Repair(stage="plan", field="plan", before=failed, after=f"re-sample {attempt}",
-                                     reason=f"the plan failed {failed}; planned again"))  # fmt: skip
+            repairs.insert(
+                0,
+                Repair(
+                    stage="plan",
+                    field="plan",
+                    before=failed,
+                    after=f"re-sample {attempt}",
+                    reason=f"the plan failed {failed}; planned again",
+                ),
+            )
         return out, plan, issues, repairs
 
     def _question_problem(
@@ -722,8 +741,13 @@ class _Generator(dspy.Module):
             kind = str(plan.answer_type)
             old = next(iter(update_values(earlier.text, kind)), "")
             new = f"{sentence_ask(earlier.text, old, kind)}, now that it has changed"
-            repair = Repair(stage="plan", field="ask", before=plan.ask, after=new,
-                            reason="a knowledge update: the earlier sentence's ask, now")  # fmt: skip
+            repair = Repair(
+                stage="plan",
+                field="ask",
+                before=plan.ask,
+                after=new,
+                reason="a knowledge update: the earlier sentence's ask, now",
+            )
             return plan.model_copy(update={"ask": new}), repair
         bridge = self._bridge_span(plan, bundle) if second is None else None
         if bridge is not None:
@@ -742,9 +766,12 @@ class _Generator(dspy.Module):
             event = first_person(bridge_event(bridge.text), keep_quoted=True)
             new = f"{new.rstrip(' ?.')}, on the day {event}"
             return plan.model_copy(update={"ask": new}), Repair(
-                stage="plan", field="ask", before=plan.ask, after=new,
+                stage="plan",
+                field="ask",
+                before=plan.ask,
+                after=new,
                 reason="a bridge: its sentence's ask, on the day another record's event happened",
-            )  # fmt: skip
+            )
         record = bundle.record(span.id.rpartition("#")[0])
         if (
             second is None
@@ -843,15 +870,29 @@ class _Generator(dspy.Module):
                     return _rejected(exc.stage, "lm_error", exc.detail, usage, blind=blind, **base)
                 audit = _audit_result(out, view, plan, quoted=quoted)
                 if audit.failures:
-                    return _rejected("audit", f"audit:{audit.failures[0]}", ", ".join(audit.failures), usage,
-                                     audit=audit, blind=blind, **base)  # fmt: skip
+                    return _rejected(
+                        "audit",
+                        f"audit:{audit.failures[0]}",
+                        ", ".join(audit.failures),
+                        usage,
+                        audit=audit,
+                        blind=blind,
+                        **base,
+                    )
                 continue
             order = _shuffled(bundle.record_ids, shuffle_seed)
             blind_view = bundle.view(order)
             try:
-                out = yield _Request("blind_read", "blind", {
-                    "question": question, "answer_type": plan.answer_type, "records": blind_view.text,
-                }, usage)  # fmt: skip
+                out = yield _Request(
+                    "blind_read",
+                    "blind",
+                    {
+                        "question": question,
+                        "answer_type": plan.answer_type,
+                        "records": blind_view.text,
+                    },
+                    usage,
+                )
             except _LMFailure as exc:
                 return _rejected(exc.stage, "lm_error", exc.detail, usage, audit=audit, **base)
             day = self._bridge_span(plan, bundle) if self.anchored else None
@@ -865,18 +906,27 @@ class _Generator(dspy.Module):
             kind = "knowledge-update"
         elif self.anchored and self._bridge_span(plan, bundle) is not None:
             kind = "multi-hop"
-        return Outcome(status="accepted", audit=audit, blind=blind, usage=usage,
-                       question_type=kind, **base)  # fmt: skip
+        return Outcome(
+            status="accepted", audit=audit, blind=blind, usage=usage, question_type=kind, **base
+        )
 
 
 def _audit_inputs(
     view: BundleView, bundle: Bundle, plan: AnswerPlan, question: str
 ) -> dict[str, Any]:
-    evidence = [f"{view.label_of(e.record_id) or e.record_id}: {e.contribution or 'part of the answer'}"
-                for e in plan.evidence]  # fmt: skip
-    return {"records": view.text, "question": question, "answer": plan.answer,
-            "answer_type": str(plan.answer_type), "ask": plan.ask or question,
-            "facts": _fact_lines(view, bundle, plan), "evidence": evidence}  # fmt: skip
+    evidence = [
+        f"{view.label_of(e.record_id) or e.record_id}: {e.contribution or 'part of the answer'}"
+        for e in plan.evidence
+    ]
+    return {
+        "records": view.text,
+        "question": question,
+        "answer": plan.answer,
+        "answer_type": str(plan.answer_type),
+        "ask": plan.ask or question,
+        "facts": _fact_lines(view, bundle, plan),
+        "evidence": evidence,
+    }
 
 
 def _blind_problem(blind: BlindResult, plan: AnswerPlan) -> tuple[str, str] | None:
@@ -948,8 +998,13 @@ _USER_AFTER_PREP = re.compile(
 
 # The question word a sentence ask (sentence_ask) puts in the answer's place, by answer type (an
 # entity's is chosen by _entity_word). One word: "who or what" reads as two questions (compound).
-_ASK_FOR = {"number": "how many", "list": "which ones", "date": "when", "text": "what",
-            "boolean": "whether"}  # fmt: skip
+_ASK_FOR = {
+    "number": "how many",
+    "list": "which ones",
+    "date": "when",
+    "text": "what",
+    "boolean": "whether",
+}
 SENTENCE_ASK_WORDS = 40
 """A sentence ask quotes at most this many words of its sentence, around the answer's place."""
 # Where a sentence splits into clauses: a sentence ask keeps the clause that holds the answer.
@@ -1238,9 +1293,11 @@ def _audit_result(
     without a "supported" verdict (or with none at all) fails its check. With ``quoted`` the facts
     passed :func:`~memsteer_dspy.supervision.checks.quoted_fact_support` and each gets that verdict."""
     result = AuditResult(
-        answer_support=out.answer_support, answer_rationale=out.answer_rationale,
-        consistency=out.consistency, consistency_rationale=out.consistency_rationale,
-    )  # fmt: skip
+        answer_support=out.answer_support,
+        answer_rationale=out.answer_rationale,
+        consistency=out.consistency,
+        consistency_rationale=out.consistency_rationale,
+    )
     fact_verdicts: dict[str, str] = {}
     if quoted:
         why = "the fact is the cited sentence's own words (lexical check)"
@@ -1311,18 +1368,37 @@ def _blind_result(
         if len(hits) == 1 and (rid := hits[0].rpartition("#")[0]) in missing:
             cited.append(rid)
             missing.remove(rid)
-            repairs.append(Repair(stage="blind", field="cited_record_ids", before=None, after=rid,
-                                  reason="the matched answer occurs in exactly one span of the bundle"))  # fmt: skip
+            repairs.append(
+                Repair(
+                    stage="blind",
+                    field="cited_record_ids",
+                    before=None,
+                    after=rid,
+                    reason="the matched answer occurs in exactly one span of the bundle",
+                )
+            )
     day = bridge.id.rpartition("#")[0] if bridge is not None else None
     if matched and missing == [day] and plan.evidence_ids and plan.evidence_ids[0] in cited:
         cited.append(day)
         missing.remove(day)
-        repairs.append(Repair(stage="blind", field="cited_record_ids", before=None, after=day,
-                              reason="the bridge or earlier record was checked by the program"))  # fmt: skip
+        repairs.append(
+            Repair(
+                stage="blind",
+                field="cited_record_ids",
+                before=None,
+                after=day,
+                reason="the bridge or earlier record was checked by the program",
+            )
+        )
     return BlindResult(
-        answerable=bool(out.answerable), answer=str(out.answer), cited_ids=cited_ids, cited_record_ids=cited,
-        record_order=order, matched=matched, missing_evidence=missing,
-    )  # fmt: skip
+        answerable=bool(out.answerable),
+        answer=str(out.answer),
+        cited_ids=cited_ids,
+        cited_record_ids=cited,
+        record_order=order,
+        matched=matched,
+        missing_evidence=missing,
+    )
 
 
 def _demo_bundle(bundle: Bundle, plan: AnswerPlan) -> Bundle:
@@ -1351,11 +1427,14 @@ def _plan_from(out: dspy.Prediction) -> AnswerPlan:
     if answer_span and answer_span not in labels:
         labels.append(answer_span)
     return AnswerPlan(
-        ask=str(getattr(out, "ask", "") or ""), answer=str(out.answer or "").strip(), answer_type=out.answer_type,
-        answer_span_id=answer_span, facts=[Fact(span_id=label, statement="") for label in dict.fromkeys(labels)],
+        ask=str(getattr(out, "ask", "") or ""),
+        answer=str(out.answer or "").strip(),
+        answer_type=out.answer_type,
+        answer_span_id=answer_span,
+        facts=[Fact(span_id=label, statement="") for label in dict.fromkeys(labels)],
         evidence=list(getattr(out, "evidence", None) or []),
         operations=[str(o) for o in (getattr(out, "operations", None) or [])],
-    )  # fmt: skip
+    )
 
 
 def options_text(view: BundleView, options: Sequence[AnswerOption]) -> str:
@@ -1438,13 +1517,23 @@ def _anchored_demo_fields(
 
 def _plan_rejection(plan: AnswerPlan, issues: list[PlanIssue], repairs, usage) -> Outcome:
     detail = "; ".join(f"{i.code.value}: {i.detail}" for i in issues)
-    return _rejected("plan_check", f"plan_check:{issues[0].code.value}", detail, usage,
-                     plan=plan, plan_issues=issues, repairs=repairs)  # fmt: skip
+    return _rejected(
+        "plan_check",
+        f"plan_check:{issues[0].code.value}",
+        detail,
+        usage,
+        plan=plan,
+        plan_issues=issues,
+        repairs=repairs,
+    )
 
 
 def _task_inputs(view: BundleView, task: Task) -> dict[str, Any]:
-    return {"records": view.text, "question_type": f"{task.question_type}: {task.description}",
-            "evidence_count": task.evidence_count}  # fmt: skip
+    return {
+        "records": view.text,
+        "question_type": f"{task.question_type}: {task.description}",
+        "evidence_count": task.evidence_count,
+    }
 
 
 class MemSteerGenerator(_Generator):
@@ -1462,8 +1551,13 @@ class MemSteerGenerator(_Generator):
     def _pipeline(self, bundle: Bundle, task: Task, shuffle_seed: int) -> Pipeline:
         usage: dict[str, RoleCost] = {}
         if self.lean and self.checks and (why := prefilter_bundle(bundle, task)):
-            return _rejected("prefilter", f"prefilter:{why}", "fewer records with a name, number, date "
-                             f"or place than the task's {task.evidence_count} evidence records", usage)  # fmt: skip
+            return _rejected(
+                "prefilter",
+                f"prefilter:{why}",
+                "fewer records with a name, number, date "
+                f"or place than the task's {task.evidence_count} evidence records",
+                usage,
+            )
         view = bundle.view()
         inputs, to_plan = _task_inputs(view, task), _plan_from
         if self.anchored:
@@ -1487,17 +1581,23 @@ class MemSteerGenerator(_Generator):
             plan, ask_repair = self._anchored_ask(plan, view, bundle)
             repairs.extend([ask_repair] if ask_repair else [])
         evidence_view = bundle.subset(plan.evidence_ids).view() if plan.evidence_ids else view
-        inputs = {"records": evidence_view.text,
-                  "ask": first_person(plan.ask, keep_quoted=self.anchored),
-                  "facts": _fact_lines(None, bundle, plan), "answer": plan.answer,
-                  "answer_type": str(plan.answer_type), "avoid": "none"}  # fmt: skip
+        inputs = {
+            "records": evidence_view.text,
+            "ask": first_person(plan.ask, keep_quoted=self.anchored),
+            "facts": _fact_lines(None, bundle, plan),
+            "answer": plan.answer,
+            "answer_type": str(plan.answer_type),
+            "avoid": "none",
+        }
         question, problem = "", None
         for attempt in range(self.question_rewrites + 1):
             if attempt:  # say what was wrong: at temperature 0.7 alone the same question came back
                 details = (
                     self._echo(question, plan, bundle) or []
                     if problem == "echoes"
-                    else detail_terms([f.statement for f in plan.facts], f"{question} {plan.answer}")
+                    else detail_terms(
+                        [f.statement for f in plan.facts], f"{question} {plan.answer}"
+                    )
                 )
                 inputs = {**inputs, "avoid": rewrite_hint(question, problem, details)}
             try:
@@ -1508,8 +1608,15 @@ class MemSteerGenerator(_Generator):
                 )
             previous, question = question, str(q.question or "").strip()
             if attempt:
-                repairs.append(Repair(stage="question", field="question", before=previous, after=question,
-                                      reason=f"re-sampled after question:{problem}"))  # fmt: skip
+                repairs.append(
+                    Repair(
+                        stage="question",
+                        field="question",
+                        before=previous,
+                        after=question,
+                        reason=f"re-sampled after question:{problem}",
+                    )
+                )
             if (
                 self.anchored
                 and self.checks
@@ -1552,15 +1659,33 @@ class MemSteerGenerator(_Generator):
                 and _RELATIVE_TIME.search(question)
                 and (fixed := _drop_relative_day(question, keep_quoted=self.lean)) != question
             ):
-                repairs.append(Repair(stage="question", field="question", before=question, after=fixed,
-                                      reason="a date question's relative day was removed"))  # fmt: skip
+                repairs.append(
+                    Repair(
+                        stage="question",
+                        field="question",
+                        before=question,
+                        after=fixed,
+                        reason="a date question's relative day was removed",
+                    )
+                )
                 question = fixed
             problem = self._question_problem(question, plan, view, bundle) if self.checks else None
             if problem is None:
                 break
         # the loop above has checked the final question: _verify takes its verdict
-        return (yield from self._verify(bundle, view, plan, question, usage, shuffle_seed, repairs,
-                                        question_check=False, problem=problem))  # fmt: skip
+        return (
+            yield from self._verify(
+                bundle,
+                view,
+                plan,
+                question,
+                usage,
+                shuffle_seed,
+                repairs,
+                question_check=False,
+                problem=problem,
+            )
+        )
 
     def _demo_examples(
         self,
@@ -1582,9 +1707,14 @@ class MemSteerGenerator(_Generator):
         lean_records = self.lean and bundle is not None and plan.evidence_ids
         writer_view = bundle.subset(plan.evidence_ids).view() if lean_records else view
         examples["write_question"] = dspy.Example(
-            records=writer_view.text, ask=first_person(plan.ask, keep_quoted=self.anchored), facts=[f.statement for f in plan.facts], answer=plan.answer,
-            answer_type=str(plan.answer_type), avoid="none", question=outcome.question,
-        ).with_inputs("records", "ask", "facts", "answer", "answer_type", "avoid")  # fmt: skip
+            records=writer_view.text,
+            ask=first_person(plan.ask, keep_quoted=self.anchored),
+            facts=[f.statement for f in plan.facts],
+            answer=plan.answer,
+            answer_type=str(plan.answer_type),
+            avoid="none",
+            question=outcome.question,
+        ).with_inputs("records", "ask", "facts", "answer", "answer_type", "avoid")
         return examples
 
 
@@ -1652,9 +1782,16 @@ class DirectGenerator(_Generator):
         view = bundle.view()
         try:
             out, plan, issues, repairs = yield from self._planned(
-                "write_qa", "direct", _task_inputs(view, task), _direct_plan, task, bundle, view, usage,
+                "write_qa",
+                "direct",
+                _task_inputs(view, task),
+                _direct_plan,
+                task,
+                bundle,
+                view,
+                usage,
                 require_facts=False,
-            )  # fmt: skip
+            )
         except _LMFailure as exc:
             return _rejected(exc.stage, "lm_error", exc.detail, usage)
         if issues and self.checks:
@@ -1672,10 +1809,14 @@ class DirectGenerator(_Generator):
     ) -> dict[str, dspy.Example]:
         examples = super()._demo_examples(view, plan, outcome, task)
         examples["write_qa"] = dspy.Example(
-            records=view.text, question_type=f"{task.question_type}: {task.description}",
-            evidence_count=len(plan.evidence_ids), question=outcome.question, answer=plan.answer,
-            answer_type=plan.answer_type, evidence_record_ids=[view.label_of(r) or r for r in plan.evidence_ids],
-        ).with_inputs("records", "question_type", "evidence_count")  # fmt: skip
+            records=view.text,
+            question_type=f"{task.question_type}: {task.description}",
+            evidence_count=len(plan.evidence_ids),
+            question=outcome.question,
+            answer=plan.answer,
+            answer_type=plan.answer_type,
+            evidence_record_ids=[view.label_of(r) or r for r in plan.evidence_ids],
+        ).with_inputs("records", "question_type", "evidence_count")
         return examples
 
 
@@ -1696,14 +1837,24 @@ def _plan_demo_fields(view: BundleView, plan: AnswerPlan, task: Task) -> dict[st
     an output the grammar forbids)."""
     labels = [view.span_label(f.span_id) for f in plan.facts]
     answer_label = view.span_label(plan.answer_span_id) if plan.answer_span_id else labels[0]
-    evidence = [EvidenceUse(record_id=view.label_of(e.record_id) or e.record_id, contribution=e.contribution)
-                for e in plan.evidence]  # fmt: skip
+    evidence = [
+        EvidenceUse(
+            record_id=view.label_of(e.record_id) or e.record_id, contribution=e.contribution
+        )
+        for e in plan.evidence
+    ]
     return {
-        "records": view.text, "question_type": f"{task.question_type}: {task.description}",
-        "evidence_count": len(plan.evidence_ids), "fact_span_ids": labels,
-        "answer_span_id": answer_label, "answer_type": plan.answer_type, "answer": plan.answer,
-        "evidence": evidence, "operations": plan.operations, "ask": plan.ask,
-    }  # fmt: skip
+        "records": view.text,
+        "question_type": f"{task.question_type}: {task.description}",
+        "evidence_count": len(plan.evidence_ids),
+        "fact_span_ids": labels,
+        "answer_span_id": answer_label,
+        "answer_type": plan.answer_type,
+        "answer": plan.answer,
+        "evidence": evidence,
+        "operations": plan.operations,
+        "ask": plan.ask,
+    }
 
 
 def cold_start_example() -> tuple[Bundle, Task, Outcome]:
@@ -1716,22 +1867,39 @@ def cold_start_example() -> tuple[Bundle, Task, Outcome]:
     from memsteer_dspy.records import History, Record
 
     records = [
-        Record(id="demo:1", kind="conversation_turn", timestamp=datetime(2023, 5, 2, 18, 0), author="Sam",
-               text="User: I finally booked the pottery class at Clayworks Studio for Saturday. "
-                    "My sister Maya is coming along, and we want to try the wheel."),
-        Record(id="demo:2", kind="email", timestamp=datetime(2023, 5, 3), author="Clayworks Studio",
-               metadata={"subject": "Your booking"},
-               text="Subject: Your booking\nThank you for booking two seats for the wheel-throwing class. "
-                    "Please arrive ten minutes early."),
-    ]  # fmt: skip
+        Record(
+            id="demo:1",
+            kind="conversation_turn",
+            timestamp=datetime(2023, 5, 2, 18, 0),
+            author="Sam",
+            text="User: I finally booked the pottery class at Clayworks Studio for Saturday. "
+            "My sister Maya is coming along, and we want to try the wheel.",
+        ),
+        Record(
+            id="demo:2",
+            kind="email",
+            timestamp=datetime(2023, 5, 3),
+            author="Clayworks Studio",
+            metadata={"subject": "Your booking"},
+            text="Subject: Your booking\nThank you for booking two seats for the wheel-throwing class. "
+            "Please arrive ten minutes early.",
+        ),
+    ]
     bundle = bundle_from_records(History("demo", records), ["demo:1", "demo:2"], BundleConfig())
     plan = AnswerPlan(
-        ask="who is coming with me to the pottery class", answer="Maya", answer_type="entity",
-        answer_span_id="demo:1#2", facts=[Fact(span_id="demo:1#2", statement=bundle.span("demo:1#2").text)],
-        evidence=[EvidenceUse(record_id="demo:1", contribution="names who comes along")], operations=["lookup"],
-    )  # fmt: skip
-    outcome = Outcome(status="accepted", plan=plan,
-                      question="Who is coming with me to the pottery class at Clayworks Studio?")  # fmt: skip
+        ask="who is coming with me to the pottery class",
+        answer="Maya",
+        answer_type="entity",
+        answer_span_id="demo:1#2",
+        facts=[Fact(span_id="demo:1#2", statement=bundle.span("demo:1#2").text)],
+        evidence=[EvidenceUse(record_id="demo:1", contribution="names who comes along")],
+        operations=["lookup"],
+    )
+    outcome = Outcome(
+        status="accepted",
+        plan=plan,
+        question="Who is coming with me to the pottery class at Clayworks Studio?",
+    )
     return bundle, Task(question_type="fact", evidence_count=1), outcome
 
 

@@ -69,8 +69,12 @@ class QualityJudge(dspy.Module):
         """``dspy.Prediction(score=0|1, criteria={...}, rationale=..., error=None|str)``."""
         ids = [rid for rid in item.evidence_ids if rid in history]
         if not ids:
-            return dspy.Prediction(score=0, criteria=dict.fromkeys(CRITERIA, False), rationale="",
-                                   error="no evidence record of the item is in the history")  # fmt: skip
+            return dspy.Prediction(
+                score=0,
+                criteria=dict.fromkeys(CRITERIA, False),
+                rationale="",
+                error="no evidence record of the item is in the history",
+            )
         view = bundle_from_records(history, ids, BundleConfig(record_token_cap=600)).view()
         last = None
         for attempt in range(self.max_retries + 1):
@@ -79,16 +83,29 @@ class QualityJudge(dspy.Module):
             )
             try:
                 with dspy.context(adapter=self.adapter):
-                    out = self.judge(question=item.question, answer=item.answer, answer_type=str(item.answer_type),
-                                     records=view.text, config=config)  # fmt: skip
+                    out = self.judge(
+                        question=item.question,
+                        answer=item.answer,
+                        answer_type=str(item.answer_type),
+                        records=view.text,
+                        config=config,
+                    )
             except Exception as exc:
                 last = exc
                 continue
             criteria = {c: bool(getattr(out, c)) for c in CRITERIA}
-            return dspy.Prediction(score=int(all(criteria.values())), criteria=criteria,
-                                   rationale=str(out.rationale), error=None)  # fmt: skip
-        return dspy.Prediction(score=0, criteria=dict.fromkeys(CRITERIA, False), rationale="",
-                               error=f"lm_error: {type(last).__name__}: {str(last)[:200]}")  # fmt: skip
+            return dspy.Prediction(
+                score=int(all(criteria.values())),
+                criteria=criteria,
+                rationale=str(out.rationale),
+                error=None,
+            )
+        return dspy.Prediction(
+            score=0,
+            criteria=dict.fromkeys(CRITERIA, False),
+            rationale="",
+            error=f"lm_error: {type(last).__name__}: {str(last)[:200]}",
+        )
 
 
 def _folder_items(folder: Path) -> tuple[str, list[QAItem]]:
@@ -127,8 +144,17 @@ def assess_quality(
         rows = []
         for item in sample:
             p = judge(item=item, history=history)
-            rows.append({"id": item.id, "question": item.question, "answer": item.answer, "score": p.score,
-                         "criteria": p.criteria, "rationale": p.rationale, "error": p.error})  # fmt: skip
+            rows.append(
+                {
+                    "id": item.id,
+                    "question": item.question,
+                    "answer": item.answer,
+                    "score": p.score,
+                    "criteria": p.criteria,
+                    "rationale": p.rationale,
+                    "error": p.error,
+                }
+            )
         n = len(rows)
         key = method if method not in by_method else f"{method} ({folder})"
         by_method[key] = {
@@ -138,7 +164,7 @@ def assess_quality(
             "criteria_pct": {
                 c: round(100 * sum(r["criteria"][c] for r in rows) / n, 1) if n else None
                 for c in CRITERIA
-            },  # fmt: skip
+            },
             "errors": sum(r["error"] is not None for r in rows),
             "judged": rows,
         }
@@ -152,8 +178,10 @@ def format_quality(report: Mapping[str, Any]) -> str:
     )
     for method, r in report["by_method"].items():
         q = "-" if r["quality_pct"] is None else f"{r['quality_pct']:.1f}%"
-        crit = " ".join(f"{'-' if r['criteria_pct'][c] is None else str(r['criteria_pct'][c]) + '%':>10}"
-                        for c in CRITERIA)  # fmt: skip
+        crit = " ".join(
+            f"{'-' if r['criteria_pct'][c] is None else str(r['criteria_pct'][c]) + '%':>10}"
+            for c in CRITERIA
+        )
         lines.append(f"{method:<24} {r['items']:>5} {q:>8} {crit}")
     return "\n".join(lines)
 
@@ -187,8 +215,11 @@ class FidelityChecker(_Generator):
         self, bundle: Bundle, plan: AnswerPlan, question: str, shuffle_seed: int
     ) -> Pipeline:
         usage: dict[str, RoleCost] = {}
-        return (yield from self._verify(bundle, bundle.view(), plan, question, usage, shuffle_seed, [],
-                                        question_check=False))  # fmt: skip
+        return (
+            yield from self._verify(
+                bundle, bundle.view(), plan, question, usage, shuffle_seed, [], question_check=False
+            )
+        )
 
     def _pipeline(
         self, bundle: Bundle, task: Task, shuffle_seed: int
@@ -218,10 +249,17 @@ def _official_plan(
         (f.span_id for f in facts if normalize_text(answer) in normalize_text(f.statement)), None
     )
     return AnswerPlan(
-        ask=question, answer=answer, answer_type=str(answer_type), answer_span_id=answer_span, facts=facts,
-        evidence=[EvidenceUse(record_id=rid, contribution="holds information the answer needs") for rid in evidence_ids],
+        ask=question,
+        answer=answer,
+        answer_type=str(answer_type),
+        answer_span_id=answer_span,
+        facts=facts,
+        evidence=[
+            EvidenceUse(record_id=rid, contribution="holds information the answer needs")
+            for rid in evidence_ids
+        ],
         operations=["lookup"] if len(evidence_ids) == 1 else ["combine"],
-    )  # fmt: skip
+    )
 
 
 def _bundle_around(
@@ -260,8 +298,14 @@ def assess_fidelity(
     config = config or BundleConfig(record_token_cap=400, min_records=3, max_records=6)
     graph = graph or RecordGraph.build(history)
     rng = random.Random(f"fidelity:{seed}")
-    usable = [q for q in qa_items if q.evidence_ids and len(q.evidence_ids) <= 4
-              and all(rid in history for rid in q.evidence_ids) and q.answer.strip()]  # fmt: skip
+    usable = [
+        q
+        for q in qa_items
+        if q.evidence_ids
+        and len(q.evidence_ids) <= 4
+        and all(rid in history for rid in q.evidence_ids)
+        and q.answer.strip()
+    ]
     sample = rng.sample(usable, min(limit, len(usable)))
     checker = FidelityChecker(lms, max_demos=0, bounded=bounded, lean=lean)
     cases: list[tuple[str, QAItem, Bundle, AnswerPlan]] = []
@@ -284,8 +328,11 @@ def assess_fidelity(
         excluded = set(item.evidence_ids) | {
             n for rid in item.evidence_ids for n, _, _ in graph.neighbours(rid)
         }
-        pool = [rid for rid in all_ids if rid not in excluded
-                and answer_norm not in normalize_text(history[rid].text)]  # fmt: skip
+        pool = [
+            rid
+            for rid in all_ids
+            if rid not in excluded and answer_norm not in normalize_text(history[rid].text)
+        ]
         if len(pool) >= len(item.evidence_ids):
             unrelated = rng.sample(pool, len(item.evidence_ids))
             b2 = _bundle_around(graph, unrelated, config, rng)
@@ -296,13 +343,16 @@ def assess_fidelity(
         from tqdm import tqdm
 
         bar = tqdm(total=len(cases), desc="fidelity", unit="case", file=sys.stderr)
-    on_call = (lambda stage, done, total: bar.set_postfix_str(f"{stage} {done}/{total}")) if bar else None
+    on_call = (
+        (lambda stage, done, total: bar.set_postfix_str(f"{stage} {done}/{total}")) if bar else None
+    )
     on_done = (lambda i, out: bar.update(1)) if bar else None
     try:
         outcomes = checker.check(
             [(b, p, it.question, seed * 7919 + i) for i, (_, it, b, p) in enumerate(cases)],
-            on_call, on_done,
-        )  # fmt: skip
+            on_call,
+            on_done,
+        )
     finally:
         if bar is not None:
             bar.close()
@@ -315,10 +365,20 @@ def assess_fidelity(
             g["accepted"] += 1
         else:
             g["rejected_by_reason"][out.reason or "?"] += 1
-        details.append({"kind": kind, "qa_id": item.id, "question": item.question, "answer": plan.answer,
-                        "evidence_ids": plan.evidence_ids, "bundle": bundle.record_ids, "status": out.status,
-                        "reason": out.reason, "detail": out.detail,
-                        "blind_answer": out.blind.answer if out.blind else None})  # fmt: skip
+        details.append(
+            {
+                "kind": kind,
+                "qa_id": item.id,
+                "question": item.question,
+                "answer": plan.answer,
+                "evidence_ids": plan.evidence_ids,
+                "bundle": bundle.record_ids,
+                "status": out.status,
+                "reason": out.reason,
+                "detail": out.detail,
+                "blind_answer": out.blind.answer if out.blind else None,
+            }
+        )
     report: dict[str, Any] = {"items": len(sample), "checks": "lean" if lean else "v1"}
     for kind, g in groups.items():
         g["rejected_by_reason"] = dict(g["rejected_by_reason"].most_common())
@@ -335,11 +395,15 @@ def format_fidelity(report: Mapping[str, Any]) -> str:
     lines = [f"fidelity of the checks on {report['items']} official items"]
     true = report.get("true")
     if true:
-        lines.append(f"  true items accepted:          {true['accepted']}/{true['n']} "
-                     f"({100 * (true['accepted_fraction'] or 0):.1f}%)  rejections {true['rejected_by_reason']}")  # fmt: skip
+        lines.append(
+            f"  true items accepted:          {true['accepted']}/{true['n']} "
+            f"({100 * (true['accepted_fraction'] or 0):.1f}%)  rejections {true['rejected_by_reason']}"
+        )
     for kind in ("answer_swapped", "evidence_replaced"):
         g = report.get(kind)
         if g:
-            lines.append(f"  {kind + ' rejected:':<30}{g['n'] - g['accepted']}/{g['n']} "
-                         f"({100 * (g['rejected_fraction'] or 0):.1f}%)  by {g['rejected_by_reason']}")  # fmt: skip
+            lines.append(
+                f"  {kind + ' rejected:':<30}{g['n'] - g['accepted']}/{g['n']} "
+                f"({100 * (g['rejected_fraction'] or 0):.1f}%)  by {g['rejected_by_reason']}"
+            )
     return "\n".join(lines)

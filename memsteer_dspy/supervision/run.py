@@ -276,8 +276,11 @@ class SupervisionSet:
         out = Path(out_dir)
         missing = [n for n in ("train.jsonl", "val.jsonl") if not (out / n).exists()]
         if missing:
-            raise InputError(f"no {', '.join(missing)} in {out}", file=out,
-                             hint="point at a folder written by `memsteer generate --out`")  # fmt: skip
+            raise InputError(
+                f"no {', '.join(missing)} in {out}",
+                file=out,
+                hint="point at a folder written by `memsteer generate --out`",
+            )
         return cls(load_qa_jsonl(out / "train.jsonl"), load_qa_jsonl(out / "val.jsonl"))
 
     def __len__(self) -> int:
@@ -358,8 +361,9 @@ def _question_date(history: History, evidence_ids: list[str]) -> date | None:
     (RHELM's protocol answers from records strictly before the question date)."""
     days = [
         utc_naive(history[rid].timestamp)
-        for rid in evidence_ids if rid in history and history[rid].timestamp
-    ]  # fmt: skip
+        for rid in evidence_ids
+        if rid in history and history[rid].timestamp
+    ]
     return (max(days).date() + timedelta(days=1)) if days else None
 
 
@@ -427,14 +431,20 @@ def build_item(
 def _dataset_dict(train: list[QAItem], val: list[QAItem]):
     from datasets import Dataset, DatasetDict, Features, Sequence, Value
 
-    features = Features({
-        "id": Value("string"), "question": Value("string"), "answer": Value("string"),
-        "answer_type": Value("string"), "evidence_ids": Sequence(Value("string")),
-        "span_ids": Sequence(Value("string")), "question_date": Value("string"),
-        "question_type": Value("string"),
-        "facts": [{"span_id": Value("string"), "statement": Value("string")}],
-        "metadata": Value("string"),
-    })  # fmt: skip
+    features = Features(
+        {
+            "id": Value("string"),
+            "question": Value("string"),
+            "answer": Value("string"),
+            "answer_type": Value("string"),
+            "evidence_ids": Sequence(Value("string")),
+            "span_ids": Sequence(Value("string")),
+            "question_date": Value("string"),
+            "question_type": Value("string"),
+            "facts": [{"span_id": Value("string"), "statement": Value("string")}],
+            "metadata": Value("string"),
+        }
+    )
 
     def rows(items: list[QAItem]) -> dict[str, list]:
         cols: dict[str, list] = {k: [] for k in features}
@@ -455,10 +465,12 @@ def _dataset_dict(train: list[QAItem], val: list[QAItem]):
             cols["metadata"].append(json.dumps(obj["metadata"], ensure_ascii=False))
         return cols
 
-    return DatasetDict({
-        "train": Dataset.from_dict(rows(train), features=features),
-        "validation": Dataset.from_dict(rows(val), features=features),
-    })  # fmt: skip
+    return DatasetDict(
+        {
+            "train": Dataset.from_dict(rows(train), features=features),
+            "validation": Dataset.from_dict(rows(val), features=features),
+        }
+    )
 
 
 def _summary(
@@ -594,9 +606,11 @@ def generation_key(
     and verdicts (:meth:`GenerationConfig.identity`) and the LM of each generation role (model
     and sampling settings, :func:`~memsteer_dspy.runfolder.lm_identity`)."""
     return run_key(
-        "generate", history=history, options=config.identity(),
+        "generate",
+        history=history,
+        options=config.identity(),
         lms={r: lms[r] for r in GENERATION_ROLES if r in lms},
-    )  # fmt: skip
+    )
 
 
 ProgressHook = Callable[[CandidateRecord, dict[str, int]], None]
@@ -727,9 +741,12 @@ def generate_supervision(
     )
     out = Path(out_dir)
     folder = RunFolder.open(
-        out, generation_key(history, config, lms), restart=restart,
-        legacy_files=(LOG_NAME, "train.jsonl"), extra={"user": history.user_id},
-    )  # fmt: skip
+        out,
+        generation_key(history, config, lms),
+        restart=restart,
+        legacy_files=(LOG_NAME, "train.jsonl"),
+        extra={"user": history.user_id},
+    )
     started = time.perf_counter()
     prior_wall = sum(s.get("wall_seconds", 0.0) for s in folder.state["sessions"][:-1])
     folder.session.update(n=config.n, max_candidates=config.candidate_limit, lm=lm_description)
@@ -744,14 +761,28 @@ def generate_supervision(
     save_state()
     if graph is None:
         graph = RecordGraph.cached(history, out, GraphParams(**config.graph))
-    sampler = BundleSampler(graph, config.bundle, seed=config.seed, max_candidates=config.candidate_limit,
-                            method="random" if config.method == "naive" else "graph")  # fmt: skip
+    sampler = BundleSampler(
+        graph,
+        config.bundle,
+        seed=config.seed,
+        max_candidates=config.candidate_limit,
+        method="random" if config.method == "naive" else "graph",
+    )
     generator = make_generator(
-        config.method, lms, checks=config.checks, max_retries=config.max_retries, max_demos=config.demo_limit,
-        bounded=config.bounded, cold_start=config.cold_start, user_name=history.user_id, lean=config.lean,
-        anchored=config.anchored, own_words=config.own_words, bridges=config.bundle.bridges,
+        config.method,
+        lms,
+        checks=config.checks,
+        max_retries=config.max_retries,
+        max_demos=config.demo_limit,
+        bounded=config.bounded,
+        cold_start=config.cold_start,
+        user_name=history.user_id,
+        lean=config.lean,
+        anchored=config.anchored,
+        own_words=config.own_words,
+        bridges=config.bundle.bridges,
         updates=config.bundle.updates,
-    )  # fmt: skip
+    )
     log = read_log(out)
     done = {r.index for r in log}
     deduper = _Deduper(config.dedup_threshold)
@@ -774,8 +805,13 @@ def generate_supervision(
     if progress is True:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(sampler), initial=len(done), desc=f"generate ({config.method})", unit="cand",
-                   dynamic_ncols=True)  # fmt: skip
+        bar = tqdm(
+            total=len(sampler),
+            initial=len(done),
+            desc=f"generate ({config.method})",
+            unit="cand",
+            dynamic_ncols=True,
+        )
         bar.set_postfix_str(_progress_text(counts, log))
 
     def run_batch(indices: list[int]) -> None:
@@ -811,33 +847,69 @@ def generate_supervision(
 
     def record(cand: Candidate, outcome: Outcome | None, seconds: float) -> None:
         nonlocal accepted, last_write
-        base = {"index": cand.index, "method": config.method, "seed_record": cand.seed_id, "task": cand.task,
-                "seconds": round(seconds, 2)}  # fmt: skip
+        base = {
+            "index": cand.index,
+            "method": config.method,
+            "seed_record": cand.seed_id,
+            "task": cand.task,
+            "seconds": round(seconds, 2),
+        }
         if outcome is None:
-            rec = CandidateRecord(status="skipped", stage="bundle", reason=f"bundle:{cand.skip_reason}",
-                                  detail=f"no bundle from seed {cand.seed_id}", **base)  # fmt: skip
+            rec = CandidateRecord(
+                status="skipped",
+                stage="bundle",
+                reason=f"bundle:{cand.skip_reason}",
+                detail=f"no bundle from seed {cand.seed_id}",
+                **base,
+            )
         else:
-            base.update(bundle_id=cand.bundle.id, bundle_record_ids=cand.bundle.record_ids,
-                        question=outcome.question, answer=outcome.plan.answer if outcome.plan else None,
-                        usage=outcome.usage)  # fmt: skip
+            base.update(
+                bundle_id=cand.bundle.id,
+                bundle_record_ids=cand.bundle.record_ids,
+                question=outcome.question,
+                answer=outcome.plan.answer if outcome.plan else None,
+                usage=outcome.usage,
+            )
             if outcome.status == "accepted":
                 item_id = f"gen-{config.method}-s{config.seed}-{cand.index:05d}"
-                item = build_item(history, cand, outcome, method=config.method, seed=config.seed,
-                                  lm_description=lm_description, item_id=item_id)  # fmt: skip
+                item = build_item(
+                    history,
+                    cand,
+                    outcome,
+                    method=config.method,
+                    seed=config.seed,
+                    lm_description=lm_description,
+                    item_id=item_id,
+                )
                 dup = deduper.duplicate_of(item.question, item.answer, item.evidence_ids)
                 if dup is not None:
-                    rec = CandidateRecord(status="rejected", stage="dedup", reason="dedup:near_duplicate",
-                                          detail=f"near-duplicate of {dup}", outcome=outcome.model_dump(mode="json"),
-                                          **base)  # fmt: skip
+                    rec = CandidateRecord(
+                        status="rejected",
+                        stage="dedup",
+                        reason="dedup:near_duplicate",
+                        detail=f"near-duplicate of {dup}",
+                        outcome=outcome.model_dump(mode="json"),
+                        **base,
+                    )
                 else:
                     deduper.add(item.id, item.question, item.answer, item.evidence_ids)
                     generator.add_demo(cand.bundle, cand.task, outcome)
-                    rec = CandidateRecord(status="accepted", item=item.model_dump(mode="json"),
-                                          outcome=outcome.model_dump(mode="json"), **base)  # fmt: skip
+                    rec = CandidateRecord(
+                        status="accepted",
+                        item=item.model_dump(mode="json"),
+                        outcome=outcome.model_dump(mode="json"),
+                        **base,
+                    )
                     accepted += 1
             else:
-                rec = CandidateRecord(status="rejected", stage=outcome.stage, reason=outcome.reason,
-                                      detail=outcome.detail, outcome=outcome.model_dump(mode="json"), **base)  # fmt: skip
+                rec = CandidateRecord(
+                    status="rejected",
+                    stage=outcome.stage,
+                    reason=outcome.reason,
+                    detail=outcome.detail,
+                    outcome=outcome.model_dump(mode="json"),
+                    **base,
+                )
         writer.append(rec.model_dump_json())
         log.append(rec)
         for role, cost in rec.usage.items():
@@ -919,9 +991,11 @@ def generate_supervision(
                 else "time_budget"
             )
             summary = outputs.write(
-                final, prior_wall + time.perf_counter() - started, dataset=not failed,
+                final,
+                prior_wall + time.perf_counter() - started,
+                dataset=not failed,
                 stopped_by=stopped_by,
-            )  # fmt: skip
+            )
             summary["interrupted"] = interrupted
         except OSError:
             if not failed:
@@ -953,8 +1027,11 @@ def format_summary(summary: Mapping[str, Any]) -> str:
             "rejected by reason: "
             + ", ".join(f"{k} {v}" for k, v in summary["rejected_by_reason"].items())
         )
-    for key, label in (("accepted_by_answer_type", "answer type"), ("accepted_by_question_word", "question form"),
-                       ("accepted_by_evidence_count", "evidence records")):  # fmt: skip
+    for key, label in (
+        ("accepted_by_answer_type", "answer type"),
+        ("accepted_by_question_word", "question form"),
+        ("accepted_by_evidence_count", "evidence records"),
+    ):
         if summary.get(key):
             lines.append(
                 f"accepted by {label}: " + ", ".join(f"{k} {v}" for k, v in summary[key].items())

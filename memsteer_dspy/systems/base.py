@@ -88,10 +88,16 @@ class ExternalSystem(dspy.Module):
     pool: int = 50
 
     def __init__(
-        self, card: SystemCard, history: History, *, store: MemoryStore | None = None,
-        context: ContextSpec | None = None, top_k: int = 20, answerer_lm: Any = None,
+        self,
+        card: SystemCard,
+        history: History,
+        *,
+        store: MemoryStore | None = None,
+        context: ContextSpec | None = None,
+        top_k: int = 20,
+        answerer_lm: Any = None,
         cache_dir: str | Path | None = None,
-    ):  # fmt: skip
+    ):
         super().__init__()
         self.design = card  # what evaluation reads as the system's identity
         self.user_history = history
@@ -147,12 +153,17 @@ class ExternalSystem(dspy.Module):
             question=question,
             question_date=date_text(question_date) if question_date is not None else None,
             cutoff=date.fromordinal(cutoff).isoformat() if cutoff is not None else None,
-            queries=[question], ranked_unit_ids=[f"hit-{i}" for i in range(len(hits))],
-            ranked_record_ids=[h.record_ids for h in hits], scores=[float(h.score) for h in hits],
-            delivered_unit_ids=built.delivered_unit_ids, delivered_record_ids=built.delivered_record_ids,
-            context=built.text, context_tokens=built.tokens, context_truncated=built.truncated,
+            queries=[question],
+            ranked_unit_ids=[f"hit-{i}" for i in range(len(hits))],
+            ranked_record_ids=[h.record_ids for h in hits],
+            scores=[float(h.score) for h in hits],
+            delivered_unit_ids=built.delivered_unit_ids,
+            delivered_record_ids=built.delivered_record_ids,
+            context=built.text,
+            context_tokens=built.tokens,
+            context_truncated=built.truncated,
             empty_context=built.empty,
-        )  # fmt: skip
+        )
 
     def forward(self, question: str, question_date=None, as_of=None) -> dspy.Prediction:
         """Answer from the system's context with the project's fixed answerer."""

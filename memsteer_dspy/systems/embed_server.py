@@ -65,11 +65,18 @@ class EmbeddingServer:
                 texts = body.get("input", [])
                 texts = [texts] if isinstance(texts, str) else list(texts)
                 vectors = server.embed(texts)
-                self._send(200, {
-                    "object": "list", "model": server.model,
-                    "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
-                    "usage": {"prompt_tokens": 0, "total_tokens": 0},
-                })  # fmt: skip
+                self._send(
+                    200,
+                    {
+                        "object": "list",
+                        "model": server.model,
+                        "data": [
+                            {"object": "embedding", "index": i, "embedding": v}
+                            for i, v in enumerate(vectors)
+                        ],
+                        "usage": {"prompt_tokens": 0, "total_tokens": 0},
+                    },
+                )
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)

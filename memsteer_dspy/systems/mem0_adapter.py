@@ -100,42 +100,91 @@ class Usage:
         return {"lm_calls": t["lm_calls"], "tokens": t["prompt_tokens"] + t["completion_tokens"]}
 
 
-def mem0_config(folder: Path, *, api_base: str, model: str, embedder_path: str, api_key: str = "local",
-                usage: Usage | None = None) -> dict:  # fmt: skip
+def mem0_config(
+    folder: Path,
+    *,
+    api_base: str,
+    model: str,
+    embedder_path: str,
+    api_key: str = "local",
+    usage: Usage | None = None,
+) -> dict:
     """Mem0's config: the OpenAI-compatible LLM, the packaged embedder, local Qdrant and history DB."""
     return {
-        "llm": {"provider": "openai", "config": {
-            "model": model, "openai_base_url": api_base, "api_key": api_key,
-            "temperature": 0.0, "max_tokens": 1000, "response_callback": usage}},
-        "embedder": {"provider": "huggingface", "config": {
-            "model": embedder_path, "embedding_dims": EMBEDDING_DIMS}},
-        "vector_store": {"provider": "qdrant", "config": {
-            "collection_name": "memories", "path": str(folder / "qdrant"), "on_disk": True,
-            "embedding_model_dims": EMBEDDING_DIMS}},
+        "llm": {
+            "provider": "openai",
+            "config": {
+                "model": model,
+                "openai_base_url": api_base,
+                "api_key": api_key,
+                "temperature": 0.0,
+                "max_tokens": 1000,
+                "response_callback": usage,
+            },
+        },
+        "embedder": {
+            "provider": "huggingface",
+            "config": {"model": embedder_path, "embedding_dims": EMBEDDING_DIMS},
+        },
+        "vector_store": {
+            "provider": "qdrant",
+            "config": {
+                "collection_name": "memories",
+                "path": str(folder / "qdrant"),
+                "on_disk": True,
+                "embedding_model_dims": EMBEDDING_DIMS,
+            },
+        },
         "history_db_path": str(folder / "history.db"),
-    }  # fmt: skip
+    }
 
 
 class Mem0System(ExternalSystem):
     """Mem0 over one history: Mem0 extracts and searches; memories map back to record ids."""
 
-    def __init__(self, history: History, memory: Any, folder: Path, *, top_k: int = 20,
-                 cache_dir: str | Path | None = None, params: dict[str, Any] | None = None,
-                 budget_tokens: int = 4000):  # fmt: skip
-        card = SystemCard(name="mem0", system="mem0", params={**(params or {}), "top_k": top_k},
-                          lm_parts=["ingest.fact_extraction"])  # fmt: skip
+    def __init__(
+        self,
+        history: History,
+        memory: Any,
+        folder: Path,
+        *,
+        top_k: int = 20,
+        cache_dir: str | Path | None = None,
+        params: dict[str, Any] | None = None,
+        budget_tokens: int = 4000,
+    ):
+        card = SystemCard(
+            name="mem0",
+            system="mem0",
+            params={**(params or {}), "top_k": top_k},
+            lm_parts=["ingest.fact_extraction"],
+        )
         from memsteer_dspy.memory.design import ContextSpec
 
-        super().__init__(card, history, top_k=top_k, cache_dir=cache_dir,
-                         context=ContextSpec(budget_tokens=budget_tokens))  # fmt: skip
+        super().__init__(
+            card,
+            history,
+            top_k=top_k,
+            cache_dir=cache_dir,
+            context=ContextSpec(budget_tokens=budget_tokens),
+        )
         self.memory = memory
         self.folder = folder
         self.user_id = history.user_id or "user"
 
     # -- building -----------------------------------------------------------------------------
     @classmethod
-    def open(cls, history: History, *, cache_dir: str | Path, api_base: str, model: str,
-             batch: int = 4, top_k: int = 20, log: Any = None) -> Mem0System:  # fmt: skip
+    def open(
+        cls,
+        history: History,
+        *,
+        cache_dir: str | Path,
+        api_base: str,
+        model: str,
+        batch: int = 4,
+        top_k: int = 20,
+        log: Any = None,
+    ) -> Mem0System:
         """Build (or resume, or load) Mem0's memory of ``history`` with the LLM at ``api_base``."""
         Memory = _require()
         from memsteer_dspy.memory.embedders import minilm_path
@@ -144,9 +193,15 @@ class Mem0System(ExternalSystem):
         folder = Path(cache_dir).expanduser() / history.fingerprint / f"mem0-{_digest(params)}"
         folder.mkdir(parents=True, exist_ok=True)
         usage = Usage(folder / "usage.json")
-        memory = Memory.from_config(mem0_config(
-            folder, api_base=api_base, model=model, embedder_path=str(minilm_path()), usage=usage
-        ))  # fmt: skip
+        memory = Memory.from_config(
+            mem0_config(
+                folder,
+                api_base=api_base,
+                model=model,
+                embedder_path=str(minilm_path()),
+                usage=usage,
+            )
+        )
         system = cls(history, memory, folder, top_k=top_k, cache_dir=cache_dir, params=params)
         system.lm_usage = usage
         system.ingest(batch, log=log)
@@ -174,8 +229,11 @@ class Mem0System(ExternalSystem):
                 out.flush()
                 if log is not None and n % 50 == 0:
                     log(f"mem0 ingest: {n}/{len(todo)} batches")
-        self.build_info.update(ingest_seconds=round(time.perf_counter() - t0, 1),
-                               batches=len(done) + len(todo), batches_added_now=len(todo))  # fmt: skip
+        self.build_info.update(
+            ingest_seconds=round(time.perf_counter() - t0, 1),
+            batches=len(done) + len(todo),
+            batches_added_now=len(todo),
+        )
         return self.build_info
 
     def close(self) -> None:

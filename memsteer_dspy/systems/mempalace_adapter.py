@@ -78,12 +78,21 @@ class MemPalaceSystem(ExternalSystem):
 
     pool = 100  # ask for more than top_k: hits dated on or after the question are dropped after
 
-    def __init__(self, history: History, folder: Path, embedder: Any, *, top_k: int = 20,
-                 cache_dir: str | Path | None = None, ingest: dict[str, Any] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        history: History,
+        folder: Path,
+        embedder: Any,
+        *,
+        top_k: int = 20,
+        cache_dir: str | Path | None = None,
+        ingest: dict[str, Any] | None = None,
+    ):
         card = SystemCard(
-            name="mempalace", system="mempalace",
+            name="mempalace",
+            system="mempalace",
             params={"adapter": ADAPTER_VERSION, "embedder": "minilm", "top_k": top_k},
-        )  # fmt: skip
+        )
         super().__init__(card, history, top_k=top_k, cache_dir=cache_dir)
         self.folder = folder
         self.embedder = embedder
@@ -92,8 +101,15 @@ class MemPalaceSystem(ExternalSystem):
 
     # -- building -----------------------------------------------------------------------------
     @classmethod
-    def open(cls, history: History, *, cache_dir: str | Path | None, top_k: int = 20,
-             embedder: Any = None, log: Any = None) -> MemPalaceSystem:  # fmt: skip
+    def open(
+        cls,
+        history: History,
+        *,
+        cache_dir: str | Path | None,
+        top_k: int = 20,
+        embedder: Any = None,
+        log: Any = None,
+    ) -> MemPalaceSystem:
         """The palace of ``history``: loaded when ingested before, else built (resuming)."""
         mine, _ = _require()
         if cache_dir is None:
@@ -106,8 +122,14 @@ class MemPalaceSystem(ExternalSystem):
         folder = Path(cache_dir).expanduser() / history.fingerprint / f"mempalace-{key}"
         done = folder / "ingest.json"
         if done.is_file():
-            system = cls(history, folder, embedder, top_k=top_k, cache_dir=cache_dir,
-                         ingest=json.loads(done.read_text()))  # fmt: skip
+            system = cls(
+                history,
+                folder,
+                embedder,
+                top_k=top_k,
+                cache_dir=cache_dir,
+                ingest=json.loads(done.read_text()),
+            )
             system.build_info["palace"] = "loaded"
             return system
         corpus = folder / "corpus"
@@ -131,9 +153,14 @@ class MemPalaceSystem(ExternalSystem):
                 mine(
                     str(corpus), str(folder / "palace"), wing_override=wing, respect_gitignore=False
                 )
-            ingest = {"ingest_seconds": round(time.perf_counter() - t0, 1), "records": len(history),
-                      "embedding_requests": server.requests, "texts_embedded": server.texts,
-                      "lm_calls": 0, "tokens": 0}  # fmt: skip
+            ingest = {
+                "ingest_seconds": round(time.perf_counter() - t0, 1),
+                "records": len(history),
+                "embedding_requests": server.requests,
+                "texts_embedded": server.texts,
+                "lm_calls": 0,
+                "tokens": 0,
+            }
         if log is not None:
             log(out.getvalue()[-2000:])
         done.write_text(json.dumps(ingest, indent=2) + "\n")
@@ -143,14 +170,17 @@ class MemPalaceSystem(ExternalSystem):
 
     @staticmethod
     def _mempalace_env(folder: Path, api_base: str):
-        return mock.patch.dict(os.environ, {
-            "MEMPALACE_CONFIG_DIR": str(folder / "config"),
-            "MEMPALACE_PALACE_PATH": str(folder / "palace"),
-            "MEMPALACE_EMBEDDING_MODEL": "openai-compat",
-            "MEMPALACE_EMBEDDING_API_URL": api_base,
-            "MEMPALACE_EMBEDDING_API_MODEL": "minilm",
-            "HF_HUB_OFFLINE": "1",
-        })  # fmt: skip
+        return mock.patch.dict(
+            os.environ,
+            {
+                "MEMPALACE_CONFIG_DIR": str(folder / "config"),
+                "MEMPALACE_PALACE_PATH": str(folder / "palace"),
+                "MEMPALACE_EMBEDDING_MODEL": "openai-compat",
+                "MEMPALACE_EMBEDDING_API_URL": api_base,
+                "MEMPALACE_EMBEDDING_API_MODEL": "minilm",
+                "HF_HUB_OFFLINE": "1",
+            },
+        )
 
     # -- searching ----------------------------------------------------------------------------
     def search(self, question: str, question_date: Any, n: int) -> list[Hit]:

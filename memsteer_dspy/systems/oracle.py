@@ -31,16 +31,27 @@ class OracleSystem(ExternalSystem):
     """Gold evidence as the context (an upper bound; reads the items' evidence ids)."""
 
     def __init__(
-        self, history: History, items: Iterable[QAItem], *, store: MemoryStore | None = None,
-        cache_dir: str | Path | None = None, answerer_lm: Any = None, budget: int = ORACLE_BUDGET,
-    ):  # fmt: skip
+        self,
+        history: History,
+        items: Iterable[QAItem],
+        *,
+        store: MemoryStore | None = None,
+        cache_dir: str | Path | None = None,
+        answerer_lm: Any = None,
+        budget: int = ORACLE_BUDGET,
+    ):
         card = SystemCard(
             name="oracle", system="oracle", params={"budget": budget, "order": "chronological"}
         )
         super().__init__(
-            card, history, store=store, cache_dir=cache_dir, answerer_lm=answerer_lm, top_k=10_000,
+            card,
+            history,
+            store=store,
+            cache_dir=cache_dir,
+            answerer_lm=answerer_lm,
+            top_k=10_000,
             context=ContextSpec(order="chronological", budget_tokens=budget),
-        )  # fmt: skip
+        )
         self.evidence: dict[tuple[str, str], list[str]] = {}
         merged = 0
         for q in items:

@@ -29,11 +29,13 @@ Budget = Literal["k", "fixed"]
 def _row(name: str, index: str, k: int, budget: Budget) -> MemoryDesign:
     tokens = K_BUDGET if budget == "k" else DEFAULT_CONTEXT_BUDGET
     suffix = "" if budget == "k" else f"@{tokens}"
-    return MemoryDesign.from_dict({
-        "name": f"{name}-k{k}{suffix}",
-        "retrieve": {"index": index, "top_k": k, "pool": max(50, k)},
-        "context": {"budget_tokens": tokens},
-    })  # fmt: skip
+    return MemoryDesign.from_dict(
+        {
+            "name": f"{name}-k{k}{suffix}",
+            "retrieve": {"index": index, "top_k": k, "pool": max(50, k)},
+            "context": {"budget_tokens": tokens},
+        }
+    )
 
 
 def rag(k: int, budget: Budget = "k") -> MemoryDesign:

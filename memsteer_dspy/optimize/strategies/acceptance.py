@@ -48,8 +48,15 @@ class PairedAccept:
 
     name = "paired"
 
-    def __init__(self, objective: Objective, *, alpha: float = 0.1, margin: float = 0.0,
-                 test: Literal["bootstrap", "sign"] = "bootstrap", seed: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        objective: Objective,
+        *,
+        alpha: float = 0.1,
+        margin: float = 0.0,
+        test: Literal["bootstrap", "sign"] = "bootstrap",
+        seed: int = 0,
+    ):
         if not 0 < alpha < 1:
             raise ConfigError(f"--accept-alpha must be between 0 and 1, not {alpha}")
         if test not in ("bootstrap", "sign"):
@@ -77,11 +84,21 @@ class PairedAccept:
             if self.test == "bootstrap"
             else sign_test_p(a, b)
         )
-        stats = {"test": self.test, "p": round(p, 4), "alpha": self.alpha, "gain": round(gain, 4),
-                 "margin": self.margin, "n": len(d), "wins": int((d > 0).sum()), "losses": int((d < 0).sum())}  # fmt: skip
+        stats = {
+            "test": self.test,
+            "p": round(p, 4),
+            "alpha": self.alpha,
+            "gain": round(gain, 4),
+            "margin": self.margin,
+            "n": len(d),
+            "wins": int((d > 0).sum()),
+            "losses": int((d < 0).sum()),
+        }
         ok = gain > self.margin and p < self.alpha
-        why = (f"paired gain {gain:+.3f} (p={p:.3f} by {self.test}, {stats['wins']} wins / "
-               f"{stats['losses']} losses over {len(d)} items)")  # fmt: skip
+        why = (
+            f"paired gain {gain:+.3f} (p={p:.3f} by {self.test}, {stats['wins']} wins / "
+            f"{stats['losses']} losses over {len(d)} items)"
+        )
         if ok:
             return Decision(True, f"significant: {why}", stats)
         bar = f"needs p < {self.alpha}" + (f" and gain > {self.margin}" if self.margin else "")
@@ -106,9 +123,15 @@ class NonInferiorityGuard:
     neighbour expansion, a larger top-k) while ranking fewer gold records in its first ten; without
     a guard that trade is accepted and carries to held-out items."""
 
-    def __init__(self, metrics: Sequence[str], *, alpha: float = 0.1,
-                 test: Literal["bootstrap", "sign"] = "bootstrap", seed: int = 0,
-                 margin: float | None = None):  # fmt: skip
+    def __init__(
+        self,
+        metrics: Sequence[str],
+        *,
+        alpha: float = 0.1,
+        test: Literal["bootstrap", "sign"] = "bootstrap",
+        seed: int = 0,
+        margin: float | None = None,
+    ):
         if margin is not None and not 0 < margin < 1:
             raise ConfigError(f"--guard-margin must be between 0 and 1 (exclusive), not {margin}")
         self.margin = margin
@@ -143,14 +166,22 @@ class NonInferiorityGuard:
             if self.margin is not None:  # non-inferiority: is candidate + δ better than current?
                 shifted = [None if x is None else x + self.margin for x in a]
                 p = paired_bootstrap_p(b, shifted, seed=self.seed)
-                stats[f"guard_{m}"] = {"diff": round(diff, 4), "p": round(p, 4), "n": len(d),
-                                       "margin": self.margin}  # fmt: skip
+                stats[f"guard_{m}"] = {
+                    "diff": round(diff, 4),
+                    "p": round(p, 4),
+                    "n": len(d),
+                    "margin": self.margin,
+                }
                 if len(d) and p >= self.alpha:
-                    return Decision(False, (
-                        f"not shown non-inferior to the current design in {m}: {diff:+.3f} (p={p:.3f} that it "
-                        f"is at least {self.margin:.3f} below, paired bootstrap over {len(d)} items; needs p < "
-                        f"{self.alpha})"
-                    ), stats)  # fmt: skip
+                    return Decision(
+                        False,
+                        (
+                            f"not shown non-inferior to the current design in {m}: {diff:+.3f} (p={p:.3f} that it "
+                            f"is at least {self.margin:.3f} below, paired bootstrap over {len(d)} items; needs p < "
+                            f"{self.alpha})"
+                        ),
+                        stats,
+                    )
                 continue
             p = (
                 paired_bootstrap_p(a, b, seed=self.seed)
@@ -159,15 +190,20 @@ class NonInferiorityGuard:
             )
             stats[f"guard_{m}"] = {"diff": round(diff, 4), "p": round(p, 4), "n": len(d)}
             if p < self.alpha:
-                return Decision(False, (
-                    f"significantly below the current design in {m}: {diff:+.3f} (p={p:.3f} by {self.test} "
-                    f"over {len(d)} items; guard at alpha {self.alpha})"
-                ), stats)  # fmt: skip
+                return Decision(
+                    False,
+                    (
+                        f"significantly below the current design in {m}: {diff:+.3f} (p={p:.3f} by {self.test} "
+                        f"over {len(d)} items; guard at alpha {self.alpha})"
+                    ),
+                    stats,
+                )
         return Decision(True, "", stats)
 
 
-def lm_margin_decision(candidate: Candidate, best_lm_free: Candidate | None, objective: Objective,
-                       margin: float) -> Decision | None:  # fmt: skip
+def lm_margin_decision(
+    candidate: Candidate, best_lm_free: Candidate | None, objective: Objective, margin: float
+) -> Decision | None:
     """A design that calls an LM at retrieval must beat the best LM-free design found so far by
     ``margin`` (primary metric); returns the rejection, or None when the rule does not object."""
     if not candidate.uses_lm or best_lm_free is None:
@@ -175,23 +211,33 @@ def lm_margin_decision(candidate: Candidate, best_lm_free: Candidate | None, obj
     c, f = candidate.score.primary(objective), best_lm_free.score.primary(objective)
     if c is None or f is None or c >= f + margin - 1e-9:
         return None
-    return Decision(False, (
-        f"calls an LM {candidate.retrieval_lm_calls:g}x per question at retrieval, but does not beat the "
-        f"best LM-free design (iteration {best_lm_free.iteration}: {f:.3f}) by the --lm-retrieval-margin "
-        f"{margin:.3f} (it scores {c:.3f})"
-    ), {"lm_free_best": f, "lm_margin": margin})  # fmt: skip
+    return Decision(
+        False,
+        (
+            f"calls an LM {candidate.retrieval_lm_calls:g}x per question at retrieval, but does not beat the "
+            f"best LM-free design (iteration {best_lm_free.iteration}: {f:.3f}) by the --lm-retrieval-margin "
+            f"{margin:.3f} (it scores {c:.3f})"
+        ),
+        {"lm_free_best": f, "lm_margin": margin},
+    )
 
 
 class Judge:
     """The accept rule, then the guards (when it accepts), then the LM-retrieval margin: the
     first that objects decides, carrying the statistics of those before it."""
 
-    def __init__(self, rule: AcceptRule, guards: NonInferiorityGuard | None, objective: Objective,
-                 lm_margin: float | None):  # fmt: skip
+    def __init__(
+        self,
+        rule: AcceptRule,
+        guards: NonInferiorityGuard | None,
+        objective: Objective,
+        lm_margin: float | None,
+    ):
         self.rule, self.guards, self.objective, self.lm_margin = rule, guards, objective, lm_margin
 
-    def decide(self, candidate: Candidate, incumbent: Candidate,
-               best_lm_free: Candidate | None) -> Decision:  # fmt: skip
+    def decide(
+        self, candidate: Candidate, incumbent: Candidate, best_lm_free: Candidate | None
+    ) -> Decision:
         decision = self.rule.decide(candidate, incumbent)
         if decision.accepted and self.guards is not None:
             guarded = self.guards.check(candidate, incumbent)
@@ -211,8 +257,13 @@ def accept_rule(config: Any) -> AcceptRule:
     """The rule ``config.accept`` names (an :class:`~memsteer_dspy.optimize.config.OptimizeConfig`)."""
     c = config
     if c.accept == "paired":
-        return PairedAccept(c.objective, alpha=c.accept_alpha, margin=c.accept_margin,
-                            test=c.accept_test, seed=c.seed)  # fmt: skip
+        return PairedAccept(
+            c.objective,
+            alpha=c.accept_alpha,
+            margin=c.accept_margin,
+            test=c.accept_test,
+            seed=c.seed,
+        )
     return StrictAccept(c.objective)
 
 
@@ -221,5 +272,6 @@ def guards_of(config: Any) -> NonInferiorityGuard | None:
     c = config
     if not c.guard:
         return None
-    return NonInferiorityGuard(c.guard, alpha=c.accept_alpha, test=c.accept_test, seed=c.seed,
-                               margin=c.guard_margin)  # fmt: skip
+    return NonInferiorityGuard(
+        c.guard, alpha=c.accept_alpha, test=c.accept_test, seed=c.seed, margin=c.guard_margin
+    )

@@ -80,15 +80,26 @@ class OptunaProposer:
 
     uses_feedback = False
 
-    def __init__(self, kind: Literal["random", "tpe"], base: MemoryDesign, objective: Objective, *,
-                 seed: int = 0, indexes: Sequence[str] | None = None, max_draws: int = 50):  # fmt: skip
+    def __init__(
+        self,
+        kind: Literal["random", "tpe"],
+        base: MemoryDesign,
+        objective: Objective,
+        *,
+        seed: int = 0,
+        indexes: Sequence[str] | None = None,
+        max_draws: int = 50,
+    ):
         try:
             import optuna
         except ImportError:
             raise MissingExtraError("optuna", "tune", f"--search {kind}") from None
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        sampler = (optuna.samplers.RandomSampler(seed=seed) if kind == "random"
-                   else optuna.samplers.TPESampler(seed=seed, n_startup_trials=5))  # fmt: skip
+        sampler = (
+            optuna.samplers.RandomSampler(seed=seed)
+            if kind == "random"
+            else optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
+        )
         self.kind, self.base, self.objective, self.max_draws = kind, base, objective, max_draws
         self.indexes = list(indexes) if indexes is not None else available_indexes()
         self.study = optuna.create_study(direction="maximize", sampler=sampler)
@@ -99,9 +110,13 @@ class OptunaProposer:
         import optuna
         from optuna.distributions import json_to_distribution
 
-        self.study.add_trial(optuna.trial.create_trial(
-            params=dict(params), distributions={k: json_to_distribution(v) for k, v in dists.items()}, value=value,
-        ))  # fmt: skip
+        self.study.add_trial(
+            optuna.trial.create_trial(
+                params=dict(params),
+                distributions={k: json_to_distribution(v) for k, v in dists.items()},
+                value=value,
+            )
+        )
 
     def propose(self, parent, history, feedback, *, seen, iteration) -> Proposal:
         from optuna.distributions import distribution_to_json
@@ -123,10 +138,18 @@ class OptunaProposer:
             attempts.append(
                 ProposalAttempt(kind="ok", design_key=key, notes=[f"{self.kind} sample: {params}"])
             )
-            return Proposal(status="ok", design=design, rationale=f"{self.kind} sample {params}",
-                            attempts=attempts, search_params={"params": params, "distributions": dists})  # fmt: skip
-        return Proposal(status="duplicate", attempts=attempts,
-                        error=f"{self.max_draws} samples in a row repeated earlier designs")  # fmt: skip
+            return Proposal(
+                status="ok",
+                design=design,
+                rationale=f"{self.kind} sample {params}",
+                attempts=attempts,
+                search_params={"params": params, "distributions": dists},
+            )
+        return Proposal(
+            status="duplicate",
+            attempts=attempts,
+            error=f"{self.max_draws} samples in a row repeated earlier designs",
+        )
 
     def observe(self, entry: TrajectoryEntry) -> None:
         s = entry.score or entry.screen_score

@@ -56,8 +56,9 @@ def single_field_variants(
     return out
 
 
-def best_by_recall(found: list[Proposal], recall_of: Callable[[MemoryDesign, int], Score],
-                   attempts: list[Any]) -> Proposal | None:  # fmt: skip
+def best_by_recall(
+    found: list[Proposal], recall_of: Callable[[MemoryDesign, int], Score], attempts: list[Any]
+) -> Proposal | None:
     """``--proposals K``: the proposal (of several) whose design has the best retrieval-only recall
     on validation (``recall_of(design, k)`` scores the k-th, 1-based; one that cannot be built is
     screened out), with every attempt and a note of the choice; None when none could be scored."""
@@ -70,8 +71,10 @@ def best_by_recall(found: list[Proposal], recall_of: Callable[[MemoryDesign, int
     if not screened:
         return None
     key, neg_k, best = max(screened, key=lambda x: (x[0], x[1]))
-    note = (f"best of {len(found)} proposals by retrieval-only recall on validation (proposal {-neg_k}: "
-            f"delivered recall {key[0]:.3f}, R@10 {key[1]:.3f})")  # fmt: skip
+    note = (
+        f"best of {len(found)} proposals by retrieval-only recall on validation (proposal {-neg_k}: "
+        f"delivered recall {key[0]:.3f}, R@10 {key[1]:.3f})"
+    )
     return best.model_copy(
         update={"attempts": attempts, "rationale": f"{best.rationale}\n\n({note})"}
     )
@@ -97,10 +100,15 @@ class SubScreens:
 
 
 def screen_subchanges(
-    t: int, parent: MemoryDesign, proposed: MemoryDesign, seen: set[str], objective: Objective, *,
+    t: int,
+    parent: MemoryDesign,
+    proposed: MemoryDesign,
+    seen: set[str],
+    objective: Objective,
+    *,
     score: Callable[[MemoryDesign, int], tuple[Score, Candidate]],
     decide: Callable[[Candidate], Decision],
-) -> SubScreens | None:  # fmt: skip
+) -> SubScreens | None:
     """Score each single-field sub-change of a rejected multi-field proposal (``score(design, i)``
     builds, checks and scores the i-th on validation; ``decide`` judges it against the current
     design); None when the proposal has fewer than two changes to split."""
@@ -123,8 +131,12 @@ def screen_subchanges(
             screen.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
             continue
         decision = decide(cand)
-        screen.update(status="accepted" if decision.accepted else "rejected", score=sub_score.model_dump(),
-                      reason=decision.reason, stats=decision.stats)  # fmt: skip
+        screen.update(
+            status="accepted" if decision.accepted else "rejected",
+            score=sub_score.model_dump(),
+            reason=decision.reason,
+            stats=decision.stats,
+        )
         if decision.accepted and (
             out.chosen is None or accept(objective, sub_score, out.chosen.candidate.score)
         ):
