@@ -209,8 +209,12 @@ def small_lm_bundle_config(**overrides) -> BundleConfig:
     the tasks at :data:`STEERED_MIX` (every answer type, a third two-record items) and steers toward
     the kinds the accepted items lack; ``steered=False`` is the earlier 80/20 one-/two-record draw
     without answer-type targets."""
-    values = {"record_token_cap": 150, "min_records": 3, "max_records": 3,
-              "evidence_weights": {1: 0.8, 2: 0.2}}  # fmt: skip
+    values = {
+        "record_token_cap": 150,
+        "min_records": 3,
+        "max_records": 3,
+        "evidence_weights": {1: 0.8, 2: 0.2},
+    }
     if overrides.pop("steered", True):
         values.update(STEERED_MIX)
     values.update(overrides)
@@ -236,8 +240,10 @@ ANCHORED_SAMPLING: dict[str, bool | float] = {
 }
 
 # The small profile's target mix when steered: every answer kind, and a third multi-record items.
-STEERED_MIX: dict = {"evidence_weights": {1: 0.65, 2: 0.35},
-                     "answer_type_weights": {"entity": 0.35, "number": 0.25, "date": 0.25, "list": 0.15}}  # fmt: skip
+STEERED_MIX: dict = {
+    "evidence_weights": {1: 0.65, 2: 0.35},
+    "answer_type_weights": {"entity": 0.35, "number": 0.25, "date": 0.25, "list": 0.15},
+}
 
 
 class Task(BaseModel):
@@ -559,8 +565,11 @@ def sample_task(rng: random.Random, config: BundleConfig | None = None) -> Task:
     config = config or BundleConfig()
     counts = sorted(c for c, w in config.evidence_weights.items() if w > 0)
     count = rng.choices(counts, weights=[config.evidence_weights[c] for c in counts])[0]
-    types = [t for t in _TYPES_BY_COUNT.get(count, ("aggregation",))
-             if config.question_types is None or t in config.question_types]  # fmt: skip
+    types = [
+        t
+        for t in _TYPES_BY_COUNT.get(count, ("aggregation",))
+        if config.question_types is None or t in config.question_types
+    ]
     if not types:
         types = list(config.question_types or ["fact"])
     return Task(question_type=rng.choice(types), evidence_count=count)
@@ -643,8 +652,11 @@ def task_for_count(
     """The steered answer type and question type of a task with ``count`` evidence records (see
     :func:`steered_task`)."""
     assert config.answer_type_weights is not None
-    types = [t for t in _TYPES_BY_COUNT.get(count, ("aggregation",))
-             if config.question_types is None or t in config.question_types] or ["fact"]  # fmt: skip
+    types = [
+        t
+        for t in _TYPES_BY_COUNT.get(count, ("aggregation",))
+        if config.question_types is None or t in config.question_types
+    ] or ["fact"]
     suited = {a for t in types for a in ANSWER_TYPES_BY_QUESTION.get(t, ())}
     if answer_kinds is not None:
         suited = (suited & set(answer_kinds)) or suited
@@ -1283,6 +1295,10 @@ _DAY_OPENER = re.compile(
     r"(?: (?:morning|afternoon|evening))?|today|tonight|earlier(?: today)?|just now),?\s+",
     re.I,
 )
+BRIDGE_MAX_SHARED = 2
+"""A bridge's event shares fewer topic words than this with the answer's sentence: it is another
+event of the day, not the same one told twice ("What device did I use to send a quick note to
+Lila on the day I wanted to send a quick update to Lila?", the first bridge run)."""
 DAY_TRIES = 12
 """How many records of the seed's day :meth:`BundleSampler._day_bundle` tries for a bridge."""
 BRIDGE_EVENT_WORDS = 16
@@ -1306,11 +1322,11 @@ def bridge_event(sentence: str) -> str:
 
 def _tells_event(phrase: str) -> bool:
     """Whether a bridge's event phrase has a subject to tell something with (``I just got back
-    from a full day in Eugene``, not ``felt especially peaceful in my bedroom``) and four words."""
+    from a full day in Eugene``, not ``felt especially peaceful in my bedroom``) and four words.
+    An email's subject line is no bridge: the writer quoted it whole ("… on the day of the email
+    'Update on Elena's Symptoms – December 15'?" was too long, and an echo)."""
     words = phrase.split()
-    return phrase.startswith("of the email") or (
-        len(words) >= 4 and bool(_SUBJECT_START.match(phrase))
-    )
+    return len(words) >= 4 and bool(_SUBJECT_START.match(phrase)) and "email" not in words[:3]
 
 
 def bridge_options(
@@ -1349,16 +1365,20 @@ def bridge_options(
             continue
         day = next(r.date for r in dated if r.id == own)
         word = whole_word(option.answer)
+        topic = _topic(plain_text(span_text[option.span_id]))
         bridge = next(
             (
                 e
                 for r in dated
-                if r.id != own and r.date == day and (e := events.get(r.id)) is not None
+                if r.id != own
+                and r.date == day
+                and (e := events.get(r.id)) is not None
                 and not word.search(plain_text(e.text))
-                and _tells_event(bridge_event(e.text))
+                and _tells_event(event := bridge_event(e.text))
+                and len(_topic(event) & topic) < BRIDGE_MAX_SHARED
             ),
             None,
-        )  # fmt: skip
+        )
         if bridge is None:
             continue
         seen.add(option.answer.lower())
@@ -1378,9 +1398,15 @@ def bridge_options(
 def _bundle_record(record: Record, config: BundleConfig) -> BundleRecord:
     spans, truncated = _visible_spans(record, config.record_token_cap, config.user_turns_only)
     return BundleRecord(
-        id=record.id, kind=record.kind, date=record.timestamp.date().isoformat() if record.timestamp else None,
-        author=record.author, thread_id=record.thread_id, title=record.title, spans=spans, truncated=truncated,
-    )  # fmt: skip
+        id=record.id,
+        kind=record.kind,
+        date=record.timestamp.date().isoformat() if record.timestamp else None,
+        author=record.author,
+        thread_id=record.thread_id,
+        title=record.title,
+        spans=spans,
+        truncated=truncated,
+    )
 
 
 def _render_tokens(records: Sequence[BundleRecord]) -> int:
@@ -1450,9 +1476,13 @@ def expand_bundle(
         weight, src, kind = frontier[pick]
         path.append((src, pick, kind))
     bundle = Bundle(
-        id=_bundle_id(seed_id, members), seed_id=seed_id, method="graph", records=records, path=path,
+        id=_bundle_id(seed_id, members),
+        seed_id=seed_id,
+        method="graph",
+        records=records,
+        path=path,
         tokens=_render_tokens(records),
-    )  # fmt: skip
+    )
     return bundle, None
 
 
@@ -1484,8 +1514,13 @@ def random_bundle(
         if rec.spans and used + cost <= config.token_budget:
             records.append(rec)
             used += cost
-    return Bundle(id=_bundle_id(seed_id, [r.id for r in records]), seed_id=seed_id, method="random",
-                  records=records, tokens=_render_tokens(records)), None  # fmt: skip
+    return Bundle(
+        id=_bundle_id(seed_id, [r.id for r in records]),
+        seed_id=seed_id,
+        method="random",
+        records=records,
+        tokens=_render_tokens(records),
+    ), None
 
 
 def bundle_from_records(
@@ -1494,8 +1529,13 @@ def bundle_from_records(
     """A bundle of exactly the given records (fidelity checks build bundles from QA evidence)."""
     config = config or BundleConfig()
     records = [_bundle_record(history[rid], config) for rid in record_ids]
-    return Bundle(id=_bundle_id(record_ids[0], record_ids), seed_id=record_ids[0], method="given",
-                  records=records, tokens=_render_tokens(records))  # fmt: skip
+    return Bundle(
+        id=_bundle_id(record_ids[0], record_ids),
+        seed_id=record_ids[0],
+        method="given",
+        records=records,
+        tokens=_render_tokens(records),
+    )
 
 
 class BundleSampler:
@@ -1616,9 +1656,14 @@ class BundleSampler:
             if len(concrete_records(bundle.model_copy(update={"records": records}))) < 2:
                 continue
             path = [*bundle.path[: len(keep) - 1], (seed.id, rid, "day")]
-            return Bundle(id=_bundle_id(seed.id, [r.id for r in records]), seed_id=seed.id,
-                          method="graph", records=records, path=path,
-                          tokens=_render_tokens(records))  # fmt: skip
+            return Bundle(
+                id=_bundle_id(seed.id, [r.id for r in records]),
+                seed_id=seed.id,
+                method="graph",
+                records=records,
+                path=path,
+                tokens=_render_tokens(records),
+            )
         return None
 
     def _bundle_kinds(self, bundle: Bundle, evidence_count: int = 1) -> set[str]:

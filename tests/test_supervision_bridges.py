@@ -76,6 +76,12 @@ def test_a_bridge_event_is_its_sentence_s_first_clause_without_the_time_of_day()
     )
     long = "I " + " ".join(f"w{i}" for i in range(30))
     assert len(bridge_event(long).split()) == 16
+    # an email's subject is no bridge's event (the writer quoted it whole), nor a subjectless one
+    from memsteer_dspy.bundles import _tells_event
+
+    assert not _tells_event(bridge_event("Subject: Update on Elena's Symptoms – December 15"))
+    assert _tells_event("I just got back from a full day in Eugene")
+    assert not _tells_event("felt especially peaceful in my bedroom")
 
 
 def test_bridge_options_ask_an_answer_by_another_record_of_its_day():
@@ -94,6 +100,13 @@ def test_bridge_options_ask_an_answer_by_another_record_of_its_day():
     bundle = _bundle(["c1:1", "c1:2", "z1:1"])
     got = {o.answer: o for o in bridge_options(bundle.records, "Elena")}
     assert "Lila" not in got and "Dana Pruitt" not in got
+    # a same-day event about the answer's own topic is the same event told twice: no bridge
+    twice = _turn(
+        "d2:1", datetime(2024, 3, 2, 19), "I sent another quick note about the garden to Sofia."
+    )
+    bundle = bundle_from_records(small_history([twice]), ["c1:1", "d2:1"], BundleConfig())
+    got = {o.answer: o for o in bridge_options(bundle.records, "Elena")}
+    assert "MacBook Air" not in got, got
 
 
 def test_two_record_tasks_offer_bridges_first_and_one_record_tasks_none():
