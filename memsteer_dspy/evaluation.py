@@ -42,6 +42,7 @@ import dspy
 from pydantic import BaseModel, Field
 
 from memsteer_dspy.errors import ConfigError, InputError
+from memsteer_dspy.memory.answer import ANSWER_PROGRAM_VERSION
 from memsteer_dspy.memory.system import MemorySystem, MemoryTrace
 from memsteer_dspy.normalize import answers_match, list_jaccard
 from memsteer_dspy.records import AnswerType, QAItem
@@ -412,7 +413,7 @@ def evaluation_key(
         lms["answerer"] = getattr(system.answerer, "lm", None)
     if metrics == "all":
         lms["judge"] = judge_lm
-    return run_key(
+    key = run_key(
         "evaluate",
         history=system.user_history,
         protocol=protocol,
@@ -421,6 +422,9 @@ def evaluation_key(
         lms=lms,
         options=options or {},
     )
+    if metrics == "all":  # the answers come from this version of the answer program
+        key["answer_program"] = ANSWER_PROGRAM_VERSION
+    return key
 
 
 def unresolved_evidence(history: Any, items: Iterable[QAItem]) -> list[dict[str, str]]:

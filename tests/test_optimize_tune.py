@@ -28,7 +28,9 @@ def test_program_matches_the_memory_system_and_metric_explains_evidence():
     lm = answerer_and_judge()
     system = MemorySystem.from_design(NARROW, small_history(), lms={"answerer": lm})
     program = MemoryQA(system)
-    assert [n for n, _ in program.named_predictors()] == ["answerer"]  # raw queries: no rewriter
+    assert [n for n, _ in program.named_predictors()] == [
+        "answerer.read"
+    ]  # raw queries: no rewriter
     gold = to_examples(small_qa())[3]  # "Anna, Tom": two records, one delivered at most
     pred = program(**gold.inputs())
     same = system(gold.question, question_date=gold.question_date)
@@ -53,7 +55,7 @@ def test_a_design_with_query_rewriting_exposes_the_rewriter():
     lm = answerer_and_judge()
     d = MemoryDesign.from_dict({"retrieve": {"query": "rewrite"}})
     program = MemoryQA(MemorySystem.from_design(d, small_history(), lms={"answerer": lm}))
-    assert sorted(n for n, _ in program.named_predictors()) == ["answerer", "rewriter"]
+    assert sorted(n for n, _ in program.named_predictors()) == ["answerer.read", "rewriter"]
 
 
 def test_gepa_run_writes_tuned_instructions(tmp_path):
@@ -75,7 +77,7 @@ def test_gepa_run_writes_tuned_instructions(tmp_path):
         max_metric_calls=16,
     )
     assert 0.0 <= res.val_before <= 1.0 and 0.0 <= res.val_after <= 1.0
-    assert res.n_train == 4 and set(res.instructions) == {"answerer"}
+    assert res.n_train == 4 and set(res.instructions) == {"answerer.read"}
     saved = json.loads((tmp_path / "tune" / "instructions.json").read_text())
     assert saved == res.instructions
     assert (tmp_path / "tune" / "tuned_program.json").exists() and (

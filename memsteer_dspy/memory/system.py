@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 
 import memsteer_dspy.memory.embedders as embedders
 from memsteer_dspy.errors import ConfigError
+from memsteer_dspy.memory.answer import MemoryAnswerer
 from memsteer_dspy.memory.context import BuiltContext, ContextBuilder
 from memsteer_dspy.memory.design import MemoryDesign, _digest
 from memsteer_dspy.memory.index import HybridIndex, bm25_key, dense_key, open_bm25, open_dense
@@ -33,7 +34,7 @@ from memsteer_dspy.memory.lookup import RecordLookup, lookup_record
 from memsteer_dspy.memory.retriever import MemoryRetriever, date_text
 from memsteer_dspy.memory.store import MemoryStore, StoreReport, build_units
 from memsteer_dspy.records import History, Record
-from memsteer_dspy.signatures.answer import AnswerFromMemory, VerifyAnswer
+from memsteer_dspy.signatures.answer import VerifyAnswer
 from memsteer_dspy.signatures.query import ExtractFacts, SourceRecord
 
 # which LM serves which part of a design; every part falls back to the answerer's LM
@@ -105,8 +106,7 @@ class MemorySystem(dspy.Module):
         self.context_builder = context_builder
         self.lms = dict(lms)
         self.build_info = build_info
-        self.answerer = dspy.Predict(AnswerFromMemory)
-        self.answerer.lm = self.lms.get("answer")
+        self.answerer = MemoryAnswerer(self.lms.get("answer"))
         self.verifier = None
         if design.answer.verify:
             self.verifier = dspy.Predict(VerifyAnswer)

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from memsteer_dspy.errors import ConfigError
+from memsteer_dspy.memory.answer import ANSWER_PROGRAM_VERSION
 from memsteer_dspy.optimize.feedback import FeedbackMode
 from memsteer_dspy.optimize.splits import ids_digest
 from memsteer_dspy.optimize.types import Objective
@@ -195,6 +196,8 @@ def optimize_run_key(
         lms={r: lm_identity(lm) for r, lm in lms.items()},
         options=options,
     )
+    if lms.get("answerer") is not None:  # answers enter the scores: the program's version too
+        key["answer_program"] = ANSWER_PROGRAM_VERSION
     key["qa_hash"] = {
         "train": qa_content_hash(train),
         "val": qa_content_hash(val),

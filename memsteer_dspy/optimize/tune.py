@@ -26,12 +26,12 @@ import dspy
 from pydantic import BaseModel, Field
 
 from memsteer_dspy.errors import ConfigError, MissingExtraError
+from memsteer_dspy.memory.answer import MemoryAnswerer
 from memsteer_dspy.memory.design import MemoryDesign
 from memsteer_dspy.memory.retriever import date_text
 from memsteer_dspy.memory.system import MemorySystem
 from memsteer_dspy.normalize import answers_match
 from memsteer_dspy.records import History, QAItem
-from memsteer_dspy.signatures.answer import AnswerFromMemory
 from memsteer_dspy.signatures.judge import JudgeAnswer
 from memsteer_dspy.signatures.query import (
     DecomposeQuestion,
@@ -69,8 +69,7 @@ class MemoryQA(dspy.Module):
         super().__init__()
         self._memory = _Shared(system)
         self.protocol = protocol
-        self.answerer = dspy.Predict(AnswerFromMemory)
-        self.answerer.lm = system.answerer.lm
+        self.answerer = MemoryAnswerer(system.answerer.lm)
         strategy = system.design.retrieve.query
         self.rewriter = None
         if strategy != "raw":

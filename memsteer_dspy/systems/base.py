@@ -28,13 +28,13 @@ import dspy
 from pydantic import BaseModel, ConfigDict, Field
 
 from memsteer_dspy.errors import ConfigError
+from memsteer_dspy.memory.answer import MemoryAnswerer
 from memsteer_dspy.memory.context import BuiltContext, ContextBuilder
 from memsteer_dspy.memory.design import ContextSpec, MemoryDesign, _digest
 from memsteer_dspy.memory.retriever import as_day, date_text
 from memsteer_dspy.memory.store import MemoryStore
 from memsteer_dspy.memory.system import MemorySystem, MemoryTrace
 from memsteer_dspy.records import History
-from memsteer_dspy.signatures.answer import AnswerFromMemory
 
 
 class SystemCard(BaseModel):
@@ -105,8 +105,7 @@ class ExternalSystem(dspy.Module):
         self.context_spec = context or ContextSpec()
         self.store = store or record_store(history, cache_dir)
         self.context_builder = ContextBuilder(self.context_spec, self.store)
-        self.answerer = dspy.Predict(AnswerFromMemory)
-        self.answerer.lm = answerer_lm
+        self.answerer = MemoryAnswerer(answerer_lm)
         self.build_info: dict[str, Any] = {"system": card.system}
 
     # -- the one method an adapter writes -----------------------------------------------------
