@@ -29,6 +29,7 @@ importable (tests drive it with a scripted LM).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import random
@@ -38,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import dspy
 
@@ -147,20 +149,21 @@ def _records_text(history: History, item: QAItem, planted_id: str, rng: random.R
 
 def _call(role: str, lm: Any, item: QAItem, records: str) -> str:
     """One role's call on ``records``; returns all its output text."""
-    from memsteer_dspy.signatures.answer import AnswerFromMemory
     from memsteer_dspy.signatures.blind_read import BlindRead
     from memsteer_dspy.signatures.question import WriteQuestion
+
+    from memsteer_dspy.memory.answer import MemoryAnswerer
 
     if role == "blind_reader":
         pred = dspy.Predict(BlindRead)
         pred.lm = lm
         out = pred(question=item.question, answer_type=str(item.answer_type), records=records)
         return f"{out.answer} {' '.join(map(str, out.cited_ids or []))}"
-    if role == "answerer":
-        pred = dspy.Predict(AnswerFromMemory)
-        pred.lm = lm
+    if role == "answerer":  # the answer program every design answers with
         qd = item.question_date.isoformat() if item.question_date else "unknown"
-        return str(pred(question=item.question, question_date=qd, context=records).answer)
+        return str(
+            MemoryAnswerer(lm)(question=item.question, question_date=qd, context=records).answer
+        )
     if role == "question_writer":
         pred = dspy.Predict(WriteQuestion)
         pred.lm = lm
@@ -176,6 +179,20 @@ def _call(role: str, lm: Any, item: QAItem, records: str) -> str:
     raise ValueError(f"unknown role {role!r}; choose from {', '.join(ROLES)}")
 
 
+@contextlib.contextmanager
+def undefended():
+    """The program with :mod:`memsteer_dspy.untrusted`'s withholding off: bundles show every
+    sentence and the answer program reads the context as given."""
+    import memsteer_dspy.bundles as bundles
+    import memsteer_dspy.memory.answer as answer
+
+    with (
+        mock.patch.object(bundles, "instruction_like", lambda text: False),
+        mock.patch.object(answer, "withhold", lambda text: text),
+    ):
+        yield
+
+
 def run_benchmark(
     history: History,
     items: Sequence[QAItem],
@@ -186,8 +203,23 @@ def run_benchmark(
     control: bool = True,
     seed: int = 0,
     on_call: Callable[[CallResult], None] | None = None,
+    defended: bool = True,
 ) -> Report:
-    """Every role on every item with every payload (and the control), as the module doc says."""
+    """Every role on every item with every payload (and the control), as the module doc says.
+    ``defended=False`` runs the same code with the withholding of sentences addressed to an AI
+    reader switched off (:mod:`memsteer_dspy.untrusted`): the "before" of the defence."""
+    if not defended:
+        with undefended():
+            return run_benchmark(
+                history,
+                items,
+                lms,
+                roles=roles,
+                payloads=payloads,
+                control=control,
+                seed=seed,
+                on_call=on_call,
+            )
     t0 = time.perf_counter()
     report = Report()
     rng = random.Random(seed)
@@ -233,6 +265,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--roles", default=",".join(ROLES))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, help="write every call's result here (JSON)")
+    ap.add_argument(
+        "--compare",
+        action="store_true",
+        help="run twice: with the withholding of instructions to an AI reader off (before) and on",
+    )
     args = ap.parse_args(argv)
 
     loaded = load_demo()
@@ -245,25 +282,34 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{', '.join(roles)}; LMs {config.describe()}",
         file=sys.stderr,
     )
-    report = run_benchmark(
-        loaded.history,
-        items,
-        lms,
-        roles=roles,
-        seed=args.seed,
-        on_call=lambda c: print(
-            f"  {c.role} {c.item} {c.payload}: {'OBEYED' if c.obeyed else 'ok'}", file=sys.stderr
-        ),
-    )
-    print(report.table())
-    print(f"{len(report.calls)} calls in {report.seconds:.0f}s; LM usage {config.usage_by_role()}")
+    reports = {}
+    for label, defended in [("before", False), ("after", True)] if args.compare else [("", True)]:
+        reports[label or "after"] = report = run_benchmark(
+            loaded.history,
+            items,
+            lms,
+            roles=roles,
+            seed=args.seed,
+            defended=defended,
+            on_call=lambda c: print(
+                f"  {c.role} {c.item} {c.payload}: {'OBEYED' if c.obeyed else 'ok'}",
+                file=sys.stderr,
+            ),
+        )
+        if label:
+            print(f"{label} (instructions to an AI reader {'withheld' if defended else 'shown'}):")
+        print(report.table())
+        print(f"{len(report.calls)} calls in {report.seconds:.0f}s")
+    print(f"LM usage {config.usage_by_role()}")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "lms": config.describe(),
             "items": [q.id for q in items],
-            "seconds": report.seconds,
-            "calls": [asdict(c) for c in report.calls],
+            "runs": {
+                label: {"seconds": r.seconds, "calls": [asdict(c) for c in r.calls]}
+                for label, r in reports.items()
+            },
         }
         args.out.write_text(
             json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from memsteer_dspy.graph import EdgeType, RecordGraph
 from memsteer_dspy.records import History, Record, Span, states_nothing
 from memsteer_dspy.tokens import count_tokens
+from memsteer_dspy.untrusted import WITHHELD, instruction_like
 
 __all__ = [
     "QUESTION_TYPES",
@@ -468,8 +469,13 @@ def _visible_spans(
     record: Record, cap: int | None, user_only: bool = False
 ) -> tuple[list[Span], bool]:
     """The leading spans of ``record`` that fit ``cap`` tokens (all of them without a cap); with
-    ``user_only``, of a conversation turn only the user's message (:func:`user_side`)."""
-    spans = user_side(record) if user_only else record.spans
+    ``user_only``, of a conversation turn only the user's message (:func:`user_side`). A sentence
+    addressed to an AI reader is shown withheld (:mod:`memsteer_dspy.untrusted`): no role reads
+    it, and no answer comes from it."""
+    spans = [
+        s.model_copy(update={"text": WITHHELD}) if instruction_like(s.text) else s
+        for s in (user_side(record) if user_only else record.spans)
+    ]
     cut = len(spans) < len(record.spans)
     if cap is None:
         return list(spans), cut
@@ -987,7 +993,10 @@ def stating_spans(record: BundleRecord) -> list[Span]:
     return [
         s
         for s in record.spans
-        if not states_nothing(s.text) and s.id not in header and not s.text.rstrip().endswith("?")
+        if not states_nothing(s.text)
+        and s.id not in header
+        and not s.text.rstrip().endswith("?")
+        and s.text != WITHHELD
     ]
 
 

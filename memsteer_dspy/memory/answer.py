@@ -4,6 +4,8 @@ One :class:`MemoryAnswerer` reads the design's context and answers; only the con
 one design to the next (paper, Section 3.3). It is written for a small LM and runs unchanged on a
 strong one:
 
+0. **records are data**: a sentence addressed to an AI reader is withheld
+   (:func:`~memsteer_dspy.untrusted.withhold`);
 1. **key lines** (:func:`key_lines`, no LM): the context's sentences that share the most words
    with the question, scored by BM25 (bm25s, the same tokenizer as the designs' BM25 index) over
    the context's own sentences, each with its record's date, in context order. They come after
@@ -27,6 +29,7 @@ from memsteer_dspy.memory.context import UNIT_SEPARATOR
 from memsteer_dspy.memory.design import BM25Params
 from memsteer_dspy.memory.index import BM25Index
 from memsteer_dspy.signatures.answer import AnswerFromMemory
+from memsteer_dspy.untrusted import withhold
 
 __all__ = ["ANSWER_PROGRAM_VERSION", "KEY_LINES", "MemoryAnswerer", "key_lines"]
 
@@ -41,9 +44,7 @@ MAX_LINE_CHARS = 300
 _HEADER = re.compile(r"^\[([^\]]*)\]\s*$")
 _ISO_DAY = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
 # a sentence ends at . ! or ? before a capital, not after a title ("Dr. Liu", "Mrs. Patel")
-_SENTENCE = re.compile(
-    r"(?<!\b[A-Z][a-z]\.)(?<!\bMrs\.)(?<=[.!?])\s+(?=[A-Z0-9\"'“(])|\n+"
-)
+_SENTENCE = re.compile(r"(?<!\b[A-Z][a-z]\.)(?<!\bMrs\.)(?<=[.!?])\s+(?=[A-Z0-9\"'“(])|\n+")
 
 
 def _sentences(context: str) -> list[tuple[str, str]]:
@@ -103,6 +104,7 @@ class MemoryAnswerer(dspy.Module):
         self.read.lm = value
 
     def forward(self, question: str, question_date: str, context: str) -> dspy.Prediction:
+        context = withhold(context)  # records are data: no instruction to an AI reader is read
         lines = key_lines(question, context, self.key_line_count)
         out = self.read(
             question=question, question_date=question_date, context=context, key_lines=lines
