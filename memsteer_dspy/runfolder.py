@@ -334,12 +334,21 @@ def is_run_folder(path: str | Path) -> bool:
 
 
 def _contents(folder: Path) -> list[str]:
-    """The folder's entries (sorted, folders with a trailing ``/``), the run's lock left out."""
+    """The folder's entries (sorted, folders with a trailing ``/``), the run's lock and the
+    temporary files of a write in flight (:func:`write_atomic`) left out."""
     try:
         entries = sorted(folder.iterdir())
     except (FileNotFoundError, NotADirectoryError):
         return []
-    return [p.name + ("/" if p.is_dir() else "") for p in entries if p.name != LOCK_FILE]
+    return [
+        p.name + ("/" if p.is_dir() else "")
+        for p in entries
+        if p.name != LOCK_FILE and not _ATOMIC_TMP.match(p.name)
+    ]
+
+
+# write_atomic's temporary file: ".<name>.<pid>.<thread>.tmp"
+_ATOMIC_TMP = re.compile(r"^\..+\.\d+\.\d+\.tmp$")
 
 
 def _listing(names: list[str], most: int = 5) -> str:
@@ -539,6 +548,10 @@ class RunFolder:
                 field="--out",
                 hint="pass an --out folder that does not exist yet, or a run folder to resume",
             )
+        # a folder another run holds is busy, whatever it holds yet (the holder may be between
+        # creating it and writing run.json)
+        if (path / LOCK_FILE).exists():
+            lock_folder(path).release()
         # checked before anything is written (a refusal leaves the folder as it was), and again
         # under the lock (another run may have changed it meanwhile)
         _refuse_foreign(path, restart=restart, legacy_files=legacy_files)

@@ -636,3 +636,36 @@ def test_every_qa_reader_is_the_one_reader(tmp_path):
         with pytest.raises(InputError) as exc:
             reader(bad)
         assert exc.value.field == "evidence_id" and exc.value.line == 1 and exc.value.record == "q"
+
+
+def test_a_folder_held_by_a_run_that_has_not_written_run_json_yet_is_busy_not_foreign(tmp_path):
+    """The race the twenty pairs hit under load: the first writer holds the lock and is writing
+    run.json (its temporary file is in the folder); the second saw a non-run folder with a file
+    in it and refused it as the user's (exit 4) instead of reporting it busy."""
+    from memsteer_dspy.runfolder import FolderBusyError, RunFolder, _contents, run_key
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / ".run.json.4242.1.tmp").write_text("{")
+    assert _contents(folder) == []
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from memsteer_dspy.runfolder import "
+            "lock_folder; held = lock_folder(Path(sys.argv[1])); print('held', flush=True); "
+            "time.sleep(60)",
+            str(folder),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(FolderBusyError):
+            RunFolder.open(folder, run_key("evaluate", options={"design": "b"}))
+    finally:
+        holder.kill()
+        holder.wait()
+    # once the holder is gone, the folder (a lock and a stale temporary file) is free to use
+    RunFolder.open(folder, run_key("evaluate", options={"design": "b"})).close()
