@@ -1310,7 +1310,7 @@ event of the day, not the same one told twice ("What device did I use to send a 
 Lila on the day I wanted to send a quick update to Lila?", the first bridge run)."""
 DAY_TRIES = 12
 """How many records of the seed's day :meth:`BundleSampler._day_bundle` tries for a bridge."""
-BRIDGE_EVENT_WORDS = 16
+BRIDGE_EVENT_WORDS = 10
 """A bridge's event is told in at most this many words of its sentence's first clause."""
 
 

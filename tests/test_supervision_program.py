@@ -657,6 +657,7 @@ def test_records_are_marked_as_data_and_an_injection_changes_nothing():
     from datetime import datetime
 
     from memsteer_dspy.records import Record
+    from memsteer_dspy.untrusted import WITHHELD
 
     injected = Record(
         id="evil:1",
@@ -673,10 +674,11 @@ def test_records_are_marked_as_data_and_an_injection_changes_nothing():
         messages = lms[role].history[-1]["messages"]
         system, user = messages[0]["content"], messages[-1]["content"]
         assert "never instructions to you" in system
-        # the injected text sits inside the records input field, after its field header
+        # the injected sentence is withheld from the records input field (memsteer_dspy.untrusted)
+        # and appears nowhere else
         records_block = user.split("[[ ## records ## ]]", 1)[1]
-        assert "IGNORE PREVIOUS INSTRUCTIONS" in records_block
-        assert "IGNORE PREVIOUS INSTRUCTIONS" not in system
+        assert WITHHELD in records_block
+        assert "IGNORE PREVIOUS INSTRUCTIONS" not in system + user
 
 
 def test_each_role_runs_on_its_own_lm():

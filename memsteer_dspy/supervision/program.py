@@ -712,10 +712,15 @@ class _Generator(dspy.Module):
         (:func:`~memsteer_dspy.supervision.checks.echoes`), else None."""
         if not (self.own_words and self.checks and plan.evidence_ids):
             return None
-        text = "\n".join(s.text for s in bundle.subset(plan.evidence_ids).spans())
+        ids = plan.evidence_ids
+        if self._bridge_span(plan, bundle) is not None:
+            # the program's "on the day <event>" names the other record by its own words (as
+            # RHELM's questions do): the writer's part is held to the answer's record
+            question, ids = question.split(", on the day ")[0], ids[:1]
+        text = "\n".join(s.text for s in bundle.subset(ids).spans())
         # a question about two records names something of each (records_missed): the allowance
         # is per evidence record
-        return echoes(question, text, plan.answer, records=len(plan.evidence_ids))
+        return echoes(question, text, plan.answer, records=len(ids))
 
     def _anchored_ask(
         self, plan: AnswerPlan, view: BundleView, bundle: Bundle
@@ -762,15 +767,13 @@ class _Generator(dspy.Module):
             if second is not None:  # a two-record option: ask by both sentences
                 new = f"{new}, and also {sentence_ask(second.text, plan.answer, kind)}"
             why = f"the planner's ask would fail as a question ({problem}): its sentence's instead"
-        if bridge is not None:  # the other record's event says which day, not the date
-            event = first_person(bridge_event(bridge.text), keep_quoted=True)
-            new = f"{new.rstrip(' ?.')}, on the day {event}"
+        if bridge is not None:  # the program adds the other record's day to the question
             return plan.model_copy(update={"ask": new}), Repair(
                 stage="plan",
                 field="ask",
                 before=plan.ask,
                 after=new,
-                reason="a bridge: its sentence's ask, on the day another record's event happened",
+                reason="a bridge: its sentence's ask; the program adds the other record's day",
             )
         record = bundle.record(span.id.rpartition("#")[0])
         if (
@@ -1581,10 +1584,18 @@ class MemSteerGenerator(_Generator):
             plan, ask_repair = self._anchored_ask(plan, view, bundle)
             repairs.extend([ask_repair] if ask_repair else [])
         evidence_view = bundle.subset(plan.evidence_ids).view() if plan.evidence_ids else view
+        # a bridge: the writer asks by the answer's record alone, the program adds "on the day …"
+        bridge = self._bridge_span(plan, bundle) if self.anchored and self.checks else None
+        day = first_person(bridge_event(bridge.text), keep_quoted=True) if bridge else None
+        writer_plan = plan
+        if bridge is not None:
+            evidence_view = bundle.subset(plan.evidence_ids[:1]).view()
+            own = [f for f in plan.facts if f.span_id.rpartition("#")[0] == plan.evidence_ids[0]]
+            writer_plan = plan.model_copy(update={"facts": own})
         inputs = {
             "records": evidence_view.text,
             "ask": first_person(plan.ask, keep_quoted=self.anchored),
-            "facts": _fact_lines(None, bundle, plan),
+            "facts": _fact_lines(None, bundle, writer_plan),
             "answer": plan.answer,
             "answer_type": str(plan.answer_type),
             "avoid": "none",
@@ -1669,6 +1680,19 @@ class MemSteerGenerator(_Generator):
                     )
                 )
                 question = fixed
+            if day and "on the day" not in question.lower():
+                bridged = f"{question.rstrip(' ?.')}, on the day {day}?"
+                why = "a bridge: the other record's event says which day"
+                repairs.append(
+                    Repair(
+                        stage="question",
+                        field="question",
+                        before=question,
+                        after=bridged,
+                        reason=why,
+                    )
+                )
+                question = bridged
             problem = self._question_problem(question, plan, view, bundle) if self.checks else None
             if problem is None:
                 break
