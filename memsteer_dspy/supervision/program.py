@@ -215,7 +215,9 @@ PROMPT_VERSION = 3
 # 17: with bridges (BundleConfig.bridges), a two-record task may choose a bridge (bundles.
 # bridge_options): an answer asked "on the day" another record's event happened, the bridge
 # record's citation checked by its date (see supervision_versions.md).
-ANCHORED_VERSION = 17
+# 18: a bridge's writer asks by the answer's record alone; the program adds "on the day <event>"
+# (at most 10 words), and an event about the answer's own topic or an email subject is no bridge.
+ANCHORED_VERSION = 18
 # The own-words check (checks.echoes) and its thresholds: a run folder resumes only under the
 # version it was made with (history: experiments/results/supervision_versions.md).
 OWN_WORDS_VERSION = 2
