@@ -116,45 +116,7 @@ GENERATION_ROLES = ("planner", "question_writer", "auditor", "blind_reader")
 MAX_TOKENS = {"plan": 400, "question": 100, "audit": 600, "blind": 160, "joint": 500, "direct": 300}
 # lean: what the bounded roles were measured to need in one-line JSON (plan ~120 tokens, audit ~250)
 LEAN_MAX_TOKENS = {**MAX_TOKENS, "plan": 300, "question": 80, "audit": 400, "blind": 100}
-# Lean's checks change verdicts: a lean run folder resumes only under the version it was made with.
-# 2: questions in the user's voice and asking for their answer's kind (wrong_kind);
-# 3: "Which two …?" asks for a list, and no two questions in one (compound);
-# 4: unknown fact labels are dropped when the plan still covers its evidence, and words that only
-#    place or perceive ("out", "beside") name no topic. (Telling the planner "<user> is the one
-#    asking, so the answer is never <user>" was tried and dropped: on the embedded model it planned
-#    "who is asking this question?" → the user, 4 answer_is_user losses in 12 candidates.)
-# 5: an answer only in a source/link line or a date cited from a heading fails the plan
-#    (answer_not_stated), and "Who …?" answered by a role is wrong_kind.
-# 6: a plan answers its task's kind, a list has two items or more (wrong_kind), a number answer is
-#    written in its cited spans or counts its facts/records (answer_not_stated); a plural question
-#    answered by one value is wrong_kind, and a question mostly in words its evidence records never
-#    use is off_evidence. (Measured: 6 of the 13 items lean-yield accepted in the seventh cost run
-#    were bad; 5 of them fail one of these checks.)
-# 7: a date cited from a separator line ("---") states nothing either (answer_not_stated).
-# 8: user_voice reads "you" before a present-tense verb as the subject ("the section you want" →
-#    "I want", not "me want", which the thirteenth cost run's writer produced).
-# 9: a rejected question is re-sampled once, not twice (LEAN_QUESTION_REWRITES).
-# 10: a question that writes a number or time of day its records never write is unknown_detail
-#     ("… this morning at 3:00 AM …" of a record with no time), and one of more than
-#     MAX_QUESTION_WORDS words is too_long (a copied sentence); the fourteenth and fifteenth cost
-#     runs each kept one of both.
-# 11: a question that borrows a word of a demonstration's question its records never write is
-#     copies_demo ("Who is running the pottery class …?" of a race: the demo run of 2026-12-05).
-# 12: a question in the user's voice that also names the user is names_self ("When did I talk to
-#     Elena Morales?" in the sixteenth cost run).
-# 13: "Who <verb> …?" answered by someone the answer sentence says the user <verb>-ed to or with
-#     is role_swap ("Who tried to dictate my reflections?" -> Sofia, of "I tried to dictate my
-#     reflections to Sofia": the fifteenth to seventeenth cost runs each kept it).
-# 14: the compact prompt names the input sections without describing them and ends a request
-#     without the output reminder (supervision.adapter: 90–150 tokens of each call), and the
-#     question writer's demonstration shows its evidence records only, as its requests do.
-# 15: a question re-written after not_fronted is told which of its words to move to the front
-#     ("start with 'How many'"): demo-12 and demo-13 lost 5 of 30 candidates each to copied asks.
-# 16: the user's voice and a date question's relative day leave quoted text as it is: the quoted
-#     subject "Thank You for Your Help This Morning" became 'Thank me for my Help ' (the
-#     twenty-third cost run); and a relative day inside quotes makes no date question vague (the
-#     twenty-fourth rejected "When was the email '… Plans Today' sent?" as vague).
-# 17: the off_evidence re-write hint no longer asks for the records' own words (own words).
+# What each version changed, and why: experiments/results/supervision-versions.md
 LEAN_VERSION = 17
 LEAN_QUESTION_REWRITES = 1
 """Lean re-samples a rejected question this many times (the earlier pipeline: 2). Measured on the
@@ -162,64 +124,11 @@ embedded writer over three runs (runs/demo-2, runs/demo-4, the thirteenth cost r
 69 candidates): the second re-sample never saved a candidate (25 of 25 were rejected at the
 question stage again, mostly the same question back), while the first re-sample let 3 through to
 acceptance; the third writer call cost about 60 s of a 16-minute demo."""
-# The prompts every method shows (instructions, the cold-start demonstration): a run folder resumes
-# only under the prompts it was made with. 1: unversioned; 2: the planner's demonstration lists the
-# answer sentence among its fact sentences (it showed an empty list, which the bounded schema forbids);
-# 3: the question writer asks in the user's own words.
+# What each version changed, and why: experiments/results/supervision-versions.md
 PROMPT_VERSION = 3
-# The anchored planner's options (bundles.answer_options) change its plans: an anchored run folder
-# resumes only under the version of the options it was made with. 1: the tenth cost run; 2: a
-# number's unit is never the start of a compound word ("2 child" of "2 child-sized pitchers"); 3: a
-# plan's ask that would fail as a question is replaced by its answer sentence's ask (sentence_ask),
-# 'who or what is the ___ in: "…"'; 4: that ask is the sentence with its question word in the
-# answer's place (the writer copied 3's frame: "Who or what is the recipient in the given text?");
-# 5: only the clause that holds the answer, and one question word ("who or what" is compound);
-# 6: a task of two evidence records chooses among two-record options (bundles.pair_options: an
-# answer two records write), both records its evidence, and its question names something of each
-# (misses_record); a name cited from an email's sender or recipient line is asked by the email's
-# subject (header_ask); the record's date is added to the ask of every one-record answer that is
-# not a date (spoken_date); a record's date is cited from its subject line or its most concrete
-# early sentence (bundles.event_span), and dates the sentences write are options too;
-# 7: a name may be a hyphenated word ("Alberta Co-op"), a question sentence is no option, each
-# sentence of a two-record option says more than its answer, and "??" ends a question as "?"; a
-# question starts with its question word (not_fronted), writes no word of a name answer
-# (leaks_answer), says "I" for "the user"; a date's sentence ask is "when <sentence>", unquoted;
-# a name or number option's sentence says more than the answer.
-# 8: a record's date is never cited from a sentence that puts its event on another day
-# ("yesterday", "last week", "two days ago": bundles.event_span); a question that writes its number
-# answer outside a date leaks it ("that 25-minute chat" for 25: leaks_answer); a document
-# section's own date is no option (bundles.UNDATED_EVENT_KINDS: it dates the document, not what
-# its sentences tell).
-# 9: a date cited from an email's subject line is asked by that subject: a question naming fewer
-# than half of its words is vague ("When did I send the email to Sofia Morales?" — one of many;
-# four of the fourteenth cost run's 14 items were such).
-# 10: a name that stands in a series of names ("to Lila, Mrs. Patel, Mr. Kim, and Ms. Rivera") is no
-# entity option: one name of several has several right answers (bundles._in_name_series; the
-# sixteenth cost run kept "Who do I want to send a quick update to?" → Lila).
-# 11: a name its record's title writes is no entity option: it is the record's topic, and a question
-# can only say which record it means by naming it (bundles._in_title; the nineteenth cost run lost
-# all six such candidates, and kept no item answered by a title word).
-# 12: no two-record option on an email's address line or on a sentence the other record repeats
-# word for word, a reply's quoted header or subject (bundles.pair_options; none of the 9 such
-# candidates of demo-11 and the nineteenth and twentieth cost runs was kept).
-# 13: no count option of a number in a name, a code, an address or a clock time ("VIZ 110",
-# "800 Series", "4418 SE Lincoln St", "6:30"; bundles.count_numbers), and a record's date is no
-# option for a reply's subject, a state or habit, or a sentence naming no detail
-# (bundles.event_span): in the demo's runs all such candidates were lost or kept as bad items.
-# 14: a comma before a new subject ends the clause of a sentence ask (program._CLAUSE_BREAK).
-# 15: the date of an email asked by its subject line is asked as 'when was the email "<subject>"
-# sent' (its sentence ask was the bare subject, and the writer kept "When Unable to Update on
-# School Garden Plans?": the twenty-second cost run), and a question whose When, Where or Why is
-# not followed by a verb is no_verb.
-# 16: "the user" is put in the user's voice outside quoted text only (see LEAN_VERSION 16).
-# 17: with bridges (BundleConfig.bridges), a two-record task may choose a bridge (bundles.
-# bridge_options): an answer asked "on the day" another record's event happened, the bridge
-# record's citation checked by its date (see supervision_versions.md).
-# 18: a bridge's writer asks by the answer's record alone; the program adds "on the day <event>"
-# (at most 10 words), and an event about the answer's own topic or an email subject is no bridge.
+# What each version changed, and why: experiments/results/supervision-versions.md
 ANCHORED_VERSION = 18
-# The own-words check (checks.echoes) and its thresholds: a run folder resumes only under the
-# version it was made with (history: experiments/results/supervision_versions.md).
+# What each version changed, and why: experiments/results/supervision-versions.md
 OWN_WORDS_VERSION = 2
 # The order in which run_batch serves pending requests.
 STAGE_ORDER = ("plan", "joint", "direct", "question", "audit", "blind")
