@@ -1296,7 +1296,13 @@ _TAG = re.compile(r"\[[^\]]*\]")
 # "just as we finished …", "after we finished …": the event, not its relation to another
 _SUBORDINATE = re.compile(r"^(?:just\s+)?(?:as|when|while|after|once|since)\s+", re.I)
 _SUBJECT_START = re.compile(
-    r"^(?:I|I['’]\w+|we|my|our|he|she|they|it|a|an|the|someone|everyone|[A-Z][a-z]+)\b"
+    r"^(?:I|I['’]\w+|we|my|our|he|she|they|it|a|an|the|someone|everyone|"
+    r"(?!Just\b)[A-Z][a-z]+(?<!ing)(?<!ed))\b"
+)
+# the words a cut event phrase may not end on ("… a few keywords for the")
+_DANGLING = frozenset(
+    "a an the this that these those my our your his her their its of for to with in on at by from "
+    "and or but as into onto about after before while when so".split()
 )
 # What starts an event sentence and says only when, which the bridge's "on the day" says already.
 _DAY_OPENER = re.compile(
@@ -1326,6 +1332,8 @@ def bridge_event(sentence: str) -> str:
     text = _SUBORDINATE.sub("", _DAY_OPENER.sub("", text))
     clause = re.split(r"[;:—–]|,\s+", text)[0]
     words = clause.split()[:BRIDGE_EVENT_WORDS]
+    while words and words[-1].lower().strip(",.!") in _DANGLING:  # "… keywords for the"
+        words.pop()
     return " ".join(words).rstrip(" ,.!")
 
 

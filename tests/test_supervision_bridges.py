@@ -82,6 +82,11 @@ def test_a_bridge_event_is_its_sentence_s_first_clause_without_the_time_of_day()
     assert not _tells_event(bridge_event("Subject: Update on Elena's Symptoms – December 15"))
     assert _tells_event("I just got back from a full day in Eugene")
     assert not _tells_event("felt especially peaceful in my bedroom")
+    # a phrase cut at its tenth word does not end on "for the"; a gerund or "Just …" is no subject
+    cut = "I tried to jot down a few keywords for the Resilience section of my outline."
+    assert bridge_event(cut) == "I tried to jot down a few keywords"
+    assert not _tells_event(bridge_event("Referencing that passage from the book helped me."))
+    assert not _tells_event(bridge_event("Just wrapped up a productive call with Katarzyna."))
 
 
 def test_bridge_options_ask_an_answer_by_another_record_of_its_day():
@@ -211,6 +216,10 @@ def test_the_program_adds_the_day_a_writer_left_out_and_holds_its_own_words_to_t
     )
     (added,) = [r for r in out.repairs if r.field == "question"]
     assert "bridge" in added.reason
+    # the program's clause does not count toward the writer's 25 words
+    long = "Which laptop did I use this morning to write my quick hello and the garden news to Lila from?"
+    out, _ = _bridged(("c1:1#1",), long)
+    assert len(out.question.split()) > 25 and out.reason != "question:too_long", out.reason
     # the program's clause copies the day's record by design; the writer's part may not copy
     # the answer's: rewritten once, then rejected
     copied = "Which device did I send a quick note to Lila from?"

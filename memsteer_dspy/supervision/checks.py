@@ -831,8 +831,11 @@ def check_question(
     kind_check: bool = False,
     evidence_text: str | None = None,
     own_words: bool = False,
+    extra_words: int = 0,
 ) -> str | None:
     """Why a written question is unusable (a reason code), or None when it is fine.
+    ``extra_words``: words the program added to the question (a bridge's "on the day …"), beyond
+    :data:`MAX_QUESTION_WORDS`.
 
     ``empty`` — no question; ``not_a_question`` — no question mark and no question word;
     ``mentions_records`` — refers to "the records", "the document", "the user", span labels…;
@@ -893,7 +896,7 @@ def check_question(
     if kind_check:
         if known_text is not None and unknown_details(q, known_text):
             return "unknown_detail"
-        if len(q.split()) > MAX_QUESTION_WORDS:
+        if len(q.split()) > MAX_QUESTION_WORDS + extra_words:
             return "too_long"
         if (asked := asked_kinds(q)) is not None and kind not in asked:
             return "wrong_kind"

@@ -127,7 +127,7 @@ acceptance; the third writer call cost about 60 s of a 16-minute demo."""
 # What each version changed, and why: experiments/results/supervision-versions.md
 PROMPT_VERSION = 3
 # What each version changed, and why: experiments/results/supervision-versions.md
-ANCHORED_VERSION = 18
+ANCHORED_VERSION = 19
 # What each version changed, and why: experiments/results/supervision-versions.md
 OWN_WORDS_VERSION = 2
 # The order in which run_batch serves pending requests.
@@ -582,6 +582,9 @@ class _Generator(dspy.Module):
         evidence = None
         if self.lean and plan.evidence_ids:
             evidence = f"{bundle.subset(plan.evidence_ids).view().text}\n{user}"
+        added = 0  # a bridge's "on the day <event>" is the program's, not the writer's length
+        if ", on the day " in question and self._bridge_span(plan, bundle) is not None:
+            added = 3 + len(question.split(", on the day ", 1)[1].split())
         problem = check_question(
             question,
             plan.answer,
@@ -591,6 +594,7 @@ class _Generator(dspy.Module):
             kind_check=self.lean,
             evidence_text=evidence,
             own_words=self.own_words,
+            extra_words=added,
         )
         if problem is None and self.lean and names_self(question, self.user_name):
             return "names_self"  # "When did I talk to Elena Morales?", asked by Elena Morales
