@@ -502,6 +502,36 @@ def lock_folder(path: Path) -> Any:
     return lock
 
 
+def _refuse_held(path: Path) -> None:
+    """:class:`FolderBusyError` when another process holds ``path``'s writer lock; probed with
+    ``fcntl.flock`` on the lock file, which :func:`lock_folder`'s ``filelock`` takes too, so the
+    probe neither creates nor rewrites anything (a refused run leaves the folder as it was)."""
+    from filelock import FileLock
+
+    lock_path = path.resolve() / LOCK_FILE
+    if not lock_path.exists():
+        return
+    mine = FileLock(lock_path, thread_local=False, is_singleton=True, on_acquired=_write_holder)
+    if mine.is_locked:  # this process holds it (the lock is re-entrant)
+        return
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: the lock taken under _refuse_foreign's second check decides
+        return
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise FolderBusyError(path, _holder(lock_path)) from None
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 class RunFolder:
     """One resumable run's output folder, checked against its same-run key (see module doc)."""
 
@@ -550,8 +580,7 @@ class RunFolder:
             )
         # a folder another run holds is busy, whatever it holds yet (the holder may be between
         # creating it and writing run.json)
-        if (path / LOCK_FILE).exists():
-            lock_folder(path).release()
+        _refuse_held(path)
         # checked before anything is written (a refusal leaves the folder as it was), and again
         # under the lock (another run may have changed it meanwhile)
         _refuse_foreign(path, restart=restart, legacy_files=legacy_files)
