@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 error = None
             except Exception as exc:  # one failed LM call fails one item
                 answer, error = "", f"{type(exc).__name__}: {exc}"
-            correct = bool(answer) and answers_match(answer, q.answer, q.answer_type)
+            correct = exact = bool(answer) and answers_match(answer, q.answer, q.answer_type)
             judged = None
             if answer and not correct and not _abstained(answer):
                 try:
@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 "reference": q.answer,
                 "answer": answer,
                 "correct": correct,
+                "exact": exact,
                 "judged": judged,
                 "abstained": _abstained(answer),
                 "error": error,
@@ -186,15 +187,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"({row['seconds']} s) {answer[:70]!r}",
                 file=sys.stderr,
             )
-    print("| program | items | accuracy [95% Wilson] | abstained | s per item |")
-    print("|---|---:|---:|---:|---:|")
+    print("| program | items | accuracy [95% Wilson] | exact agreement | abstained | s per item |")
+    print("|---|---:|---:|---:|---:|---:|")
     for program in programs:
         mine = [r for r in rows if r["program"] == program]
         k = sum(r["correct"] for r in mine)
         a = sum(r["abstained"] for r in mine)
+        e = sum(r.get("exact", False) for r in mine)
         secs = sum(r["seconds"] for r in mine) / max(1, len(mine))
         print(
-            f"| {program} | {len(mine)} | {_interval(k, len(mine))} | {_interval(a, len(mine))} | {secs:.0f} |"
+            f"| {program} | {len(mine)} | {_interval(k, len(mine))} | {e} | {_interval(a, len(mine))} | {secs:.0f} |"
         )
     return 0
 

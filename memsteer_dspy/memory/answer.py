@@ -11,7 +11,8 @@ strong one:
    the context's own sentences, each with its record's date, in context order. They come after
    the context in the prompt, next to where the answer is written;
 2. **read** (the answerer LM): :class:`~memsteer_dspy.signatures.answer.AnswerFromMemory` over the
-   question, its date, the context and the key lines.
+   question, its date, the context and the key lines, always answering; the program abstains
+   ("I don't know", no LM call) only when the context is empty.
 
 Measured on the embedded 1.5B model (issue 47): program 1, the context alone, answered "I don't
 know" to every RHELM item, those whose evidence the design fully delivered included
@@ -31,12 +32,15 @@ from memsteer_dspy.memory.index import BM25Index
 from memsteer_dspy.signatures.answer import AnswerFromMemory
 from memsteer_dspy.untrusted import withhold
 
-__all__ = ["ANSWER_PROGRAM_VERSION", "KEY_LINES", "MemoryAnswerer", "key_lines"]
+__all__ = ["ABSTAIN", "ANSWER_PROGRAM_VERSION", "KEY_LINES", "MemoryAnswerer", "key_lines"]
 
-ANSWER_PROGRAM_VERSION = 2
+ANSWER_PROGRAM_VERSION = 3
 """In the key of every run whose scores hold answers (a folder resumes only under the program it
-was made with). 1: one prediction over the context; 2: key lines, and abstention only when no line
-is about the question."""
+was made with). 1: one prediction over the context; 2: key lines, and the LM abstains only when no
+line is about the question; 3: the LM always answers from the lines, and the program abstains (no
+LM call) only for an empty context (on the embedded model program 2 still answered "I don't know"
+to 8 of 9 fully delivered RHELM items)."""
+ABSTAIN = "I don't know"
 KEY_LINES = 6
 """How many of the context's sentences :func:`key_lines` shows."""
 MAX_LINE_CHARS = 300
@@ -66,18 +70,20 @@ def _sentences(context: str) -> list[tuple[str, str]]:
 
 def key_lines(question: str, context: str, k: int = KEY_LINES) -> str:
     """The ``k`` sentences of ``context`` that share the most (BM25-weighted) words with
-    ``question``, in context order, one per line as ``- [day] sentence``; "none" when no sentence
-    shares a word with it. A small LM given 4,000 tokens of context loses the one sentence that
-    answers; given it again next to the question, it reads it."""
+    ``question``, in context order, one per line as ``- [day] sentence``; where fewer share a word
+    with it (a paraphrase: the design may have found the record by meaning), the context's first
+    sentences fill the rest, as the design ranked them. "none" only for an empty context. A small
+    LM given 4,000 tokens of context loses the one sentence that answers; given it again next to
+    the question, it reads it."""
     sentences = _sentences(context)
     if not sentences:
         return "none"
     index = BM25Index(BM25Params()).build([s for _, s in sentences])
     scores = index.scores(question)
     ranked = sorted(range(len(sentences)), key=lambda i: (-float(scores[i]), i))
-    picked = sorted(i for i in ranked[:k] if scores[i] > 0)
-    if not picked:
-        return "none"
+    picked = [i for i in ranked[:k] if scores[i] > 0]
+    picked += [i for i in range(len(sentences)) if i not in picked][: k - len(picked)]
+    picked.sort()
     return "\n".join(
         f"- [{sentences[i][0]}] {sentences[i][1]}" if sentences[i][0] else f"- {sentences[i][1]}"
         for i in picked
@@ -106,6 +112,8 @@ class MemoryAnswerer(dspy.Module):
     def forward(self, question: str, question_date: str, context: str) -> dspy.Prediction:
         context = withhold(context)  # records are data: no instruction to an AI reader is read
         lines = key_lines(question, context, self.key_line_count)
+        if lines == "none":  # nothing was delivered: abstain, no LM call
+            return dspy.Prediction(answer=ABSTAIN, key_lines=lines)
         out = self.read(
             question=question, question_date=question_date, context=context, key_lines=lines
         )
