@@ -53,6 +53,7 @@ from memsteer_dspy.errors import InputError
 from memsteer_dspy.loaders.base import Loaded
 from memsteer_dspy.loaders.rhelm.conversations import _CONVERSATION_FILE, _conversation_turns
 from memsteer_dspy.loaders.rhelm.documents import _ATTACHMENT_FILE, _document_records
+from memsteer_dspy.loaders.rhelm.documents import PREAMBLE as PREAMBLE
 from memsteer_dspy.loaders.rhelm.emails import _EMAIL_FILE, _email_file, _EmailFile, _thread_emails
 from memsteer_dspy.loaders.rhelm.evidence import (
     EXTERNAL_NOT_LOADED,
@@ -60,6 +61,7 @@ from memsteer_dspy.loaders.rhelm.evidence import (
     EvidenceResolution,
     EvidenceResolver,
 )
+from memsteer_dspy.loaders.rhelm.qa import QUOTES as QUOTES
 from memsteer_dspy.loaders.rhelm.qa import _official_qa, infer_answer_type
 from memsteer_dspy.loaders.rhelm.reading import _Errors
 from memsteer_dspy.records import History, Record
