@@ -349,7 +349,7 @@ def test_default_root_is_none_without_data(monkeypatch, tmp_path):
 
     monkeypatch.setenv("MEMSTEER_RHELM_ROOT", str(tmp_path))
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(rhelm, "__file__", str(tmp_path / "a" / "b" / "rhelm.py"))
+    monkeypatch.setattr(rhelm, "__file__", str(tmp_path / "a" / "b" / "rhelm" / "__init__.py"))
     assert default_rhelm_root() is None
     make_rhelm(tmp_path)
     monkeypatch.setenv("MEMSTEER_RHELM_ROOT", str(tmp_path / "rhelm" / "data"))

@@ -16,6 +16,8 @@
   :mod:`~memsteer_dspy.optimize.state` (trajectory, candidate cache, resume),
   :mod:`~memsteer_dspy.optimize.evaluator` (scoring a candidate),
   :mod:`~memsteer_dspy.optimize.strategies` (accept rules, parent selection, proposers, screening),
+  :mod:`~memsteer_dspy.optimize.proposing` (training results, feedback and proposals of an
+  iteration), :mod:`~memsteer_dspy.optimize.run_files` (the run folder, same-run key, trajectory),
   :mod:`~memsteer_dspy.optimize.callbacks` (MLflow and the progress line, listening to typed
   events) and :mod:`~memsteer_dspy.optimize.summary` (``summary.md`` / ``summary.json``);
 * :mod:`~memsteer_dspy.optimize.tune` — the supervision handed to DSPy's GEPA / MIPROv2 over the

@@ -20,8 +20,11 @@ next. The pieces live beside it, along GEPA's seams: the data types and protocol
 (:mod:`~memsteer_dspy.optimize.types`), the settings and same-run key
 (:mod:`~memsteer_dspy.optimize.config`), the run state (:mod:`~memsteer_dspy.optimize.state`), the
 strategies (:mod:`~memsteer_dspy.optimize.strategies`: accept rules, parent selection, proposers,
-screening), the listeners (:mod:`~memsteer_dspy.optimize.callbacks`: MLflow and the progress line)
-and the summary files (:mod:`~memsteer_dspy.optimize.summary`). The answerer, its prompt and the
+screening), the parent's training results, feedback and proposals
+(:mod:`~memsteer_dspy.optimize.proposing`), the run folder and trajectory
+(:mod:`~memsteer_dspy.optimize.run_files`), the listeners
+(:mod:`~memsteer_dspy.optimize.callbacks`: MLflow and the progress line) and the summary files
+(:mod:`~memsteer_dspy.optimize.summary`). The answerer, its prompt and the
 context budget stay fixed across candidates. Every proposal is kept (``iterations/NNN/``), accepted
 or not, with its design, rationale, the feedback it was given, and per-item validation results.
 
@@ -62,18 +65,16 @@ from memsteer_dspy.optimize.callbacks import (
 from memsteer_dspy.optimize.config import (
     KEY_EXCLUDED,
     OptimizeConfig,
-    optimize_run_key,
-    run_settings,
     val_items,
 )
-from memsteer_dspy.optimize.diagnosis import diagnose_failures, stage_counts
+from memsteer_dspy.optimize.diagnosis import stage_counts
 from memsteer_dspy.optimize.evaluator import (
     BuildCheck,
     HistoryEvaluator,
     candidate_of,
     retrieval_lm_calls,
 )
-from memsteer_dspy.optimize.feedback import FEEDBACK_MODES, Feedback, build_feedback
+from memsteer_dspy.optimize.feedback import FEEDBACK_MODES
 from memsteer_dspy.optimize.objectives import (
     OBJECTIVES,
     at_ceiling,
@@ -83,6 +84,8 @@ from memsteer_dspy.optimize.objectives import (
     unscored_fields,
 )
 from memsteer_dspy.optimize.proposer import DesignProposer
+from memsteer_dspy.optimize.proposing import Proposing
+from memsteer_dspy.optimize.run_files import RunFiles
 from memsteer_dspy.optimize.state import RunState, TrainState, best_of, ceiling_reason, now
 from memsteer_dspy.optimize.strategies.acceptance import Judge, accept_rule, guards_of
 from memsteer_dspy.optimize.strategies.lm_proposer import LMProposer
@@ -90,10 +93,9 @@ from memsteer_dspy.optimize.strategies.optuna_proposer import OptunaProposer
 from memsteer_dspy.optimize.strategies.parents import parent_selector
 from memsteer_dspy.optimize.strategies.screening import (
     SubScreens,
-    best_by_recall,
     screen_subchanges,
 )
-from memsteer_dspy.optimize.summary import render_summary, write_outputs
+from memsteer_dspy.optimize.summary import render_summary
 from memsteer_dspy.optimize.types import (
     USAGE_KEYS,
     Candidate,
@@ -170,7 +172,7 @@ class Verdict:
     reason: str | None = None
 
 
-class MemSteerOpt:
+class MemSteerOpt(RunFiles, Proposing):
     """One MemSteer-Opt run over one user's history (see the module docstring).
 
     Args:
@@ -329,93 +331,6 @@ class MemSteerOpt:
         """Score ``design`` on ``items``; per-item results go to ``folder/items.jsonl`` (resumable)."""
         return self.evaluator.evaluate(design, items, metrics, folder)
 
-    # -- the run folder -----------------------------------------------------------------------
-    def _iter_dir(self, t: int) -> Path:
-        return self.state.iter_dir(t)
-
-    def _settings(self) -> dict[str, Any]:
-        return run_settings(
-            self.config,
-            self.history,
-            self.d0.key(),
-            train=self.train,
-            val=self.val,
-            test=self.test,
-            test_source=self.test_source,
-        )
-
-    def run_key(self) -> dict[str, Any]:
-        """The same-run key of this optimization (:func:`memsteer_dspy.runfolder.run_key`): every
-        setting that changes its trajectory or its held-out figures. A resume must match it field
-        by field, or :class:`~memsteer_dspy.runfolder.RunMismatchError` names the fields that differ.
-
-        It holds the history fingerprint, the protocol, the initial design's key, the content
-        hashes of the train, validation and test items (``qa_hash.train`` / ``.val`` / ``.test``:
-        an edited answer or evidence id counts, not just the ids), the LM identities (model and
-        sampling settings) of the proposer (LM search only), the answerer and, unless the objective
-        is ``recall``, the judge, and every :class:`OptimizeConfig` option but ``iterations`` and
-        ``threads`` (objective, feedback, seed, search, accept rule and its parameters, ...)."""
-        lms: dict[str, Any] = {"answerer": self._lm_or_none("answerer")}
-        if self.config.objective != "recall":
-            lms["judge"] = self._lm_or_none("judge")
-        if self.search_proposer.uses_feedback:
-            lms["proposer"] = (
-                getattr(self._proposer, "lm", None)
-                if self._proposer is not None
-                else self._lm_or_none("proposer")
-            )
-        return optimize_run_key(
-            self.config,
-            self.history,
-            self.d0.key(),
-            train=self.train,
-            val=self.val,
-            test=self.test,
-            lms=lms,
-        )
-
-    def _lm_or_none(self, role: str) -> Any:
-        """The role's LM for the same-run key, without marking the role as used; None when this run
-        has none for it (a role the run never needs, e.g. the answerer of a recall-only run)."""
-        src = self._lm_source
-        if src is None:
-            return None
-        if isinstance(src, Mapping):
-            return src.get(role)
-        try:
-            return src(role)
-        except Exception:  # noqa: BLE001 - a role that cannot be built is one this run must not need
-            return None
-
-    def _open_folder(self) -> RunFolder:
-        """Open the run folder through the run-folder layer: resume only the same run (see
-        :meth:`run_key`), ``restart`` empties it first. The settings beside the key in ``run.json``
-        are descriptive (the report and summaries read them)."""
-        folder = RunFolder.open(
-            self.out,
-            self.run_key(),
-            restart=self.restart,
-            legacy_files=("trajectory.jsonl",),
-            extra=self._settings(),
-        )
-        folder.state["iterations"] = self.config.iterations
-        folder.state["config"] = self.config.model_dump(mode="json")
-        return folder
-
-    def _save_usage(self) -> None:
-        """This session's LM usage by role (since :meth:`run` started) into the folder's ledger."""
-        if self.folder is not None:
-            self.folder.add_usage(usage_delta(self._usage_start, self.usage_snapshot()).by_role)
-            self.folder.save()
-
-    def read_trajectory(self) -> list[TrajectoryEntry]:
-        """Finished iterations on disk (:meth:`~memsteer_dspy.optimize.state.RunState.read_trajectory`)."""
-        return self.state.read_trajectory()
-
-    def _append(self, entry: TrajectoryEntry) -> None:
-        self.state.append(entry)
-        self._save_usage()
-
     # -- candidates ---------------------------------------------------------------------------
     def _candidate_of(
         self, iteration: int, design: MemoryDesign, score: Score, items: list[Any]
@@ -456,120 +371,6 @@ class MemSteerOpt:
         self, cand: Candidate, incumbent: Candidate, entries: list[TrajectoryEntry]
     ) -> Decision:
         return self.judge.decide(cand, incumbent, self._best_lm_free(entries))
-
-    # -- training results and feedback --------------------------------------------------------
-    def _train_state(self, design: MemoryDesign, t: int) -> TrainState:
-        """Run (or resume) ``design`` on the training set and diagnose its failures."""
-        folder = self._iter_dir(t)
-        metrics = "recall" if self.config.objective == "recall" else "all"
-        system, report = self.evaluate(design, self.train, metrics, folder / "train")
-        errors: dict[str, str] = {}
-        diagnoses = diagnose_failures(
-            system, self.train, report.items, protocol=self.config.protocol, errors=errors
-        )
-        write_atomic(
-            folder / "diagnosis.jsonl",
-            "".join(d.model_dump_json() + "\n" for d in diagnoses.values()),
-        )
-        return TrainState(iteration=t, results=report.items, diagnoses=diagnoses, errors=errors)
-
-    def _state_for(self, entry: TrajectoryEntry) -> TrainState:
-        cached = self.state.train_states.get(entry.iteration)
-        if cached is not None:
-            return cached
-        design = MemoryDesign.from_dict(entry.design)
-        return self.state.keep_train_state(self._train_state(design, entry.iteration), evict=True)
-
-    def _feedback(self, state: TrainState | None, t: int) -> tuple[Feedback | None, str]:
-        """The parent's failure cases for iteration ``t`` (written to ``feedback.json`` / ``.md``),
-        and their rendering within the feedback token budget; none for a proposer without use of it."""
-        if state is None:
-            return None, ""
-        c, folder = self.config, self._iter_dir(t)
-        feedback = build_feedback(
-            self.train,
-            state.results,
-            state.diagnoses,
-            self.history,
-            mode=c.feedback,
-            seed=c.seed,
-            iteration=t,
-            n_random=c.n_random,
-            per_stage=c.per_stage,
-        )
-        text = feedback.render(c.feedback_tokens)
-        write_atomic(folder / "feedback.json", feedback.model_dump_json(indent=2) + "\n")
-        write_atomic(folder / "feedback.md", text + "\n")
-        return feedback, text
-
-    # -- propose ------------------------------------------------------------------------------
-    def _ask(
-        self,
-        parent: MemoryDesign,
-        entries: list[TrajectoryEntry],
-        feedback_text: str,
-        iteration: int,
-        seen_extra: Mapping[str, str] | None = None,
-    ) -> Proposal:
-        seen = {
-            e.design_key: f"iteration {e.iteration} ({e.status})" for e in entries if e.design_key
-        }
-        try:
-            return self.search_proposer.propose(
-                parent,
-                [e.revision() for e in entries],
-                feedback_text,
-                seen={**seen, **(seen_extra or {})},
-                iteration=iteration,
-            )
-        except Exception as exc:  # noqa: BLE001 - the proposer never stops the loop
-            return Proposal(status="failed", error=f"{type(exc).__name__}: {exc}")
-
-    def _propose(
-        self, t: int, parent: MemoryDesign, entries: list[TrajectoryEntry], feedback_text: str
-    ) -> Proposal:
-        """This iteration's proposal: the one saved before an interruption (reused, never asked and
-        paid for twice), else a new one; with ``--proposals K`` the best of K by recall."""
-        proposal = self.state.saved_proposal(t, check=self.check)
-        if proposal is None:
-            proposal = self._ask(parent, entries, feedback_text, t)
-            self.state.save_proposal(t, proposal)
-        if self.config.proposals > 1 and proposal.status == "ok":
-            proposal = self._best_of_k(t, parent, entries, feedback_text, proposal)
-        return proposal
-
-    def _best_of_k(
-        self,
-        t: int,
-        parent: MemoryDesign,
-        entries: list[TrajectoryEntry],
-        feedback_text: str,
-        first: Proposal,
-    ) -> Proposal:
-        """``--proposals K``: K-1 more proposals (each told the earlier ones, so they differ), all
-        screened by retrieval-only recall on validation; returns the best, with every attempt."""
-        found, attempts = [first], list(first.attempts)
-        extra_seen = {first.design.key(): f"proposal 1 of iteration {t}"}
-        for k in range(2, self.config.proposals + 1):
-            name = f"proposal-{k}.json"
-            prop = self.state.saved_proposal(t, name, retry_failed=False)
-            if prop is None:
-                prop = self._ask(parent, entries, feedback_text, t * 100 + k, extra_seen)
-                self.state.save_proposal(t, prop, name)
-            attempts += prop.attempts
-            if prop.status == "ok" and prop.design is not None:
-                extra_seen[prop.design.key()] = f"proposal {k} of iteration {t}"
-                found.append(prop)
-        best = None
-        if len(found) > 1:
-            folder = self._iter_dir(t)
-
-            def recall_of(design: MemoryDesign, k: int) -> Score:
-                _, rep = self.evaluate(design, self.val, "recall", folder / f"screen-{k}")
-                return Score.from_summary(rep.summary, "recall")
-
-            best = best_by_recall(found, recall_of, attempts)
-        return best or first.model_copy(update={"attempts": attempts})
 
     # -- score --------------------------------------------------------------------------------
     def _score(self, design: MemoryDesign, folder: Path, current: Score | None) -> Scored:
@@ -927,35 +728,6 @@ class MemSteerOpt:
         new_state = self.state.keep_train_state(self._train_state(design, t))
         entry.train_failures = stage_counts(new_state.diagnoses)
         return new_state
-
-    # -- record -------------------------------------------------------------------------------
-    def _record(
-        self,
-        entry: TrajectoryEntry,
-        folder: Path,
-        feedback: Feedback | None,
-        feedback_state: TrainState | None,
-        new_state: TrainState | None,
-    ) -> None:
-        """Announce the finished entry (listeners may stamp it), write it, announce it written."""
-        self.callbacks.on_candidate_done(
-            {
-                "entry": entry,
-                "folder": folder,
-                "feedback": feedback,
-                "feedback_state": feedback_state,
-                "new_state": new_state,
-            }
-        )
-        self._append(entry)
-        self.callbacks.on_iteration_end(
-            {"entry": entry, "total": self.config.iterations, "objective": self.config.objective}
-        )
-
-    def _write_outputs(
-        self, entries: list[TrajectoryEntry], result: OptimizeResult | None = None
-    ) -> None:
-        write_outputs(self.out, entries, self.config, self.history, self._settings(), result)
 
 
 def _check_inputs(
