@@ -82,7 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=2000, help="context tokens (default 2,000)")
     ap.add_argument("--n", type=int, default=12, help="items answered by each program")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--programs", default=f"1,{ANSWER_PROGRAM_VERSION}", help="e.g. 1,2")
+    ap.add_argument(
+        "--programs",
+        default=f"1,{ANSWER_PROGRAM_VERSION}",
+        help=f"1: the first program (the context alone); {ANSWER_PROGRAM_VERSION}: the current one; "
+        "4: the current one reading its 10 key lines only, not the whole context",
+    )
     ap.add_argument("--lm", help="LM for the answerer and the judge (default: the embedded model)")
     ap.add_argument("--config", type=Path, help="a memsteer TOML config")
     ap.add_argument(
@@ -134,9 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for program in programs:
-        answerer = MemoryAnswerer(lm) if program == ANSWER_PROGRAM_VERSION else None
-        if answerer is None and program != 1:
-            ap.error(f"program {program}: only 1 and {ANSWER_PROGRAM_VERSION} exist")
+        answerer = None
+        if program == ANSWER_PROGRAM_VERSION:
+            answerer = MemoryAnswerer(lm)
+        elif program == 4:  # the current program reading its key lines only (10 of them)
+            answerer = MemoryAnswerer(lm, key_line_count=10, read_context=False)
+        elif program != 1:
+            ap.error(f"program {program}: only 1, {ANSWER_PROGRAM_VERSION} and 4 exist")
         legacy = dspy.Predict(AnswerFromMemoryV1)
         legacy.lm = lm
         for n, (q, context) in enumerate(picked, 1):

@@ -95,11 +95,16 @@ class MemoryAnswerer(dspy.Module):
     answerer LM (None until one is given); the one predictor, ``read``, is what prompt tuning
     (``memsteer tune-prompts``) tunes."""
 
-    def __init__(self, lm: Any = None, *, key_line_count: int = KEY_LINES):
+    def __init__(
+        self, lm: Any = None, *, key_line_count: int = KEY_LINES, read_context: bool = True
+    ):
         super().__init__()
         self.read = dspy.Predict(AnswerFromMemory)
         self.read.lm = lm
         self.key_line_count = key_line_count
+        # False: the reader gets the key lines only (a prompt a small LM can hold), not the whole
+        # context; measured against True by experiments/answerer.py (--programs 3,4)
+        self.read_context = read_context
 
     @property
     def lm(self) -> Any:
@@ -114,7 +119,8 @@ class MemoryAnswerer(dspy.Module):
         lines = key_lines(question, context, self.key_line_count)
         if lines == "none":  # nothing was delivered: abstain, no LM call
             return dspy.Prediction(answer=ABSTAIN, key_lines=lines)
+        shown = context if self.read_context else "(only its key lines, below)"
         out = self.read(
-            question=question, question_date=question_date, context=context, key_lines=lines
+            question=question, question_date=question_date, context=shown, key_lines=lines
         )
         return dspy.Prediction(answer=str(out.answer or "").strip(), key_lines=lines)
