@@ -633,13 +633,54 @@ def evaluate_instances(
     out_dir: str | Path | None = None,
     cache_dir: str | Path | None = None,
     on_instance: Callable[[str, EvaluationReport | None], None] | None = None,
+    restart: bool = False,
 ) -> EvaluationReport:
     """Evaluate ``design`` instance by instance: each ``Loaded`` of ``instances`` (one history and
     its QA items, e.g. :func:`memsteer_dspy.loaders.longmemeval.iter_longmemeval`) gets its own
-    memory system. With ``out_dir`` each instance writes (and resumes) ``out_dir/<user>/``, and the
-    pooled ``summary.json`` goes to ``out_dir``. An instance whose memory cannot be built scores
-    its items 0 with the error recorded; the run goes on."""
+    memory system. With ``out_dir`` — a run folder of its own (:class:`RunFolder`: it refuses a
+    folder that is not one, resumes only the same design, metrics and protocol, and ``restart``
+    empties it) — each instance writes (and resumes) ``out_dir/<user>/``, and the pooled
+    ``summary.json`` goes to ``out_dir``. An instance whose memory cannot be built scores its
+    items 0 with the error recorded; the run goes on."""
     out = Path(out_dir) if out_dir is not None else None
+    folder = None
+    if out is not None:
+        key = run_key(
+            "evaluate_instances",
+            protocol=protocol,
+            design_key=design.key(),
+            metrics=metrics,
+            lms={
+                "answerer": lms.get("answerer") if isinstance(lms, dict) else lms,
+                "judge": judge_lm,
+            }
+            if metrics == "all"
+            else None,
+        )
+        if metrics == "all":
+            key["answer_program"] = ANSWER_PROGRAM_VERSION
+        folder = RunFolder.open(out, key, restart=restart)
+    try:
+        return _evaluate_instances(
+            instances,
+            design,
+            metrics,
+            lms,
+            judge_lm,
+            protocol,
+            threads,
+            out,
+            cache_dir,
+            on_instance,
+        )
+    finally:
+        if folder is not None:
+            folder.close()
+
+
+def _evaluate_instances(
+    instances, design, metrics, lms, judge_lm, protocol, threads, out, cache_dir, on_instance
+) -> EvaluationReport:
     t0 = time.perf_counter()
     pooled: list[ItemResult] = []
     users = 0

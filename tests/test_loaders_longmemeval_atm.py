@@ -447,3 +447,21 @@ def test_ingest_accepts_both_formats(atm_root, lme_file):
     )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["recall_at_10"] > 0.5
+
+
+def test_evaluate_all_out_is_a_run_folder_and_restart_reaches_it(lme_file, tmp_path):
+    """#46: `evaluate --all` ignored --restart and wrote summary.json into any folder."""
+    base = f"evaluate --format longmemeval --path {lme_file} --all --metrics recall --no-cache"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "summary.json").write_text("mine\n")
+    res = runner.invoke(app, [*base.split(), "--out", str(mine)])
+    assert res.exit_code == 2 and "not a memsteer run folder" in res.output, res.output
+    assert (mine / "summary.json").read_text() == "mine\n"
+    ev = tmp_path / "ev"
+    assert runner.invoke(app, [*base.split(), "--out", str(ev)]).exit_code == 0
+    (ev / "e47becba" / "stale.txt").write_text("x")
+    res = runner.invoke(app, [*base.split(), "--out", str(ev), "--restart"])
+    assert res.exit_code == 0, res.output
+    assert not (ev / "e47becba" / "stale.txt").exists() and (ev / "summary.json").exists()
+    assert json.loads((ev / "run.json").read_text())["key"]["stage"] == "evaluate_instances"

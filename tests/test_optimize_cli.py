@@ -322,3 +322,29 @@ def test_optimize_guard_and_val_from_reach_the_run(history_dir, scripted_config,
         ],
     )
     assert acc.exit_code != 0 and "objective recall" in acc.output
+
+
+def test_compare_out_is_a_run_folder_that_refuses_a_user_folder_and_restarts(history_dir, tmp_path):
+    """#46: --compare wrote comparison.json into whatever --out named; now --out is a run folder:
+    a user's folder is refused with nothing written, a rerun resumes, --restart empties only it."""
+    folder, _, _ = history_dir
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(q.to_json() + "\n" for q in small_qa()))
+    args = f"evaluate --format jsonl --metrics recall --no-cache --path {folder} --qa {qa}".split()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "comparison.json").write_text("my notes\n")
+    res = CliRunner().invoke(
+        app, [*args, "--compare", "base-bm25", "base-bm25", "--out", str(mine)]
+    )
+    assert res.exit_code == 2 and "not a memsteer run folder" in res.output, res.output
+    assert [p.name for p in mine.iterdir()] == ["comparison.json"]
+    assert (mine / "comparison.json").read_text() == "my notes\n"
+    cmp_dir = tmp_path / "cmp"
+    for extra in ([], [], ["--restart"]):
+        res = CliRunner().invoke(
+            app, [*args, "--compare", "base-bm25", "base-bm25", "--out", str(cmp_dir), *extra]
+        )
+        assert res.exit_code == 0, res.output
+    assert json.loads((cmp_dir / "run.json").read_text())["key"]["stage"] == "compare"
+    assert (cmp_dir / "comparison.json").exists() and (cmp_dir / "B" / "items.jsonl").exists()

@@ -3,6 +3,7 @@
 (No ``from __future__ import annotations`` here: typer must see the real ``Annotated`` options.)
 """
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from memsteer_dspy.errors import InputError
 from memsteer_dspy.evaluation import evaluate_design, evaluate_instances, read_qa_jsonl
 from memsteer_dspy.loaders.longmemeval import instance_loaded, read_instances
 from memsteer_dspy.memory import MemoryDesign, MemorySystem
-from memsteer_dspy.runfolder import check_not_inputs
+from memsteer_dspy.runfolder import RunFolder, check_not_inputs, run_key, write_json
 from memsteer_dspy.stats import compare_item_results, points, points_ci
 
 
@@ -169,6 +170,7 @@ def evaluate(
             protocol,
             limit,
             None if no_cache else (cache_dir or default_cache_dir()),
+            restart,
         )
     loaded = history.load()
     if qa == "official":
@@ -202,6 +204,7 @@ def evaluate(
             seed=seed,
             json_out=json_out,
             source=qa,
+            restart=restart,
         )
         return
     needs = d.lm_uses(answering=metrics == "all")
@@ -281,69 +284,92 @@ def _compare(
     seed,
     json_out,
     source,
+    restart=False,
 ):
-    """``--compare A B``: both designs on the same items, then :func:`memsteer_dspy.stats.compare_item_results`."""
+    """``--compare A B``: both designs on the same items, then :func:`memsteer_dspy.stats.compare_item_results`.
+    With ``--out``, a run folder of its own (A/ and B/ inside, comparison.json beside them):
+    a folder that is not one is refused, and ``--restart`` empties only one."""
     designs = [_load_design(s) for s in specs]
     judge_lm = lm_config.lm("judge") if metrics == "all" else None
-    reports = []
-    for label, d in zip(("A", "B"), designs, strict=True):
-        lms = (
-            {"answerer": lm_config.lm("answerer")} if d.lm_uses(answering=metrics == "all") else {}
-        )
-        system = MemorySystem.from_design(
-            d, loaded.history, cache_dir=cache, lms=lms, threads=threads
-        )
-        reports.append(
-            evaluate_design(
-                system,
-                items,
-                metrics=metrics,
-                judge_lm=judge_lm,
-                protocol=protocol,
-                threads=threads,
-                out_dir=(out / label) if out is not None else None,
-            )
-        )
-    comp = compare_item_results(
-        reports[0].items, reports[1].items, answered=metrics == "all", seed=seed, source=source
-    )
-    result = {
-        "a": {"spec": specs[0], "design_key": designs[0].key()},
-        "b": {"spec": specs[1], "design_key": designs[1].key()},
-        **comp.model_dump(mode="json"),
-    }
+    folder = contextlib.nullcontext()
     if out is not None:
-        import json
-
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "comparison.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    if json_out:
-        echo_json(result)
-        return
-    typer.echo(
-        f"A = {specs[0]} ({designs[0].key()})   B = {specs[1]} ({designs[1].key()})   {comp.n} items, "
-        f"protocol {protocol}, metrics {metrics}"
-    )
-    typer.echo(
-        f"{'metric':<18} {'A':>7} {'B':>7} {'B - A':>7}  95% CI (paired bootstrap, seed {seed})"
-    )
-    for m in comp.initial:
-        typer.echo(
-            f"{m:<18} {_fmt(comp.initial[m])} {_fmt(comp.best.get(m))} "
-            f"{points(comp.diff.get(m), '   -  '):>7}  {points_ci(comp.ci95.get(m), '-')}"
+        key = run_key(
+            "compare",
+            history=loaded.history,
+            protocol=protocol,
+            metrics=metrics,
+            options={"a": designs[0].key(), "b": designs[1].key(), "seed": seed},
         )
-    typer.echo(
-        f"verdict on {comp.primary}: B is {comp.verdict} than A"
-        if comp.verdict != "inconclusive"
-        else f"verdict on {comp.primary}: inconclusive (the interval contains 0)"
-    )
-    typer.echo(
-        f"one-sided p (B not better): bootstrap {comp.p_bootstrap:.3f}, sign test {comp.p_sign:.3f}"
-    )
+        folder = RunFolder.open(out, key, restart=restart)
+    with folder:
+        reports = []
+        for label, d in zip(("A", "B"), designs, strict=True):
+            lms = (
+                {"answerer": lm_config.lm("answerer")}
+                if d.lm_uses(answering=metrics == "all")
+                else {}
+            )
+            system = MemorySystem.from_design(
+                d, loaded.history, cache_dir=cache, lms=lms, threads=threads
+            )
+            reports.append(
+                evaluate_design(
+                    system,
+                    items,
+                    metrics=metrics,
+                    judge_lm=judge_lm,
+                    protocol=protocol,
+                    threads=threads,
+                    out_dir=(out / label) if out is not None else None,
+                )
+            )
+        comp = compare_item_results(
+            reports[0].items, reports[1].items, answered=metrics == "all", seed=seed, source=source
+        )
+        result = {
+            "a": {"spec": specs[0], "design_key": designs[0].key()},
+            "b": {"spec": specs[1], "design_key": designs[1].key()},
+            **comp.model_dump(mode="json"),
+        }
+        if out is not None:
+            write_json(out / "comparison.json", result)
+        if json_out:
+            echo_json(result)
+            return
+        typer.echo(
+            f"A = {specs[0]} ({designs[0].key()})   B = {specs[1]} ({designs[1].key()})   {comp.n} items, "
+            f"protocol {protocol}, metrics {metrics}"
+        )
+        typer.echo(
+            f"{'metric':<18} {'A':>7} {'B':>7} {'B - A':>7}  95% CI (paired bootstrap, seed {seed})"
+        )
+        for m in comp.initial:
+            typer.echo(
+                f"{m:<18} {_fmt(comp.initial[m])} {_fmt(comp.best.get(m))} "
+                f"{points(comp.diff.get(m), '   -  '):>7}  {points_ci(comp.ci95.get(m), '-')}"
+            )
+        typer.echo(
+            f"verdict on {comp.primary}: B is {comp.verdict} than A"
+            if comp.verdict != "inconclusive"
+            else f"verdict on {comp.primary}: inconclusive (the interval contains 0)"
+        )
+        typer.echo(
+            f"one-sided p (B not better): bootstrap {comp.p_bootstrap:.3f}, sign test {comp.p_sign:.3f}"
+        )
 
 
 def _evaluate_all(
-    history: HistoryArgs, lm_config, d, metrics, out, json_out, threads, protocol, limit, cache
+    history: HistoryArgs,
+    lm_config,
+    d,
+    metrics,
+    out,
+    json_out,
+    threads,
+    protocol,
+    limit,
+    cache,
+    restart,
 ) -> None:
     """``evaluate --all``: every LongMemEval instance over its own haystack, pooled."""
     if history.format != "longmemeval":
@@ -370,6 +396,7 @@ def _evaluate_all(
             out_dir=out,
             cache_dir=cache,
             on_instance=lambda user, rep: bar.update(1),
+            restart=restart,
         )
     s = report.summary
     if json_out:
