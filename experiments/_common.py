@@ -674,14 +674,10 @@ class SharedEvaluator(HistoryEvaluator):
         results: dict[str, ItemResult] = {}
         for persona, group in groups.items():
             system = self.persona_system(design, persona)
+            how = {"protocol": self.protocol, "threads": self.threads}
+            out_dir = Path(folder) / safe_name(persona)
             rep = evaluate_design(
-                system,
-                group,
-                metrics=metrics,
-                judge_lm=judge,
-                protocol=self.protocol,
-                threads=self.threads,
-                out_dir=Path(folder) / safe_name(persona),
+                system, group, metrics=metrics, judge_lm=judge, out_dir=out_dir, **how
             )
             results.update({r.qa_id: r for r in rep.items})
         ordered = [results[q.id] for q in items]

@@ -128,12 +128,11 @@ def render(study: Study, results: dict[str, Any]) -> str:
                 f"`{bar(r.get('recall_at_10'))}`",
             ]
         )
+    header = ["Feedback", "Acc", "QS", "R@10", "accepted revisions", "QS bar", "R@10 bar"]
     lines += [
         "## Figure 3 — feedback modes (official QA, %)",
         "",
-        md_table(
-            ["Feedback", "Acc", "QS", "R@10", "accepted revisions", "QS bar", "R@10 bar"], rows
-        ),
+        md_table(header, rows),
         "",
         "Every optimized condition uses the same MemSteer-generated supervision and starts from "
         "Base-BM25; arrows are points over Base-BM25.",
