@@ -71,18 +71,12 @@ class FixedLatencyEngine:
 def install_lm(engine: FixedLatencyEngine) -> None:
     def load(*_a, **_k):
         cfg = LMConfig.uniform("openai/fixed-latency")
+        meter = cfg.meter
         for role in cfg.roles:
-            cfg.set_lm(
-                role,
-                RoleLM(
-                    "scripted/fixed",
-                    role=role,
-                    meter=cfg.meter,
-                    engine=engine,
-                    num_retries=0,
-                    cache=False,
-                ),
+            lm = RoleLM(
+                "scripted/fixed", role=role, meter=meter, engine=engine, num_retries=0, cache=False
             )
+            cfg.set_lm(role, lm)
         return cfg
 
     lm_pkg.load_lm_config = load

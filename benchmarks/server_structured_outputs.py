@@ -95,41 +95,12 @@ def main() -> None:
                 counter = counts[mode] = ParseCounter()
                 dspy.configure(callbacks=[counter])
                 start = time.perf_counter()
-                run(
-                    [
-                        "generate",
-                        "--format",
-                        "jsonl",
-                        "--path",
-                        str(DEMO),
-                        "--n",
-                        str(opts.candidates),
-                        "--max-candidates",
-                        str(opts.candidates),
-                        "--out",
-                        str(tmp / f"gen-{mode}"),
-                        "--profile",
-                        "small",
-                        "--config",
-                        str(config),
-                    ]
-                )
-                run(
-                    [
-                        "evaluate",
-                        "--format",
-                        "jsonl",
-                        "--path",
-                        str(DEMO),
-                        "--limit",
-                        str(opts.items),
-                        "--no-cache",
-                        "--out",
-                        str(tmp / f"eval-{mode}"),
-                        "--config",
-                        str(config),
-                    ]
-                )
+                demo = ["--format", "jsonl", "--path", str(DEMO)]
+                n, config_args = str(opts.candidates), ["--config", str(config)]
+                gen = ["generate", *demo, "--n", n, "--max-candidates", n]
+                run([*gen, "--out", str(tmp / f"gen-{mode}"), "--profile", "small", *config_args])
+                ev = ["evaluate", *demo, "--limit", str(opts.items), "--no-cache"]
+                run([*ev, "--out", str(tmp / f"eval-{mode}"), *config_args])
                 dspy.configure(callbacks=[])
                 print(f"mode {mode}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
         finally:

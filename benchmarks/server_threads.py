@@ -72,33 +72,12 @@ def main() -> None:
             for threads in (0, 1, 4):  # 0: a warm-up run (imports, first index build), not measured
                 out = tmp / f"{command}-{threads}"
                 before = len(server.requests)
-                if command == "evaluate":
-                    args = [
-                        "evaluate",
-                        "--format",
-                        "jsonl",
-                        "--path",
-                        str(DEMO),
-                        "--limit",
-                        str(opts.items),
-                        "--no-cache",
-                        "--out",
-                        str(out),
-                    ]
-                else:
-                    args = [
-                        "generate",
-                        "--format",
-                        "jsonl",
-                        "--path",
-                        str(DEMO),
-                        "--n",
-                        str(opts.candidates),
-                        "--max-candidates",
-                        str(opts.candidates),
-                        "--out",
-                        str(out),
-                    ]
+                n = str(opts.candidates)
+                args = {
+                    "evaluate": ["--limit", str(opts.items), "--no-cache"],
+                    "generate": ["--n", n, "--max-candidates", n],
+                }[command]
+                args = [command, "--format", "jsonl", "--path", str(DEMO), *args, "--out", str(out)]
                 report, seconds = run(
                     [*args, "--config", str(config), "--threads", str(max(threads, 1))]
                 )

@@ -24,33 +24,10 @@ from pathlib import Path
 from memsteer_dspy import records
 from memsteer_dspy.records import split_spans
 
-WORDS = [
-    "Dr.",
-    "Liu",
-    "met",
-    "J.",
-    "Smith",
-    "at",
-    "5",
-    "p.m.",
-    "e.g.",
-    "we",
-    "went",
-    "home",
-    "version",
-    "3.5",
-    "costs",
-    "$12.50",
-    '"quoted."',
-    "(aside)",
-    "Yes!",
-    "Why?",
-    "U.S.",
-    "ok.",
-    "Then",
-    "The",
-    "A",
-]
+WORDS = (
+    'Dr. Liu met J. Smith at 5 p.m. e.g. we went home version 3.5 costs $12.50 "quoted." (aside)'
+    " Yes! Why? U.S. ok. Then The A"
+).split()
 
 
 def prose(n_chars: int, seed: int = 0, newline_every: int | None = None) -> str:

@@ -52,7 +52,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -91,18 +91,10 @@ QUESTION_TYPES = {
     "attachment": "EX",
     "mixed": "MX",
 }
-ALL_PERSONAS = [
-    "David_R._Ellis",
-    "David_Reyes",
-    "Dr._Alastair_McEwan",
-    "Dr._Elena_Markovic",
-    "Dr._Elias_Romero",
-    "Dr._Marcus_Ellison",
-    "Elena_Morales",
-    "Jonas_Richter",
-    "Justice_Arvind_Prakash_Mehra",
-    "Martin_Keller",
-]
+ALL_PERSONAS = (
+    "David_R._Ellis David_Reyes Dr._Alastair_McEwan Dr._Elena_Markovic Dr._Elias_Romero"
+    " Dr._Marcus_Ellison Elena_Morales Jonas_Richter Justice_Arvind_Prakash_Mehra Martin_Keller"
+).split()
 PERSONA_SEP = "/"
 
 
@@ -682,14 +674,10 @@ class SharedEvaluator(HistoryEvaluator):
         results: dict[str, ItemResult] = {}
         for persona, group in groups.items():
             system = self.persona_system(design, persona)
+            how = {"protocol": self.protocol, "threads": self.threads}
+            out_dir = Path(folder) / safe_name(persona)
             rep = evaluate_design(
-                system,
-                group,
-                metrics=metrics,
-                judge_lm=judge,
-                protocol=self.protocol,
-                threads=self.threads,
-                out_dir=Path(folder) / safe_name(persona),
+                system, group, metrics=metrics, judge_lm=judge, out_dir=out_dir, **how
             )
             results.update({r.qa_id: r for r in rep.items})
         ordered = [results[q.id] for q in items]
@@ -793,6 +781,14 @@ class Generated:
 # --------------------------------------------------------------------------------------------
 # the study runner
 # --------------------------------------------------------------------------------------------
+
+
+class StudyOptions(TypedDict, total=False):
+    """The keyword options of :class:`Study`, which each study's ``run`` passes on to it."""
+
+    lm_config: Any
+    tracking: bool
+    progress: bool
 
 
 class Study:
@@ -995,26 +991,32 @@ class Study:
                 folder,
             )
             reports[persona] = rep
-            for r in rep.items:
-                self.rows.append(
-                    {
-                        "study": self.name,
-                        "condition": condition,
-                        "setting": setting,
-                        "persona": persona,
-                        "design_key": design.key(),
-                        "qa_id": r.qa_id,
-                        "question_type": r.question_type,
-                        "correct": r.correct,
-                        "qs": r.qs,
-                        "recall_at_10": r.recall_at_10,
-                        "delivered_recall": r.delivered_recall,
-                        "prediction": r.prediction,
-                        "reference": r.reference,
-                        "error": r.error,
-                    }
-                )
+            self.add_rows(rep, condition, setting, persona, design)
         return reports
+
+    def add_rows(
+        self, rep: Any, condition: str, setting: str, persona: str, design: MemoryDesign
+    ) -> None:
+        """One row of the per-item table for each item of the evaluation report ``rep``."""
+        for r in rep.items:
+            self.rows.append(
+                {
+                    "study": self.name,
+                    "condition": condition,
+                    "setting": setting,
+                    "persona": persona,
+                    "design_key": design.key(),
+                    "qa_id": r.qa_id,
+                    "question_type": r.question_type,
+                    "correct": r.correct,
+                    "qs": r.qs,
+                    "recall_at_10": r.recall_at_10,
+                    "delivered_recall": r.delivered_recall,
+                    "prediction": r.prediction,
+                    "reference": r.reference,
+                    "error": r.error,
+                }
+            )
 
     def generate(
         self,

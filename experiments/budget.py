@@ -24,13 +24,14 @@ from __future__ import annotations
 import random
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
     ExperimentConfig,
     Study,
+    StudyOptions,
     ceil_div,
     cli,
     md_table,
@@ -49,17 +50,10 @@ def val_size(n_train: int, train_fraction: float) -> int:
     return max(1, round(n_train * (1 - train_fraction) / train_fraction))
 
 
-def run(
-    cfg: ExperimentConfig,
-    out: str | Path,
-    *,
-    lm_config: Any = None,
-    tracking: bool = True,
-    progress: bool = True,
-) -> Path:
+def run(cfg: ExperimentConfig, out: str | Path, **options: Unpack[StudyOptions]) -> Path:
     """Run the Figure 4 study (see the module docstring); returns the path of ``results.md``."""
     out = Path(out)
-    study = Study("budget", cfg, out, lm_config=lm_config, tracking=tracking, progress=progress)
+    study = Study("budget", cfg, out, **options)
     personas = cfg.personas()
     sizes = sorted(set(cfg.budget.sizes))
     tf = cfg.budgets.train_fraction

@@ -30,13 +30,14 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
     ExperimentConfig,
     Study,
+    StudyOptions,
     cli,
     md_table,
     official_split,
@@ -80,21 +81,12 @@ class TunedSystem:
         return self.system.retrieve(question, question_date=question_date, as_of=as_of)
 
 
-def run(
-    cfg: ExperimentConfig,
-    out: str | Path,
-    *,
-    lm_config: Any = None,
-    tracking: bool = True,
-    progress: bool = True,
-) -> Path:
+def run(cfg: ExperimentConfig, out: str | Path, **options: Unpack[StudyOptions]) -> Path:
     """Run the existing-optimizers study (see the module docstring); returns ``results.md``'s path."""
     from memsteer_dspy.optimize.tune import TuneResult, tune_prompts
 
     out = Path(out)
-    study = Study(
-        "existing_optimizers", cfg, out, lm_config=lm_config, tracking=tracking, progress=progress
-    )
+    study = Study("existing_optimizers", cfg, out, **options)
     personas = cfg.personas()
     opts = cfg.existing_optimizers
     design = study.base_design()
@@ -205,25 +197,7 @@ def evaluate_tuned(
             "answerer": lm_identity(study.lm.lm("answerer")),
         },
     )
-    for r in rep.items:
-        study.rows.append(
-            {
-                "study": study.name,
-                "condition": condition,
-                "setting": "with",
-                "persona": persona,
-                "design_key": design.key(),
-                "qa_id": r.qa_id,
-                "question_type": r.question_type,
-                "correct": r.correct,
-                "qs": r.qs,
-                "recall_at_10": r.recall_at_10,
-                "delivered_recall": r.delivered_recall,
-                "prediction": r.prediction,
-                "reference": r.reference,
-                "error": r.error,
-            }
-        )
+    study.add_rows(rep, condition, "with", persona, design)
     return rep
 
 

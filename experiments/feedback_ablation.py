@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
     ExperimentConfig,
     Study,
+    StudyOptions,
     cli,
     md_table,
     optimization_dict,
@@ -55,19 +56,10 @@ LABELS = {
 }
 
 
-def run(
-    cfg: ExperimentConfig,
-    out: str | Path,
-    *,
-    lm_config: Any = None,
-    tracking: bool = True,
-    progress: bool = True,
-) -> Path:
+def run(cfg: ExperimentConfig, out: str | Path, **options: Unpack[StudyOptions]) -> Path:
     """Run the Figure 3 study (see the module docstring); returns the path of ``results.md``."""
     out = Path(out)
-    study = Study(
-        "feedback_ablation", cfg, out, lm_config=lm_config, tracking=tracking, progress=progress
-    )
+    study = Study("feedback_ablation", cfg, out, **options)
     personas = cfg.personas()
     histories = {p: study.load(p).history for p in personas}
     results: dict[str, Any] = {"personas": personas, "modes": {}, "optimizations": {}}
@@ -136,12 +128,11 @@ def render(study: Study, results: dict[str, Any]) -> str:
                 f"`{bar(r.get('recall_at_10'))}`",
             ]
         )
+    header = ["Feedback", "Acc", "QS", "R@10", "accepted revisions", "QS bar", "R@10 bar"]
     lines += [
         "## Figure 3 — feedback modes (official QA, %)",
         "",
-        md_table(
-            ["Feedback", "Acc", "QS", "R@10", "accepted revisions", "QS bar", "R@10 bar"], rows
-        ),
+        md_table(header, rows),
         "",
         "Every optimized condition uses the same MemSteer-generated supervision and starts from "
         "Base-BM25; arrows are points over Base-BM25.",

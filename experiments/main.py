@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -44,6 +44,7 @@ from _common import (  # noqa: E402
     SETTING_LABELS,
     ExperimentConfig,
     Study,
+    StudyOptions,
     cli,
     md_table,
     official_split,
@@ -59,17 +60,10 @@ from _common import (  # noqa: E402
 METHODS = {"base": "Base-BM25", "official": "+ Official-QA†", "memsteer": "+ MemSteer"}
 
 
-def run(
-    cfg: ExperimentConfig,
-    out: str | Path,
-    *,
-    lm_config: Any = None,
-    tracking: bool = True,
-    progress: bool = True,
-) -> Path:
+def run(cfg: ExperimentConfig, out: str | Path, **options: Unpack[StudyOptions]) -> Path:
     """Run the Table 2 study (see the module docstring); returns the path of ``results.md``."""
     out = Path(out)
-    study = Study("main", cfg, out, lm_config=lm_config, tracking=tracking, progress=progress)
+    study = Study("main", cfg, out, **options)
     personas = cfg.personas()
     results: dict[str, Any] = {
         "personas": personas,

@@ -35,13 +35,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
     ExperimentConfig,
     Study,
+    StudyOptions,
     cli,
     md_table,
     optimization_dict,
@@ -79,21 +80,12 @@ def _tokens(summary: dict[str, Any]) -> int:
     )
 
 
-def run(
-    cfg: ExperimentConfig,
-    out: str | Path,
-    *,
-    lm_config: Any = None,
-    tracking: bool = True,
-    progress: bool = True,
-) -> Path:
+def run(cfg: ExperimentConfig, out: str | Path, **options: Unpack[StudyOptions]) -> Path:
     """Run the Tables 4/5 study (see the module docstring); returns the path of ``results.md``."""
     from memsteer_dspy.supervision.quality import assess_quality
 
     out = Path(out)
-    study = Study(
-        "supervision_ablation", cfg, out, lm_config=lm_config, tracking=tracking, progress=progress
-    )
+    study = Study("supervision_ablation", cfg, out, **options)
     personas = cfg.personas()
     opts = cfg.supervision_ablation
     histories = {p: study.load(p).history for p in personas}

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -38,6 +38,7 @@ from _common import (  # noqa: E402
     ExperimentConfig,
     Generated,
     Study,
+    StudyOptions,
     cli,
     md_table,
     official_split,
@@ -55,17 +56,10 @@ def _name(persona: str) -> str:
     return persona.replace("_", " ")
 
 
-def run(
-    cfg: ExperimentConfig,
-    out: str | Path,
-    *,
-    lm_config: Any = None,
-    tracking: bool = True,
-    progress: bool = True,
-) -> Path:
+def run(cfg: ExperimentConfig, out: str | Path, **options: Unpack[StudyOptions]) -> Path:
     """Run the Table 3 study (see the module docstring); returns the path of ``results.md``."""
     out = Path(out)
-    study = Study("transfer", cfg, out, lm_config=lm_config, tracking=tracking, progress=progress)
+    study = Study("transfer", cfg, out, **options)
     t = cfg.transfer
     sources = list(dict.fromkeys([*t.source_train, *t.source_val]))
     outside = [p for p in dict.fromkeys([*t.held_out, *t.targets]) if p not in sources]

@@ -17,6 +17,17 @@ from memsteer_dspy.memory import MemoryDesign
 from memsteer_dspy.memory.system import MemoryTrace
 
 
+def small_opt(folder: Path, design: MemoryDesign, config, lms: dict, **kw: Any):
+    """MemSteer-Opt over the small history with its QA items as both training and validation
+    items, writing to ``folder / "run"``."""
+    from memory_fixtures import small_history, small_qa
+
+    from memsteer_dspy.optimize import MemSteerOpt
+
+    args = (small_history(), small_qa(), small_qa(), folder / "run")
+    return MemSteerOpt(*args, init_design=design, config=config, lms=lms, **kw)
+
+
 def changed(base: MemoryDesign | None = None, **changes: Any) -> dict[str, Any]:
     """``base`` (default Base-BM25) as a dict with ``section__field=value`` changes applied."""
     d = (base or MemoryDesign.base_bm25()).model_dump(mode="json")

@@ -10,6 +10,7 @@ import threading
 
 import pytest
 from batch_fixtures import USERS, item_keys, jsonl_rows, scripted_lm_config, write_users
+from script_helpers import argv
 from typer.testing import CliRunner
 
 from memsteer_dspy.batch import (
@@ -54,18 +55,8 @@ def invoke(args):
 def batch(command, root, out, *extra, users="all"):
     return invoke(
         [
-            "batch",
-            command,
-            "--users",
-            users,
-            "--format",
-            "jsonl",
-            "--path",
-            str(root),
-            "--out",
-            str(out),
-            "--workers",
-            "3",
+            *argv("batch {} --users {} --format jsonl", command, users),
+            *argv("--path {} --out {} --workers 3", root, out),
             *extra,
         ]
     )
@@ -106,20 +97,8 @@ def test_batch_generate_writes_what_the_single_user_command_writes(scripted, use
     assert set(summary["users"]) == set(USERS) and summary["statuses"] == {"ok": 3}
     # the single-user command for one user writes the same items
     single = tmp_path / "single-ben"
-    res = invoke(
-        [
-            "generate",
-            "--format",
-            "jsonl",
-            "--path",
-            str(users_root / "ben"),
-            "--user",
-            "ben",
-            "--out",
-            str(single),
-            *GEN,
-        ]
-    )
+    ben = argv("generate --format jsonl --path {} --user ben --out {}", users_root / "ben", single)
+    res = invoke([*ben, *GEN])
     assert res.exit_code == 0, res.output
     assert item_keys(out / "ben") == item_keys(single)
     assert item_keys(out / "ben")["train.jsonl"]
@@ -237,12 +216,7 @@ def test_batch_evaluate_pools_over_items(users_root, tmp_path):
         "evaluate",
         users_root,
         out,
-        "--",
-        "--metrics",
-        "recall",
-        "--qa",
-        str(users_root / "{user}" / "qa.jsonl"),
-        "--no-cache",
+        *argv("-- --metrics recall --qa {} --no-cache", users_root / "{user}" / "qa.jsonl"),
     )
     assert res.exit_code == 0, res.output
     summary = json.loads((out / "batch_summary.json").read_text())
@@ -271,15 +245,8 @@ def test_batch_optimize_one_experiment_parent_run_per_user(scripted, users_root,
         "optimize",
         users_root,
         out,
-        "--supervision",
-        str(gen / "{user}"),
-        "--objective",
-        "recall",
-        "--iterations",
-        "2",
-        "--no-cache",
-        "--experiment",
-        "pop-1",
+        *argv("--supervision {} --objective recall", gen / "{user}"),
+        *argv("--iterations 2 --no-cache --experiment pop-1"),
     )
     assert res.exit_code == 0, res.output
     summary = json.loads((out / "batch_summary.json").read_text())

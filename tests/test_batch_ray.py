@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from batch_fixtures import USERS, item_keys, jsonl_rows, scripted_lm_config, write_users
+from script_helpers import argv
 from typer.testing import CliRunner
 
 from memsteer_dspy.batch import (
@@ -37,20 +38,7 @@ TESTS = Path(__file__).resolve().parent
 # the scripted questions share one template, which the copied-demo check rejects once demos exist.
 # The full profile (the small one steers toward number/date tasks the scripted world cannot write) and
 # enough items for optimize's train / validation / held-out split.
-GEN = [
-    "--n",
-    "8",
-    "--max-candidates",
-    "10",
-    "--profile",
-    "full",
-    "--seed",
-    "1",
-    "--batch-size",
-    "1",
-    "--max-demos",
-    "0",
-]
+GEN = argv("--n 8 --max-candidates 10 --profile full --seed 1 --batch-size 1 --max-demos 0")
 LATENCY = (
     "0.15"  # seconds per scripted LM call under Ray: a user takes long enough to be killed mid-run
 )
@@ -98,13 +86,8 @@ def local_runs(users_root, tmp_path_factory):
             users_root,
             root / "opt",
             "local",
-            "--supervision",
-            str(root / "gen" / "{user}"),
-            "--objective",
-            "recall",
-            "--iterations",
-            "2",
-            "--no-cache",
+            *argv("--supervision {}", root / "gen" / "{user}"),
+            *argv("--objective recall --iterations 2 --no-cache"),
         )
         assert res.exit_code == 0, res.output
     finally:
@@ -120,18 +103,8 @@ def _batch(command, root, out, executor, *extra):
     return CliRunner().invoke(
         app,
         [
-            "batch",
-            command,
-            "--users",
-            "all",
-            "--format",
-            "jsonl",
-            "--path",
-            str(root),
-            "--out",
-            str(out),
-            "--executor",
-            executor,
+            *argv("batch {} --users all --format jsonl", command),
+            *argv("--path {} --out {} --executor {}", root, out, executor),
             *extra,
         ],
     )
@@ -190,15 +163,8 @@ def test_batch_optimize_on_ray_equals_local(cluster, users_root, local_runs, tmp
         users_root,
         out,
         "ray",
-        "--supervision",
-        str(local_runs / "gen" / "{user}"),
-        "--objective",
-        "recall",
-        "--iterations",
-        "2",
-        "--no-cache",
-        "--max-concurrent-lm",
-        "1",
+        *argv("--supervision {}", local_runs / "gen" / "{user}"),
+        *argv("--objective recall --iterations 2 --no-cache --max-concurrent-lm 1"),
     )
     assert res.exit_code == 0, res.output
     assert json.loads((out / "batch_summary.json").read_text())["statuses"] == {"ok": 3}

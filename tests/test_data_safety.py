@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from memory_fixtures import small_history, small_qa
+from script_helpers import argv
 from typer.testing import CliRunner
 
 from memsteer_dspy.cli import app
@@ -45,18 +46,15 @@ def _history_folder(tmp_path: Path, name: str = "hist") -> Path:
 
 def _evaluate(path: Path, out: Path, *extra: str):
     return _cli(
-        "evaluate",
-        "--format",
-        "jsonl",
-        "--path",
-        path,
-        "--metrics",
-        "recall",
-        "--out",
-        out,
-        "--no-cache",
+        *argv("evaluate --format jsonl --path {} --metrics recall --out {} --no-cache", path, out),
         *extra,
     )
+
+
+def _export(hist: Path, out: Path):
+    """``memsteer export --to mstar`` of ``hist`` and its official QA items into ``out``."""
+    line = "export --to mstar --format jsonl --path {} --supervision official --out {}"
+    return _cli(*argv(line, hist, out))
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
@@ -141,56 +139,20 @@ def test_a_smaller_rerun_is_refused_and_deletes_nothing(tmp_path):
 def test_export_over_its_own_history_is_refused(tmp_path):
     hist = _history_folder(tmp_path)
     before = _tree(hist)
-    res = _cli(
-        "export",
-        "--to",
-        "mstar",
-        "--format",
-        "jsonl",
-        "--path",
-        hist,
-        "--supervision",
-        "official",
-        "--out",
-        hist,
-    )
+    res = _export(hist, hist)
     assert res.exit_code == 2, res.output
     assert _tree(hist) == before
     # and into a folder of the user's that is not an earlier export
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "README.md").write_text("my notes\n")
-    res = _cli(
-        "export",
-        "--to",
-        "mstar",
-        "--format",
-        "jsonl",
-        "--path",
-        hist,
-        "--supervision",
-        "official",
-        "--out",
-        mine,
-    )
+    res = _export(hist, mine)
     assert res.exit_code == 2 and "not an earlier export" in res.output
     assert (mine / "README.md").read_text() == "my notes\n"
     # a fresh folder, then the same folder again (an earlier export is replaced)
     out = tmp_path / "export"
     for _ in range(2):
-        res = _cli(
-            "export",
-            "--to",
-            "mstar",
-            "--format",
-            "jsonl",
-            "--path",
-            hist,
-            "--supervision",
-            "official",
-            "--out",
-            out,
-        )
+        res = _export(hist, out)
         assert res.exit_code == 0, res.output
 
 
@@ -199,19 +161,7 @@ def test_export_warns_about_evidence_not_in_the_history(tmp_path):
     items = small_qa()
     items[0] = items[0].model_copy(update={"evidence_ids": ["no-such-record"]})
     (hist / "qa.jsonl").write_text("".join(q.to_json() + "\n" for q in items))
-    res = _cli(
-        "export",
-        "--to",
-        "mstar",
-        "--format",
-        "jsonl",
-        "--path",
-        hist,
-        "--supervision",
-        "official",
-        "--out",
-        tmp_path / "export",
-    )
+    res = _export(hist, tmp_path / "export")
     assert res.exit_code == 0, res.output
     assert "warning: 1 evidence id(s)" in res.output and "no-such-record" in res.output
 
@@ -310,22 +260,8 @@ def test_two_identical_optimize_runs_one_proceeds_and_the_folder_resumes(tmp_pat
     twice. The lock is taken before the tracker opens mlflow.db."""
     out = tmp_path / "opt"
     args = [
-        "optimize",
-        "--format",
-        "jsonl",
-        "--path",
-        str(DEMO),
-        "--supervision",
-        "official",
-        "--search",
-        "random",
-        "--objective",
-        "recall",
-        "--iterations",
-        "1",
-        "--no-cache",
-        "--out",
-        str(out),
+        *argv("optimize --format jsonl --path {} --supervision official", DEMO),
+        *argv("--search random --objective recall --iterations 1 --no-cache --out {}", out),
     ]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     code = "import sys; from memsteer_dspy.cli import app; sys.argv[0] = 'memsteer'; app()"
@@ -393,15 +329,8 @@ def test_the_lock_file_holds_no_secret_of_the_command_line(monkeypatch):
         sys,
         "argv",
         [
-            "/venv/bin/memsteer",
-            "evaluate",
-            "--api-base",
-            "http://me:s3cret@host:8080/v1",
-            "--api-key",
-            "sk-live-123",
-            "--token=abc",
-            "--out",
-            "runs/x",
+            *argv("/venv/bin/memsteer evaluate --api-base http://me:s3cret@host:8080/v1"),
+            *argv("--api-key sk-live-123 --token=abc --out runs/x"),
         ],
     )
     line = _command_line()
@@ -477,18 +406,8 @@ def test_batch_marks_a_non_utf8_qa_file_bad_input(tmp_path):
     qa.write_bytes(b'{"id": "x", "question": "caf\xe9?", "answer": "a"}\n')
     code, error = invoke_command(
         [
-            "evaluate",
-            "--format",
-            "jsonl",
-            "--path",
-            str(DEMO),
-            "--metrics",
-            "recall",
-            "--qa",
-            str(qa),
-            "--no-cache",
-            "--out",
-            str(tmp_path / "out"),
+            *argv("evaluate --format jsonl --path {} --metrics recall", DEMO),
+            *argv("--qa {} --no-cache --out {}", qa, tmp_path / "out"),
         ]
     )
     assert classify(code, error, tmp_path / "out")[0] == "bad_input"
@@ -503,17 +422,8 @@ def test_out_that_is_a_file_is_a_clear_error(tmp_path, command):
         "evaluate": ["evaluate", "--metrics", "recall", "--no-cache"],
         "export": ["export", "--to", "mstar", "--supervision", "official"],
         "optimize": [
-            "optimize",
-            "--supervision",
-            "official",
-            "--objective",
-            "recall",
-            "--iterations",
-            "0",
-            "--no-tracking",
-            "--no-cache",
-            "--test-fraction",
-            "0",
+            *argv("optimize --supervision official --objective recall"),
+            *argv("--iterations 0 --no-tracking --no-cache --test-fraction 0"),
         ],
     }[command]
     res = _cli(*args, "--format", "jsonl", "--path", hist, "--out", out)
@@ -604,17 +514,8 @@ def test_evaluate_reads_the_train_jsonl_generate_writes(tmp_path):
         train.read_text().splitlines()[0]
     )  # the top-level field generate writes
     res = _cli(
-        "evaluate",
-        "--format",
-        "jsonl",
-        "--path",
-        hist,
-        "--qa",
-        train,
-        "--metrics",
-        "recall",
-        "--no-cache",
-        "--json",
+        *argv("evaluate --format jsonl --path {}", hist),
+        *argv("--qa {} --metrics recall --no-cache --json", train),
     )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["n"] == len(small_qa())

@@ -210,17 +210,10 @@ def scripted_config(engine: DemoEngine) -> LMConfig:
     """Every role on the scripted engine, booking usage under its role like a real LM."""
     cfg = LMConfig.uniform("openai/scripted-demo")
     for role in cfg.roles:
-        cfg.set_lm(
-            role,
-            RoleLM(
-                "scripted/demo",
-                role=role,
-                meter=cfg.meter,
-                engine=engine,
-                num_retries=0,
-                cache=False,
-            ),
+        lm = RoleLM(
+            "scripted/demo", role=role, meter=cfg.meter, engine=engine, num_retries=0, cache=False
         )
+        cfg.set_lm(role, lm)
     return cfg
 
 
@@ -241,6 +234,12 @@ def demo_run(tmp_path_factory):
     lines: list[str] = []
     result = run_demo(out, cfg, settings=TINY, progress=lines.append)
     return result, out, engine, cfg, lines
+
+
+def quiet_demo(out, engine, settings):
+    """``run_demo`` on a scripted config over ``engine``: no tracking, steering or progress."""
+    cfg = scripted_config(engine)
+    return run_demo(out, cfg, settings=settings, tracking=False, steering=False, progress=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -440,14 +439,7 @@ def test_too_little_supervision_skips_optimization(tmp_path):
         "ask": "",
     }
     settings = TINY.model_copy(update={"max_candidates": 2, "accuracy_items": 2})
-    result = run_demo(
-        tmp_path / "run",
-        scripted_config(engine),
-        settings=settings,
-        tracking=False,
-        steering=False,
-        progress=False,
-    )
+    result = quiet_demo(tmp_path / "run", engine, settings)
     assert result.supervision["accepted"] == 0
     assert result.optimization == {"ran": False, "reason": result.optimization["reason"]}
     assert any("optimization skipped" in n for n in result.notes)
@@ -465,25 +457,11 @@ def test_the_supervision_time_budget_ends_generation_and_is_reported(tmp_path):
     assert "within 1.66667e-08 min" in "\n".join(settings.sized_down(SIZES["full"]))
     run = tmp_path / "run"
     engine = engine_for_demo()
-    result = run_demo(
-        run,
-        scripted_config(engine),
-        settings=settings,
-        tracking=False,
-        steering=False,
-        progress=False,
-    )
+    result = quiet_demo(run, engine, settings)
     assert result.supervision["accepted"] == 0 and result.supervision["candidates"] == 0
     assert result.supervision["stopped_by"] == "time_budget"
     assert result.stages[0].detail.endswith("stopped by its time budget")
-    again = run_demo(
-        run,
-        scripted_config(engine),
-        settings=settings,
-        tracking=False,
-        steering=False,
-        progress=False,
-    )
+    again = quiet_demo(run, engine, settings)
     assert again.stages[0].status == "reused"
 
 
@@ -493,14 +471,7 @@ def test_no_answered_items_compares_on_recall_alone(tmp_path):
     engine = engine_for_demo()
     settings = TINY.model_copy(update={"accuracy_items": 0})
     assert "accuracy and QS: not measured" in "\n".join(settings.sized_down())
-    result = run_demo(
-        tmp_path / "run",
-        scripted_config(engine),
-        settings=settings,
-        tracking=False,
-        steering=False,
-        progress=False,
-    )
+    result = quiet_demo(tmp_path / "run", engine, settings)
     assert not [role for role, _, _ in engine.log if role in ("answerer", "judge")]
     for row in result.rows:
         assert row.n_answered == 0 and row.accuracy is None and row.item_correct == {}
@@ -607,12 +578,5 @@ def test_an_optimization_stopped_at_the_maximum_says_why(demo_run, monkeypatch):
 
     monkeypatch.setattr(loop_mod, "MemSteerOpt", Capture)
     with pytest.raises(RuntimeError, match="captured"):
-        run_demo(
-            result.out_dir + "-capture",
-            scripted_config(engine_for_demo()),
-            settings=TINY,
-            tracking=False,
-            steering=False,
-            progress=False,
-        )
+        quiet_demo(result.out_dir + "-capture", engine_for_demo(), TINY)
     assert seen and seen[0].stop_at_max is True

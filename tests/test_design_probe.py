@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from script_helpers import load_script, rhelm_args
+from script_helpers import argv, load_script, rhelm_args
 
 
 def test_a_variant_is_a_named_json_patch():
@@ -29,15 +29,11 @@ def test_probe_scores_variants_on_train_and_validation_only(rhelm_root, tmp_path
     out = tmp_path / "rows.json"
     rc = probe.main(
         [
-            "--persona",
-            "Elena_Morales",
+            *argv("--persona Elena_Morales"),
             *rhelm_args(rhelm_root, tmp_path),
-            "--variant",
-            "same={}",
-            "--variant",
-            'bare={"context": {"show_ids": false, "show_author": false}}',
-            "--json",
-            str(out),
+            *argv("--variant same={}"),
+            *argv("--variant {}", 'bare={"context": {"show_ids": false, "show_author": false}}'),
+            *argv("--json {}", out),
         ]
     )
     assert rc == 0

@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+from script_helpers import argv
 from typer.testing import CliRunner
 
 from memsteer_dspy.cli import app
@@ -174,20 +175,8 @@ def test_export_mstar_loader_runs_in_mstar_and_round_trips(setup, tmp_path, stan
     res = runner.invoke(
         app,
         [
-            "export",
-            "--to",
-            "mstar",
-            "--format",
-            "jsonl",
-            "--path",
-            str(hist),
-            "--user",
-            "maya",
-            "--supervision",
-            str(sup),
-            "--out",
-            str(out),
-            "--json",
+            *argv("export --to mstar --format jsonl --path {}", hist),
+            *argv("--user maya --supervision {} --out {} --json", sup, out),
         ],
     )
     assert res.exit_code == 0, res.output
@@ -345,17 +334,8 @@ def test_export_memevolve_provider_serves_the_design(setup, tmp_path, stand_in_p
     res = runner.invoke(
         app,
         [
-            "export",
-            "--to",
-            "memevolve",
-            "--format",
-            "jsonl",
-            "--path",
-            str(hist),
-            "--supervision",
-            str(sup),
-            "--out",
-            str(out),
+            *argv("export --to memevolve --format jsonl"),
+            *argv("--path {} --supervision {} --out {}", hist, sup, out),
         ],
     )
     assert res.exit_code == 0, res.output
@@ -422,73 +402,18 @@ def test_export_memevolve_provider_serves_the_design(setup, tmp_path, stand_in_p
 
 def test_export_errors_name_the_option(setup, tmp_path):
     hist, sup = setup
-    res = runner.invoke(
-        app,
-        [
-            "export",
-            "--to",
-            "letta",
-            "--format",
-            "jsonl",
-            "--path",
-            str(hist),
-            "--supervision",
-            str(sup),
-            "--out",
-            str(tmp_path / "x"),
-        ],
-    )
+
+    def export(to, supervision):
+        line = "export --to {} --format jsonl --path {} --supervision {} --out {}"
+        return runner.invoke(app, argv(line, to, hist, supervision, tmp_path / "x"))
+
+    res = export("letta", sup)
     assert res.exit_code != 0 and "choose one of mstar, memevolve" in res.output
     (tmp_path / "empty").mkdir()
-    res = runner.invoke(
-        app,
-        [
-            "export",
-            "--to",
-            "mstar",
-            "--format",
-            "jsonl",
-            "--path",
-            str(hist),
-            "--supervision",
-            str(tmp_path / "empty"),
-            "--out",
-            str(tmp_path / "x"),
-        ],
-    )
+    res = export("mstar", tmp_path / "empty")
     assert res.exit_code == 2 and "has no train.jsonl" in res.output
     # an --out inside an input folder is refused before anything is read or written
-    res = runner.invoke(
-        app,
-        [
-            "export",
-            "--to",
-            "mstar",
-            "--format",
-            "jsonl",
-            "--path",
-            str(hist),
-            "--supervision",
-            str(tmp_path),
-            "--out",
-            str(tmp_path / "x"),
-        ],
-    )
+    res = export("mstar", tmp_path)
     assert res.exit_code == 2 and "lies inside this command's input" in res.output
-    res = runner.invoke(
-        app,
-        [
-            "export",
-            "--to",
-            "mstar",
-            "--format",
-            "jsonl",
-            "--path",
-            str(hist),
-            "--supervision",
-            "official",
-            "--out",
-            str(tmp_path / "x"),
-        ],
-    )
+    res = export("mstar", "official")
     assert res.exit_code == 2 and "no official QA items" in res.output

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import dspy
 import pytest
+from script_helpers import argv
 
 from memsteer_dspy.lm import LMSpec, build_lm, load_lm_config
 from memsteer_dspy.lm.check import check_lms, format_check_table
@@ -347,20 +348,8 @@ def test_evaluate_with_threads_overlaps_requests_and_keeps_exact_books(tmp_path,
         toml = server_config(server, tmp_path, num_retries=0)
         out = tmp_path / "eval"
         report = run_cli(
-            "evaluate",
-            "--format",
-            "jsonl",
-            "--path",
-            str(DEMO),
-            "--limit",
-            "6",
-            "--threads",
-            "4",
-            "--out",
-            str(out),
-            "--config",
-            str(toml),
-            "--no-cache",
+            *argv("evaluate --format jsonl --path {} --limit 6", DEMO),
+            *argv("--threads 4 --out {} --config {} --no-cache", out, toml),
         )
     items = [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
     assert (
@@ -382,37 +371,14 @@ def test_a_failing_server_fails_items_never_the_run(tmp_path, monkeypatch, failu
         toml = server_config(server, tmp_path, num_retries=1, timeout=0.5)
         gen = tmp_path / "gen"
         summary = run_cli(
-            "generate",
-            "--format",
-            "jsonl",
-            "--path",
-            str(DEMO),
-            "--out",
-            str(gen),
-            "--n",
-            "1",
-            "--max-candidates",
-            "2",
-            "--threads",
-            "2",
-            "--config",
-            str(toml),
+            *argv("generate --format jsonl --path {} --out {}", DEMO, gen),
+            *argv("--n 1 --max-candidates 2 --threads 2 --config {}", toml),
         )
         generate_requests = len(server.requests)
         ev = tmp_path / "eval"
         report = run_cli(
-            "evaluate",
-            "--format",
-            "jsonl",
-            "--path",
-            str(DEMO),
-            "--limit",
-            "2",
-            "--out",
-            str(ev),
-            "--config",
-            str(toml),
-            "--no-cache",
+            *argv("evaluate --format jsonl --path {} --limit 2", DEMO),
+            *argv("--out {} --config {} --no-cache", ev, toml),
         )
     rejected = [json.loads(line) for line in (gen / "rejected.jsonl").read_text().splitlines()]
     assert summary["candidates"] == 2 and len(rejected) == 2
@@ -440,31 +406,14 @@ def test_keys_stay_out_of_run_folders_and_mlflow_and_url_credentials_are_refused
     with FakeOpenAIServer(alias="m") as server:
         out = tmp_path / "opt"
         args = [
-            "optimize",
-            "--format",
-            "jsonl",
-            "--path",
-            str(DEMO),
-            "--supervision",
-            "official",
-            "--objective",
-            "recall",
-            "--iterations",
-            "1",
-            "--proposer-output",
-            "changes",
-            "--out",
-            str(out),
-            "--no-cache",
-            "--lm",
-            "openai/m",
+            *argv("optimize --format jsonl --path {} --supervision official", DEMO),
+            *argv("--objective recall --iterations 1 --proposer-output changes"),
+            *argv("--out {} --no-cache --lm openai/m", out),
         ]
         run_cli(
             *args,
-            "--api-base",
-            server.api_base,
-            "--tracking-uri",
-            f"sqlite:///{tmp_path / 'mlflow.db'}",
+            *argv("--api-base {}", server.api_base),
+            *argv("--tracking-uri {}", f"sqlite:///{tmp_path / 'mlflow.db'}"),
         )
         assert server.requests and server.headers[0]["authorization"] == f"Bearer {KEY}"
         credentialed = server.api_base.replace("//", "//user:hunter2@")

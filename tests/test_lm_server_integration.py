@@ -18,6 +18,7 @@ from pathlib import Path
 import dspy
 import pytest
 from lm_server_fixtures import ALIAS, start_llama_server
+from script_helpers import argv
 from typer.testing import CliRunner
 
 from memsteer_dspy.cli import app
@@ -68,16 +69,9 @@ def test_lm_check_through_the_server_and_a_wrong_alias(llama_server, tmp_path):
     assert check["prompt_tokens"] > 0 and check["output"]["answer"]
     wrong = CliRunner().invoke(
         app,
-        [
-            "lm",
-            "check",
-            "--config",
-            str(toml),
-            "--lm-judge",
-            "openai/qwen",
-            "--api-base",
-            llama_server.api_base,
-        ],
+        argv(
+            "lm check --config {} --lm-judge openai/qwen --api-base {}", toml, llama_server.api_base
+        ),
     )
     assert wrong.exit_code == 1
     assert (
@@ -94,23 +88,8 @@ def test_generate_evaluate_optimize_against_the_server(llama_server, tmp_path):
     # candidate, one thread: two llama.cpp engines at once on 2 cores only slow each other down;
     # concurrency against a server is tested on the fake endpoint in test_lm_server.py)
     summary = invoke(
-        "generate",
-        "--format",
-        "jsonl",
-        "--path",
-        str(DEMO),
-        "--out",
-        str(gen),
-        "--n",
-        "1",
-        "--max-candidates",
-        "1",
-        "--config",
-        str(toml),
-        "--lm-planner",
-        "local/qwen2.5-coder-1.5b",
-        "--profile",
-        "small",
+        *argv("generate --format jsonl --path {} --out {} --n 1 --max-candidates 1", DEMO, gen),
+        *argv("--config {} --lm-planner local/qwen2.5-coder-1.5b --profile small", toml),
     )
     usage = summary["lm_usage_by_role"]
     assert usage["planner"]["calls"] >= 1 and usage["planner"]["errors"] == 0
@@ -126,18 +105,8 @@ def test_generate_evaluate_optimize_against_the_server(llama_server, tmp_path):
 
     ev = tmp_path / "eval"
     report = invoke(
-        "evaluate",
-        "--format",
-        "jsonl",
-        "--path",
-        str(DEMO),
-        "--limit",
-        "2",
-        "--out",
-        str(ev),
-        "--config",
-        str(toml),
-        "--no-cache",
+        *argv("evaluate --format jsonl --path {} --limit 2", DEMO),
+        *argv("--out {} --config {} --no-cache", ev, toml),
     )
     items = [json.loads(line) for line in (ev / "items.jsonl").read_text().splitlines()]
     assert len(items) == 2 and all(i["error"] is None for i in items), items
@@ -150,28 +119,10 @@ def test_generate_evaluate_optimize_against_the_server(llama_server, tmp_path):
 
     opt = tmp_path / "opt"
     result = invoke(
-        "optimize",
-        "--format",
-        "jsonl",
-        "--path",
-        str(DEMO),
-        "--supervision",
-        "official",
-        "--objective",
-        "recall",
-        "--iterations",
-        "2",
-        "--proposer-output",
-        "changes",
-        "--feedback-tokens",
-        "600",
-        "--out",
-        str(opt),
-        "--config",
-        str(toml),
-        "--no-cache",
-        "--tracking-uri",
-        f"sqlite:///{tmp_path / 'mlflow.db'}",
+        *argv("optimize --format jsonl --path {} --supervision official", DEMO),
+        *argv("--objective recall --iterations 2 --proposer-output changes"),
+        *argv("--feedback-tokens 600 --out {} --config {} --no-cache", opt, toml),
+        *argv("--tracking-uri {}", f"sqlite:///{tmp_path / 'mlflow.db'}"),
     )
     lines = (opt / "trajectory.jsonl").read_text().splitlines()
     assert [json.loads(line)["iteration"] for line in lines] == [0, 1, 2]

@@ -23,18 +23,10 @@ from memsteer_dspy.records import AnswerType, RecordKind
 # Real data
 # --------------------------------------------------------------------------------------------
 
-PERSONAS = [
-    "David_R._Ellis",
-    "David_Reyes",
-    "Dr._Alastair_McEwan",
-    "Dr._Elena_Markovic",
-    "Dr._Elias_Romero",
-    "Dr._Marcus_Ellison",
-    "Elena_Morales",
-    "Jonas_Richter",
-    "Justice_Arvind_Prakash_Mehra",
-    "Martin_Keller",
-]
+PERSONAS = (
+    "David_R._Ellis David_Reyes Dr._Alastair_McEwan Dr._Elena_Markovic Dr._Elias_Romero"
+    " Dr._Marcus_Ellison Elena_Morales Jonas_Richter Justice_Arvind_Prakash_Mehra Martin_Keller"
+).split()
 
 _CACHE: dict[tuple[str, bool], object] = {}
 

@@ -4,6 +4,7 @@ ATM-Bench's list scoring; `memsteer ingest` / `evaluate` on both formats."""
 import json
 
 import pytest
+from script_helpers import argv
 from typer.testing import CliRunner
 
 from memsteer_dspy.cli import app
@@ -186,18 +187,8 @@ def test_evaluate_reports_session_recall_on_longmemeval(lme_file, tmp_path):
     res = runner.invoke(
         app,
         [
-            "evaluate",
-            "--format",
-            "longmemeval",
-            "--path",
-            str(lme_file),
-            "--all",
-            "--metrics",
-            "recall",
-            "--no-cache",
-            "--json",
-            "--out",
-            str(tmp_path / "ev"),
+            *argv("evaluate --format longmemeval --path {} --all", lme_file),
+            *argv("--metrics recall --no-cache --json --out {}", tmp_path / "ev"),
         ],
     )
     assert res.exit_code == 0, res.output
@@ -220,16 +211,8 @@ def test_evaluate_reports_session_recall_on_longmemeval(lme_file, tmp_path):
     one = runner.invoke(
         app,
         [
-            "evaluate",
-            "--format",
-            "longmemeval",
-            "--path",
-            str(lme_file),
-            "--user",
-            "e47becba",
-            "--metrics",
-            "recall",
-            "--no-cache",
+            *argv("evaluate --format longmemeval --path {}", lme_file),
+            *argv("--user e47becba --metrics recall --no-cache"),
         ],
     )
     assert one.exit_code == 0, one.output
@@ -433,17 +416,7 @@ def test_ingest_accepts_both_formats(atm_root, lme_file):
     assert "records       7" in res.output and "threads       3" in res.output
     res = runner.invoke(
         app,
-        [
-            "evaluate",
-            "--format",
-            "atm",
-            "--path",
-            str(atm_root),
-            "--metrics",
-            "recall",
-            "--no-cache",
-            "--json",
-        ],
+        argv("evaluate --format atm --path {} --metrics recall --no-cache --json", atm_root),
     )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["recall_at_10"] > 0.5

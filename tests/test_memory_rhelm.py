@@ -6,6 +6,7 @@ import json
 from datetime import date
 
 import pytest
+from script_helpers import argv
 from typer.testing import CliRunner
 
 from memsteer_dspy.cli import app
@@ -75,20 +76,8 @@ def test_external_sources_change_the_history(rhelm_root, loaded):
 def test_cli_evaluate_recall_json(rhelm_root, tmp_path):
     runner = CliRunner()
     args = [
-        "evaluate",
-        "--format",
-        "rhelm",
-        "--path",
-        str(rhelm_root),
-        "--user",
-        PERSONA,
-        "--metrics",
-        "recall",
-        "--json",
-        "--cache-dir",
-        str(tmp_path / "cache"),
-        "--out",
-        str(tmp_path / "out"),
+        *argv("evaluate --format rhelm --path {} --user {} --metrics recall", rhelm_root, PERSONA),
+        *argv("--json --cache-dir {} --out {}", tmp_path / "cache", tmp_path / "out"),
     ]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -127,17 +116,8 @@ def test_cli_evaluate_text_table(rhelm_root, tmp_path):
     result = CliRunner().invoke(
         app,
         [
-            "evaluate",
-            "--path",
-            str(rhelm_root),
-            "--user",
-            PERSONA,
-            "--no-external",
-            "--metrics",
-            "recall",
-            "--no-cache",
-            "--limit",
-            "20",
+            *argv("evaluate --path {} --user {}", rhelm_root, PERSONA),
+            *argv("--no-external --metrics recall --no-cache --limit 20"),
         ],
     )
     assert result.exit_code == 0, result.output
@@ -151,17 +131,9 @@ def test_cli_bad_design_names_the_field(rhelm_root, tmp_path):
     design.write_text(json.dumps({"retrieve": {"rerank": "colbert"}}))
     result = CliRunner().invoke(
         app,
-        [
-            "evaluate",
-            "--path",
-            str(rhelm_root),
-            "--user",
-            PERSONA,
-            "--metrics",
-            "recall",
-            "--design",
-            str(design),
-        ],
+        argv(
+            "evaluate --path {} --user {} --metrics recall --design {}", rhelm_root, PERSONA, design
+        ),
     )
     assert result.exit_code == 2
     assert "retrieve.rerank" in result.output and "'cross_encoder'" in result.output
@@ -173,17 +145,8 @@ def test_cli_qa_file(rhelm_root, loaded, tmp_path):
     result = CliRunner().invoke(
         app,
         [
-            "evaluate",
-            "--path",
-            str(rhelm_root),
-            "--user",
-            PERSONA,
-            "--qa",
-            str(qa),
-            "--metrics",
-            "recall",
-            "--json",
-            "--no-cache",
+            *argv("evaluate --path {} --user {}", rhelm_root, PERSONA),
+            *argv("--qa {} --metrics recall --json --no-cache", qa),
         ],
     )
     assert result.exit_code == 0, result.output

@@ -10,6 +10,7 @@ import socket
 
 import pytest
 from memory_fixtures import small_history, small_qa
+from script_helpers import argv
 from scripted_roles import NARROW, config_loader, role_lms
 from test_supervision_run import laptop_history
 from typer.testing import CliRunner
@@ -93,20 +94,8 @@ def test_every_command_runs_without_network(no_network, tmp_path, monkeypatch):
     res = runner.invoke(
         app,
         [
-            "generate",
-            "--format",
-            "jsonl",
-            "--path",
-            str(hist),
-            "--out",
-            str(tmp_path / "gen"),
-            "--n",
-            "2",
-            "--max-candidates",
-            "4",
-            "--max-demos",
-            "0",
-            "--json",
+            *argv("generate --format jsonl --path {} --out {}", hist, tmp_path / "gen"),
+            *argv("--n 2 --max-candidates 4 --max-demos 0 --json"),
         ],
     )
     assert res.exit_code == 0, res.output
@@ -123,17 +112,8 @@ def test_every_command_runs_without_network(no_network, tmp_path, monkeypatch):
     res = runner.invoke(
         app,
         [
-            "evaluate",
-            "--format",
-            "jsonl",
-            "--path",
-            str(folder),
-            "--out",
-            str(tmp_path / "eval"),
-            "--metrics",
-            "all",
-            "--no-cache",
-            "--json",
+            *argv("evaluate --format jsonl --path {}", folder),
+            *argv("--out {} --metrics all --no-cache --json", tmp_path / "eval"),
         ],
     )
     assert res.exit_code == 0, res.output
@@ -149,24 +129,10 @@ def test_every_command_runs_without_network(no_network, tmp_path, monkeypatch):
     res = runner.invoke(
         app,
         [
-            "optimize",
-            "--format",
-            "jsonl",
-            "--path",
-            str(folder),
-            "--supervision",
-            str(sup),
-            "--out",
-            str(tmp_path / "opt"),
-            "--objective",
-            "recall",
-            "--init-design",
-            str(design),
-            "--iterations",
-            "1",
-            "--no-cache",
-            "--tracking-uri",
-            f"sqlite:///{tmp_path / 'mlflow.db'}",
+            *argv("optimize --format jsonl --path {} --supervision {}", folder, sup),
+            *argv("--out {} --objective recall", tmp_path / "opt"),
+            *argv("--init-design {} --iterations 1 --no-cache", design),
+            *argv("--tracking-uri {}", f"sqlite:///{tmp_path / 'mlflow.db'}"),
         ],
     )
     assert res.exit_code == 0, res.output

@@ -7,6 +7,7 @@ import json
 import pytest
 from memory_fixtures import small_history, small_qa
 from optimize_fixtures import ProposerLM, changed, proposal
+from script_helpers import argv
 from test_optimize_loop import NARROW
 from typer.testing import CliRunner
 
@@ -56,21 +57,8 @@ def test_optimize_command_runs_and_resumes(history_dir, scripted_config, tmp_pat
         [proposal(changed(NARROW, retrieve__top_k=3, retrieve__pool=3))]
     )
     args = [
-        "optimize",
-        "--format",
-        "jsonl",
-        "--path",
-        str(folder),
-        "--supervision",
-        str(sup),
-        "--out",
-        str(out),
-        "--objective",
-        "recall",
-        "--init-design",
-        str(design),
-        "--no-tracking",
-        "--no-cache",
+        *argv("optimize --format jsonl --path {} --supervision {} --out {}", folder, sup, out),
+        *argv("--objective recall --init-design {} --no-tracking --no-cache", design),
     ]
     res = CliRunner().invoke(app, [*args, "--iterations", "1"])
     assert res.exit_code == 0, res.output
@@ -91,54 +79,16 @@ def test_optimize_command_runs_and_resumes(history_dir, scripted_config, tmp_pat
 def test_optimize_command_reports_bad_input(history_dir, scripted_config, tmp_path):
     folder, _, _ = history_dir
     scripted_config["proposer"] = ProposerLM([])
-    res = CliRunner().invoke(
-        app,
-        [
-            "optimize",
-            "--format",
-            "jsonl",
-            "--path",
-            str(folder),
-            "--supervision",
-            str(tmp_path / "nowhere"),
-            "--out",
-            str(tmp_path / "o"),
-            "--no-tracking",
-        ],
-    )
+
+    def optimize(supervision, *more):
+        line = "optimize --format jsonl --path {} --supervision {} --out {}"
+        return CliRunner().invoke(app, [*argv(line, folder, supervision, tmp_path / "o"), *more])
+
+    res = optimize(tmp_path / "nowhere", "--no-tracking")
     assert res.exit_code == 2 and "train.jsonl" in res.output
-    res = CliRunner().invoke(
-        app,
-        [
-            "optimize",
-            "--format",
-            "jsonl",
-            "--path",
-            str(folder),
-            "--supervision",
-            "official",
-            "--out",
-            str(tmp_path / "o"),
-            "--no-tracking",
-        ],
-    )
+    res = optimize("official", "--no-tracking")
     assert res.exit_code == 2 and "no official QA items" in res.output
-    res = CliRunner().invoke(
-        app,
-        [
-            "optimize",
-            "--format",
-            "jsonl",
-            "--path",
-            str(folder),
-            "--supervision",
-            "official",
-            "--out",
-            str(tmp_path / "o"),
-            "--objective",
-            "speed",
-        ],
-    )
+    res = optimize("official", "--objective", "speed")
     assert res.exit_code != 0 and "--objective" in res.output
 
 
@@ -148,17 +98,8 @@ def test_tune_prompts_rejects_unknown_optimizer(history_dir, scripted_config, tm
     res = CliRunner().invoke(
         app,
         [
-            "tune-prompts",
-            "--format",
-            "jsonl",
-            "--path",
-            str(folder),
-            "--supervision",
-            str(sup),
-            "--out",
-            str(tmp_path / "t"),
-            "--optimizer",
-            "sgd",
+            *argv("tune-prompts --format jsonl --path {}", folder),
+            *argv("--supervision {} --out {} --optimizer sgd", sup, tmp_path / "t"),
         ],
     )
     assert res.exit_code != 0 and "--optimizer" in res.output
@@ -175,35 +116,15 @@ def test_optimize_reports_the_held_out_verdict_and_runs_the_baselines(
     )
     scripted_config["proposer"] = ProposerLM([])
     args = [
-        "optimize",
-        "--format",
-        "jsonl",
-        "--path",
-        str(folder),
-        "--supervision",
-        str(sup),
-        "--objective",
-        "recall",
-        "--init-design",
-        str(design),
-        "--no-tracking",
-        "--no-cache",
-        "--iterations",
-        "2",
+        *argv("optimize --format jsonl --path {} --supervision {}", folder, sup),
+        *argv("--objective recall --init-design {}", design),
+        *argv("--no-tracking --no-cache --iterations 2"),
     ]
     res = CliRunner().invoke(
         app,
         [
             *args,
-            "--out",
-            str(tmp_path / "tpe"),
-            "--search",
-            "tpe",
-            "--test",
-            str(held),
-            "--accept",
-            "paired",
-            "--json",
+            *argv("--out {} --search tpe --test {} --accept paired --json", tmp_path / "tpe", held),
         ],
     )
     assert res.exit_code == 0, res.output
@@ -232,18 +153,7 @@ def test_evaluate_compare_two_designs(history_dir, tmp_path):
     folder, _, design = history_dir
     qa = tmp_path / "qa.jsonl"
     qa.write_text("".join(q.to_json() + "\n" for q in small_qa()))
-    args = [
-        "evaluate",
-        "--format",
-        "jsonl",
-        "--path",
-        str(folder),
-        "--qa",
-        str(qa),
-        "--metrics",
-        "recall",
-        "--no-cache",
-    ]
+    args = argv("evaluate --format jsonl --path {} --qa {} --metrics recall --no-cache", folder, qa)
     res = CliRunner().invoke(
         app,
         [*args, "--compare", str(design), "base-bm25", "--json", "--out", str(tmp_path / "cmp")],
@@ -271,36 +181,16 @@ def test_optimize_guard_and_val_from_reach_the_run(history_dir, scripted_config,
     folder, sup, design = history_dir
     scripted_config["proposer"] = ProposerLM([])
     args = [
-        "optimize",
-        "--format",
-        "jsonl",
-        "--path",
-        str(folder),
-        "--supervision",
-        str(sup),
-        "--objective",
-        "recall",
-        "--init-design",
-        str(design),
-        "--no-tracking",
-        "--no-cache",
-        "--iterations",
-        "1",
-        "--search",
-        "random",
+        *argv("optimize --format jsonl --path {} --supervision {}", folder, sup),
+        *argv("--objective recall --init-design {}", design),
+        *argv("--no-tracking --no-cache --iterations 1 --search random"),
     ]
     res = CliRunner().invoke(
         app,
         [
             *args,
-            "--out",
-            str(tmp_path / "g"),
-            "--guard",
-            "recall_at_10",
-            "--guard",
-            "recall_at_5",
-            "--val-from",
-            "train+val",
+            *argv("--out {} --guard recall_at_10", tmp_path / "g"),
+            *argv("--guard recall_at_5 --val-from train+val"),
         ],
     )
     assert res.exit_code == 0, res.output
@@ -311,15 +201,7 @@ def test_optimize_guard_and_val_from_reach_the_run(history_dir, scripted_config,
     assert bad.exit_code != 0 and "--guard" in bad.output
     acc = CliRunner().invoke(
         app,
-        [
-            *args[:-2],
-            "--out",
-            str(tmp_path / "a"),
-            "--objective",
-            "accuracy",
-            "--val-from",
-            "train+val",
-        ],
+        [*args[:-2], *argv("--out {} --objective accuracy --val-from train+val", tmp_path / "a")],
     )
     assert acc.exit_code != 0 and "objective recall" in acc.output
 

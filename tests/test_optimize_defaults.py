@@ -7,6 +7,7 @@ import json
 
 import pytest
 from optimize_fixtures import ProposerLM
+from script_helpers import argv
 from test_optimize_cli import history_dir  # noqa: F401  (fixture)
 from typer.testing import CliRunner
 
@@ -95,23 +96,9 @@ def lm_where(monkeypatch):
 def _args(history_dir, out):  # noqa: F811
     folder, sup, design = history_dir
     return [
-        "optimize",
-        "--format",
-        "jsonl",
-        "--path",
-        str(folder),
-        "--supervision",
-        str(sup),
-        "--out",
-        str(out),
-        "--init-design",
-        str(design),
-        "--no-tracking",
-        "--no-cache",
-        "--iterations",
-        "0",
-        "--test-fraction",
-        "0",
+        *argv("optimize --format jsonl --path {}", folder),
+        *argv("--supervision {} --out {} --init-design {}", sup, out, design),
+        *argv("--no-tracking --no-cache --iterations 0 --test-fraction 0"),
     ]
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from memory_fixtures import ScriptedLM, field_value, signature_of, small_history, small_qa
-from optimize_fixtures import ProposerLM, changed, proposal
+from memory_fixtures import ScriptedLM, field_value, signature_of, small_history
+from optimize_fixtures import ProposerLM, changed, proposal, small_opt
 
 from memsteer_dspy.memory import MemoryDesign
 from memsteer_dspy.optimize import MemSteerOpt, OptimizeConfig, split_official
@@ -39,16 +39,7 @@ def run(
         max_build_calls=max_build_calls,
         stop_at_max=stop_at_max,
     )
-    opt = MemSteerOpt(
-        small_history(),
-        small_qa(),
-        small_qa(),
-        tmp_path / "run",
-        init_design=NARROW,
-        config=config,
-        lms={"proposer": lm, **(lms or {})},
-        **kw,
-    )
+    opt = small_opt(tmp_path, NARROW, config, {"proposer": lm, **(lms or {})}, **kw)
     return opt, lm
 
 
@@ -316,15 +307,9 @@ def test_recall_then_accuracy_screens_before_answering(tmp_path):
         proposal(changed(NARROW, retrieve__top_k=1, retrieve__pool=1, context__show_kind=True)),
         proposal(changed(NARROW, retrieve__top_k=4, retrieve__pool=4)),
     ]
-    opt = MemSteerOpt(
-        small_history(),
-        small_qa(),
-        small_qa(),
-        tmp_path / "run",
-        init_design=MemoryDesign.from_dict(start),
-        config=OptimizeConfig(iterations=2, objective="recall-then-accuracy"),
-        lms={"proposer": ProposerLM(replies), "answerer": lm, "judge": lm},
-    )
+    config = OptimizeConfig(iterations=2, objective="recall-then-accuracy")
+    lms = {"proposer": ProposerLM(replies), "answerer": lm, "judge": lm}
+    opt = small_opt(tmp_path, MemoryDesign.from_dict(start), config, lms)
     res = opt.run()
     screened, accepted = res.entries[1], res.entries[2]
     assert (
@@ -352,15 +337,8 @@ def test_changes_proposer_output_runs_the_same_loop(tmp_path):
         ],
     }
     lm = ProposerLM([reply])
-    opt = MemSteerOpt(
-        small_history(),
-        small_qa(),
-        small_qa(),
-        tmp_path / "run",
-        init_design=NARROW,
-        lms={"proposer": lm},
-        config=OptimizeConfig(iterations=1, objective="recall", proposer_output="changes"),
-    )
+    config = OptimizeConfig(iterations=1, objective="recall", proposer_output="changes")
+    opt = small_opt(tmp_path, NARROW, config, {"proposer": lm})
     res = opt.run()
     assert res.entries[1].status == "accepted" and res.best_design.retrieve.top_k == 3
     assert (
@@ -394,15 +372,7 @@ def test_a_retrieval_that_calls_an_lm_per_question_over_the_budget_is_sent_back(
     config = OptimizeConfig(iterations=1, objective="recall", max_eval_lm_calls=0)
     lm = ProposerLM([proposal(rerank), proposal(wide(2))])
     answerer = ProposerLM([])  # would fail the test if called: it has no replies
-    opt = MemSteerOpt(
-        small_history(),
-        small_qa(),
-        small_qa(),
-        tmp_path / "run",
-        init_design=NARROW,
-        config=config,
-        lms={"proposer": lm, "answerer": answerer},
-    )
+    opt = small_opt(tmp_path, NARROW, config, {"proposer": lm, "answerer": answerer})
     res = opt.run()
     assert [e.status for e in res.entries] == ["baseline", "accepted"]
     attempts = res.entries[1].attempts
@@ -482,15 +452,7 @@ def test_a_dense_index_over_more_units_than_allowed_is_sent_back_unbuilt(tmp_pat
     dense = changed(NARROW, retrieve__index="hybrid")
     config = OptimizeConfig(iterations=1, objective="recall", max_embed_units=n - 1)
     lm = ProposerLM([proposal(dense), proposal(wide(2))])
-    opt = MemSteerOpt(
-        small_history(),
-        small_qa(),
-        small_qa(),
-        tmp_path / "run",
-        init_design=NARROW,
-        config=config,
-        lms={"proposer": lm},
-    )
+    opt = small_opt(tmp_path, NARROW, config, {"proposer": lm})
     res = opt.run()
     assert [e.status for e in res.entries] == ["baseline", "accepted"]
     first = res.entries[1].attempts[0]

@@ -10,12 +10,13 @@ import json
 from pathlib import Path
 
 import pytest
-from memory_fixtures import small_history, small_qa
-from optimize_fixtures import ProposerLM, changed, proposal, write_optimize_inputs
+from memory_fixtures import small_qa
+from optimize_fixtures import ProposerLM, changed, proposal, small_opt, write_optimize_inputs
+from script_helpers import argv
 from scripted_roles import NARROW, invoke
 
 from memsteer_dspy.memory import MemoryDesign
-from memsteer_dspy.optimize import MemSteerOpt, OptimizeConfig
+from memsteer_dspy.optimize import OptimizeConfig
 
 
 @pytest.fixture()
@@ -24,28 +25,12 @@ def inputs(tmp_path):
     return write_optimize_inputs(tmp_path, items[:4], items[4:], NARROW)
 
 
-def argv(inputs, out: Path, *extra: str, iterations: int = 1) -> list[str]:
+def optimize_argv(inputs, out: Path, *extra: str, iterations: int = 1) -> list[str]:
     hist, sup, design = inputs
     return [
-        "optimize",
-        "--format",
-        "jsonl",
-        "--path",
-        str(hist),
-        "--supervision",
-        str(sup),
-        "--out",
-        str(out),
-        "--objective",
-        "recall",
-        "--init-design",
-        str(design),
-        "--no-cache",
-        "--no-tracking",
-        "--test-fraction",
-        "0",
-        "--iterations",
-        str(iterations),
+        *argv("optimize --format jsonl --path {} --supervision {}", hist, sup),
+        *argv("--out {} --objective recall --init-design {} --no-cache", out, design),
+        *argv("--no-tracking --test-fraction 0 --iterations {}", iterations),
         *extra,
     ]
 
@@ -64,7 +49,7 @@ def test_optimize_resume_refuses_other_settings_names_the_field_and_restart_star
     inputs, tmp_path
 ):
     out = tmp_path / "run"
-    first = invoke(argv(inputs, out), "optimize")
+    first = invoke(optimize_argv(inputs, out), "optimize")
     assert first.exit_code == 0, first.output[-3000:]
     state = json.loads((out / "run.json").read_text())
     key = state["key"]
@@ -78,9 +63,9 @@ def test_optimize_resume_refuses_other_settings_names_the_field_and_restart_star
     before = _snapshot(out)
 
     refused = {
-        "options.objective": _override(argv(inputs, out), "--objective", "accuracy"),
-        "options.accept": argv(inputs, out, "--accept", "paired"),
-        "options.seed": argv(inputs, out, "--seed", "7"),
+        "options.objective": _override(optimize_argv(inputs, out), "--objective", "accuracy"),
+        "options.accept": optimize_argv(inputs, out, "--accept", "paired"),
+        "options.seed": optimize_argv(inputs, out, "--seed", "7"),
     }
     for fld, args in refused.items():
         res = invoke(args, "optimize")
@@ -93,12 +78,12 @@ def test_optimize_resume_refuses_other_settings_names_the_field_and_restart_star
     rows = [json.loads(x) for x in val.read_text().splitlines()]
     rows[0]["answer"] = rows[0]["answer"] + " (edited)"
     val.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    res = invoke(argv(inputs, out), "optimize")
+    res = invoke(optimize_argv(inputs, out), "optimize")
     assert res.exit_code == 2 and "qa_hash.val" in res.output, res.output[-2000:]
     assert "qa_hash.train" not in res.output and _snapshot(out) == before
 
     # --restart starts over under the new content: one session, a fresh trajectory
-    res = invoke(argv(inputs, out, "--restart"), "optimize")
+    res = invoke(optimize_argv(inputs, out, "--restart"), "optimize")
     assert res.exit_code == 0, res.output[-3000:]
     state = json.loads((out / "run.json").read_text())
     assert state["key"]["qa_hash"]["val"] != key["qa_hash"]["val"]
@@ -115,15 +100,7 @@ def test_more_iterations_continue_and_the_ledger_adds_up_sessions(tmp_path):
             [proposal(changed(base, retrieve__top_k=k, retrieve__pool=k)) for k in widths]
         )
         cfg = OptimizeConfig(iterations=iterations, objective="recall")
-        return MemSteerOpt(
-            small_history(),
-            small_qa(),
-            small_qa(),
-            tmp_path / "run",
-            init_design=base,
-            config=cfg,
-            lms={"proposer": lm},
-        ), lm
+        return small_opt(tmp_path, base, cfg, {"proposer": lm}), lm
 
     base = MemoryDesign.from_dict(NARROW)
     first, lm1 = opt(1, [2])

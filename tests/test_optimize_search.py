@@ -494,34 +494,19 @@ def test_guard_vetoes_what_the_accept_rule_took_and_records_its_statistic(tmp_pa
     opt, _ = make(tmp_path, [], iterations=0, guard=["recall_at_10"], accept_test="sign")
     n = len(opt.val)
     ids = [q.id for q in opt.val]
-    current = Candidate(
-        0,
-        NARROW,
-        Score(delivered_recall=0.4, recall_at_10=0.9),
-        ids,
-        [0.4] * n,
-        item_metrics={"recall_at_10": [1.0] * n},
-    )
-    trade = Candidate(
-        1,
-        NARROW,
-        Score(delivered_recall=0.6, recall_at_10=0.0),
-        ids,
-        [0.6] * n,
-        item_metrics={"recall_at_10": [0.0] * n},
-    )
+
+    def candidate(i, delivered, recall, item_recall):
+        score = Score(delivered_recall=delivered, recall_at_10=recall)
+        metrics = {"recall_at_10": [item_recall] * n}
+        return Candidate(i, NARROW, score, ids, [delivered] * n, item_metrics=metrics)
+
+    current = candidate(0, 0.4, 0.9, 1.0)
+    trade = candidate(1, 0.6, 0.0, 0.0)
     assert opt.rule.decide(trade, current).accepted  # strict alone takes the delivered-recall gain
     d = opt._decide(trade, current, [])
     assert not d.accepted and "recall_at_10" in d.reason
     assert d.stats["guard_recall_at_10"]["p"] == pytest.approx(0.5**n, abs=5e-5)
-    keep = Candidate(
-        2,
-        NARROW,
-        Score(delivered_recall=0.6, recall_at_10=0.9),
-        ids,
-        [0.6] * n,
-        item_metrics={"recall_at_10": [1.0] * n},
-    )
+    keep = candidate(2, 0.6, 0.9, 1.0)
     ok = opt._decide(keep, current, [])
     assert ok.accepted and ok.stats["guard_recall_at_10"]["diff"] == 0
 

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from memory_fixtures import small_history, small_qa
+from script_helpers import argv
 from typer.testing import CliRunner
 
 from memsteer_dspy.cli import app
@@ -299,19 +300,8 @@ def test_evaluate_recall_on_generated_inputs_exits_0_or_2(records, qa, design, o
     (folder / "records.jsonl").write_bytes(records)
     (folder / "qa.jsonl").write_bytes(qa)
     args = [
-        "evaluate",
-        "--format",
-        "jsonl",
-        "--path",
-        str(folder),
-        "--metrics",
-        "recall",
-        "--no-cache",
-        "--on-error",
-        on_error,
-        "--out",
-        str(_DIR / "cli-out"),
-        "--restart",
+        *argv("evaluate --format jsonl --path {} --metrics recall --no-cache", folder),
+        *argv("--on-error {} --out {} --restart", on_error, _DIR / "cli-out"),
     ]
     if design:
         (_DIR / "design.json").write_bytes(design)

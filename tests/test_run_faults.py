@@ -20,6 +20,7 @@ import pytest
 from fault_helpers import FaultyLM, HandlerLM
 from memory_fixtures import small_history, small_qa
 from optimize_fixtures import write_optimize_inputs
+from script_helpers import argv
 from scripted_roles import NARROW, _answer, _judge, config_loader, invoke, role_lms
 from test_supervision_run import laptop_history
 
@@ -212,22 +213,8 @@ def opt_inputs(tmp_path):
 def optimize_argv(inputs, out, *extra) -> list[str]:
     folder, sup, design = inputs
     return [
-        "optimize",
-        "--format",
-        "jsonl",
-        "--path",
-        str(folder),
-        "--supervision",
-        str(sup),
-        "--out",
-        str(out),
-        "--objective",
-        "accuracy",
-        "--init-design",
-        str(design),
-        "--no-cache",
-        "--iterations",
-        "3",
+        *argv("optimize --format jsonl --path {} --supervision {} --out {}", folder, sup, out),
+        *argv("--objective accuracy --init-design {} --no-cache --iterations 3", design),
         *extra,
     ]
 
@@ -371,24 +358,8 @@ def test_disk_full_is_reported_once_and_the_folder_stays_consistent(tmp_path):
 
     def argv(out):
         return [
-            "generate",
-            "--format",
-            "jsonl",
-            "--path",
-            str(hist),
-            "--out",
-            str(out),
-            "--n",
-            "1000",
-            "--max-candidates",
-            "16",
-            "--seed",
-            "3",
-            "--batch-size",
-            "4",
-            "--max-demos",
-            "0",
-            "--json",
+            *argv("generate --format jsonl --path {} --out {} --n 1000", hist, out),
+            *argv("--max-candidates 16 --seed 3 --batch-size 4 --max-demos 0 --json"),
         ]
 
     scen = tmp_path / "scen.json"

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from memory_fixtures import small_qa
 from optimize_fixtures import write_optimize_inputs
+from script_helpers import argv
 from scripted_roles import NARROW, invoke
 from test_supervision_run import laptop_history
 
@@ -79,24 +80,8 @@ def gen_inputs(tmp_path_factory):
 
 def gen_argv(hist: Path, out: Path) -> list[str]:
     return [
-        "generate",
-        "--format",
-        "jsonl",
-        "--path",
-        str(hist),
-        "--out",
-        str(out),
-        "--n",
-        "1000",
-        "--max-candidates",
-        str(N_CANDIDATES),
-        "--seed",
-        "3",
-        "--batch-size",
-        "4",
-        "--max-demos",
-        "0",
-        "--json",
+        *argv("generate --format jsonl --path {} --out {} --n 1000", hist, out),
+        *argv("--max-candidates {} --seed 3 --batch-size 4 --max-demos 0 --json", N_CANDIDATES),
     ]
 
 
@@ -201,23 +186,9 @@ def opt_inputs(tmp_path_factory):
 def opt_argv(inputs, out: Path) -> list[str]:
     _, folder, sup, design = inputs
     return [
-        "optimize",
-        "--format",
-        "jsonl",
-        "--path",
-        str(folder),
-        "--supervision",
-        str(sup),
-        "--out",
-        str(out),
-        "--objective",
-        "accuracy",
-        "--init-design",
-        str(design),
-        "--no-cache",
-        "--no-tracking",
-        "--iterations",
-        "3",
+        *argv("optimize --format jsonl --path {} --supervision {}", folder, sup),
+        *argv("--out {} --objective accuracy --init-design {}", out, design),
+        *argv("--no-cache --no-tracking --iterations 3"),
     ]
 
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 from memory_fixtures import rec, small_history, small_qa
+from script_helpers import argv
 
 from memsteer_dspy.errors import InputError
 from memsteer_dspy.evaluation import evaluate_design
@@ -166,17 +167,8 @@ def test_evaluate_cli_resume_mismatch_is_a_clear_error_and_restart_works(tmp_pat
     (folder / "qa.jsonl").write_text("".join(q.to_json() + "\n" for q in small_qa()))
     out = tmp_path / "eval"
     base = [
-        "evaluate",
-        "--format",
-        "jsonl",
-        "--path",
-        str(folder),
-        "--metrics",
-        "recall",
-        "--out",
-        str(out),
-        "--no-cache",
-        "--json",
+        *argv("evaluate --format jsonl --path {}", folder),
+        *argv("--metrics recall --out {} --no-cache --json", out),
     ]
     res = CliRunner().invoke(app, [*base, "--protocol", "as_of"])
     assert res.exit_code == 0, res.output
@@ -232,18 +224,7 @@ def test_evaluate_cli_says_evidence_is_unresolved(tmp_path):
     items = [q.model_copy(update={"evidence_ids": ["missing-1"]}) for q in small_qa()]
     qa = tmp_path / "qa.jsonl"
     qa.write_text("".join(q.to_json() + "\n" for q in items))
-    args = [
-        "evaluate",
-        "--format",
-        "jsonl",
-        "--path",
-        str(folder),
-        "--qa",
-        str(qa),
-        "--metrics",
-        "recall",
-        "--no-cache",
-    ]
+    args = argv("evaluate --format jsonl --path {} --qa {} --metrics recall --no-cache", folder, qa)
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "4 evidence id(s) of 4 item(s) are not in the history" in res.output

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from script_helpers import load_script, rhelm_args
+from script_helpers import argv, load_script, rhelm_args
 
 
 def test_random_search_reports_held_out_rows_progress_and_resumes(rhelm_root, tmp_path, capsys):
@@ -20,13 +20,9 @@ def test_random_search_reports_held_out_rows_progress_and_resumes(rhelm_root, tm
     sc = load_script("experiments/search_compare.py")
     out = tmp_path / "sc"
     args = [
-        "--searches",
-        "random",
-        "--persona",
-        "Elena_Morales",
+        *argv("--searches random --persona Elena_Morales"),
         *rhelm_args(rhelm_root, tmp_path),
-        "--out",
-        str(out),
+        *argv("--out {}", out),
     ]
     assert sc.main([*args, "--iterations", "2"]) == 0
     err = capsys.readouterr().err
@@ -76,19 +72,14 @@ def test_a_shared_row_breaks_its_held_out_comparison_down_by_persona(rhelm_root,
     sc = load_script("experiments/search_compare.py")
     out = tmp_path / "sc"
     personas = ["Elena_Morales", "Jonas_Richter"]
-    argv = [
-        "--searches",
-        "random",
-        "--shared-only",
-        "--iterations",
-        "3",
+    args = [
+        *argv("--searches random --shared-only --iterations 3"),
         *rhelm_args(rhelm_root, tmp_path),
-        "--out",
-        str(out),
+        *argv("--out {}", out),
     ]
     for p in personas:
-        argv += ["--persona", p]
-    assert sc.main(argv) == 0
+        args += ["--persona", p]
+    assert sc.main(args) == 0
     (row,) = json.loads((out / "results.json").read_text())
     assert row["setting"] == "shared-2" and set(row["by_persona"]) == set(personas)
     sizes = {
@@ -100,7 +91,7 @@ def test_a_shared_row_breaks_its_held_out_comparison_down_by_persona(rhelm_root,
     # a row written before the breakdown existed gets it on the next run
     del row["by_persona"]
     (out / "results.json").write_text(json.dumps([row]))
-    assert sc.main(argv) == 0
+    assert sc.main(args) == 0
     (row,) = json.loads((out / "results.json").read_text())
     for c in row["by_persona"].values():
         assert set(c["diff"]) >= {"recall_at_10", "delivered_recall"}
@@ -135,21 +126,13 @@ def test_one_failed_run_is_recorded_and_the_others_go_on(rhelm_root, tmp_path, c
 
     monkeypatch.setattr(sc, "run_one", flaky)
     out = tmp_path / "sc"
-    argv = [
-        "--searches",
-        "random",
-        "--per-persona-only",
-        "--iterations",
-        "1",
-        "--persona",
-        "Elena_Morales",
-        "--persona",
-        "Jonas_Richter",
+    args = [
+        *argv("--searches random --per-persona-only --iterations 1"),
+        *argv("--persona Elena_Morales --persona Jonas_Richter"),
         *rhelm_args(rhelm_root, tmp_path),
-        "--out",
-        str(out),
+        *argv("--out {}", out),
     ]
-    assert sc.main(argv) == 1
+    assert sc.main(args) == 1
     assert "failed: OSError: disk full" in capsys.readouterr().err
     assert [r["setting"] for r in json.loads((out / "results.json").read_text())] == [
         "Jonas_Richter"
@@ -161,7 +144,7 @@ def test_one_failed_run_is_recorded_and_the_others_go_on(rhelm_root, tmp_path, c
     monkeypatch.setattr(
         sc, "run_one", lambda setting, *a, **k: calls.append(setting) or real(setting, *a, **k)
     )
-    assert sc.main(argv) == 0 and calls == ["Elena_Morales"]
+    assert sc.main(args) == 0 and calls == ["Elena_Morales"]
     rows = json.loads((out / "results.json").read_text())
     assert sorted(r["setting"] for r in rows) == ["Elena_Morales", "Jonas_Richter"]
     assert "Failed" not in (out / "results.md").read_text()

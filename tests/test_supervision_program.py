@@ -800,39 +800,20 @@ def test_run_batch_runs_stage_by_stage_with_the_same_outcomes():
     # one LM for every role, scripted in stage order: both plans, both questions, both audits, ...
     q2 = "Which park did I walk Oliver to on the morning I wrote to Lila?"
     plan2 = plan_reply(answer="Maple Street", fact_span_ids=["R1.2"], answer_span_id="R1.2")
-    shared = scripted(
-        plan_reply(),
-        plan2,
-        question_reply(),
-        question_reply(q2),
-        audit_reply(),
-        audit_reply(facts=("R1.2",)),
-        blind_reply(),
-        blind_reply(answer="Maple Street", cited=["c1:1#2"]),
-    )
-    gen = MemSteerGenerator(
-        dict.fromkeys(["planner", "question_writer", "auditor", "blind_reader"], shared)
-    )
+    roles = ["planner", "question_writer", "auditor", "blind_reader"]
+
+    def script(last_blind_reply):
+        first = [plan_reply(), plan2, question_reply(), question_reply(q2), audit_reply()]
+        return scripted(*first, audit_reply(facts=("R1.2",)), blind_reply(), last_blind_reply)
+
+    shared = script(blind_reply(answer="Maple Street", cited=["c1:1#2"]))
+    gen = MemSteerGenerator(dict.fromkeys(roles, shared))
     outcomes = gen.run_batch([(small_bundle(), FACT, 0), (small_bundle(), FACT, 1)])
     assert [o.status for o in outcomes] == ["accepted", "accepted"], [o.detail for o in outcomes]
     assert [o.plan.answer for o in outcomes] == ["MacBook Air", "Maple Street"]
     assert outcomes[1].question == q2
     calls = []
-    gen2 = MemSteerGenerator(
-        dict.fromkeys(
-            ["planner", "question_writer", "auditor", "blind_reader"],
-            scripted(
-                plan_reply(),
-                plan2,
-                question_reply(),
-                question_reply(q2),
-                audit_reply(),
-                audit_reply(facts=("R1.2",)),
-                blind_reply(),
-                blind_reply(answer="Maple Street"),
-            ),
-        )
-    )
+    gen2 = MemSteerGenerator(dict.fromkeys(roles, script(blind_reply(answer="Maple Street"))))
     gen2.run_batch(
         [(small_bundle(), FACT, 0), (small_bundle(), FACT, 1)],
         lambda s, d, t: calls.append((s, d, t)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from script_helpers import argv
 from supervision_helpers import audit_reply, endless, scripted, small_history
 
 from memsteer_dspy.records import QAItem
@@ -173,17 +174,9 @@ def test_assess_command(tmp_path, monkeypatch):
 
     monkeypatch.setattr(memsteer_dspy.lm, "load_lm_config", lambda *a, **k: FakeConfig())
     report_path = tmp_path / "report.json"
-    args = [
-        "assess",
-        "--format",
-        "jsonl",
-        "--path",
-        str(hist),
-        "--supervision",
-        str(folder),
-        "--out",
-        str(report_path),
-    ]
+    args = argv(
+        "assess --format jsonl --path {} --supervision {} --out {}", hist, folder, report_path
+    )
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "100.0%" in result.stdout

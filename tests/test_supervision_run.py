@@ -7,6 +7,7 @@ import json
 from datetime import datetime, timedelta
 
 import pytest
+from script_helpers import argv
 from supervision_helpers import audit_reply, endless, plan_reply
 
 from memsteer_dspy.bundles import BundleConfig
@@ -179,12 +180,9 @@ def test_rejected_lines_have_stage_and_reason(tmp_path):
 
 def test_near_duplicate_questions_are_removed(tmp_path):
     # no demos: an accepted question as a demo would reject its copies earlier (question:copies_demo)
+    cfg = config(max_candidates=4, max_demos=0)
     summary = generate_supervision(
-        laptop_history(),
-        accepting_lms(repeat_question=True),
-        tmp_path,
-        config(max_candidates=4, max_demos=0),
-        progress=False,
+        laptop_history(), accepting_lms(repeat_question=True), tmp_path, cfg, progress=False
     )
     assert summary["accepted"] == 1
     assert summary["rejected_by_reason"] == {"dedup:near_duplicate": 3}
@@ -217,12 +215,9 @@ def test_kept_by_task_counts_tried_and_accepted_per_kind_and_skips_skipped():
 
 
 def test_copies_of_an_accepted_demo_question_are_rejected_before_the_audit(tmp_path):
+    cfg = config(max_candidates=6, batch_size=1)
     summary = generate_supervision(
-        laptop_history(),
-        accepting_lms(repeat_question=True),
-        tmp_path,
-        config(max_candidates=6, batch_size=1),
-        progress=False,
+        laptop_history(), accepting_lms(repeat_question=True), tmp_path, cfg, progress=False
     )
     assert summary["accepted"] == 1
     assert summary["rejected_by_reason"] == {"question:copies_demo": 5}
@@ -436,20 +431,8 @@ def test_generate_command(tmp_path, monkeypatch):
     hist = scripted_generate_cli(tmp_path, monkeypatch, in_process=False)
     out = tmp_path / "out"
     args = [
-        "generate",
-        "--format",
-        "jsonl",
-        "--path",
-        str(hist),
-        "--out",
-        str(out),
-        "--n",
-        "3",
-        "--max-candidates",
-        "4",
-        "--profile",
-        "full",
-        "--json",
+        *argv("generate --format jsonl --path {} --out {}", hist, out),
+        *argv("--n 3 --max-candidates 4 --profile full --json"),
     ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -479,17 +462,7 @@ def test_generate_picks_the_small_lm_pipeline_for_an_in_process_planner(
     hist = scripted_generate_cli(tmp_path, monkeypatch, in_process=in_process)
     out = tmp_path / "out"
     args = [
-        "generate",
-        "--format",
-        "jsonl",
-        "--path",
-        str(hist),
-        "--out",
-        str(out),
-        "--n",
-        "1",
-        "--max-candidates",
-        "1",
+        *argv("generate --format jsonl --path {} --out {} --n 1 --max-candidates 1", hist, out),
         *extra,
     ]
     result = CliRunner().invoke(app, args)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from script_helpers import argv
 from typer.testing import CliRunner
 
 from memsteer_dspy.cli import app
@@ -185,17 +186,8 @@ def test_assess_steering_command_reports_and_leaves_the_supervision_folder_as_it
 ):
     sup = _supervision_folder(tmp_path / "gen", echo_items(demo.qa_items))
     args = [
-        "assess",
-        "--format",
-        "jsonl",
-        "--path",
-        str(demo_path()),
-        "--supervision",
-        str(sup),
-        "--steering",
-        "--panel",
-        str(_bm25_panel(tmp_path)),
-        "--json",
+        *argv("assess --format jsonl --path {} --supervision {}", demo_path(), sup),
+        *argv("--steering --panel {} --json", _bm25_panel(tmp_path)),
     ]
     before = {p.name: p.read_bytes() for p in sup.iterdir()}
     res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "steering.json")])
@@ -226,16 +218,7 @@ def test_steering_needs_supervision_and_a_reference(tmp_path, demo):
     sup = _supervision_folder(tmp_path / "gen", demo.qa_items)
     res = CliRunner().invoke(
         app,
-        [
-            "assess",
-            "--format",
-            "jsonl",
-            "--path",
-            str(history),
-            "--supervision",
-            str(sup),
-            "--steering",
-        ],
+        argv("assess --format jsonl --path {} --supervision {} --steering", history, sup),
     )
     assert res.exit_code == 2 and "--reference" in res.output
 
@@ -349,21 +332,8 @@ def test_generate_ends_with_the_steering_panel_when_there_is_a_reference(tmp_pat
     hist = scripted_generate_cli(tmp_path, monkeypatch, in_process=False)
     out = tmp_path / "out"
     args = [
-        "generate",
-        "--format",
-        "jsonl",
-        "--path",
-        str(hist),
-        "--out",
-        str(out),
-        "--n",
-        "3",
-        "--max-candidates",
-        "4",
-        "--profile",
-        "full",
-        "--panel",
-        str(_bm25_panel(tmp_path)),
+        *argv("generate --format jsonl --path {} --out {} --n 3", hist, out),
+        *argv("--max-candidates 4 --profile full --panel {}", _bm25_panel(tmp_path)),
     ]
     first = CliRunner().invoke(app, args)  # no reference: no steering
     assert first.exit_code == 0, first.output
