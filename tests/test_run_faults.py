@@ -356,14 +356,14 @@ def test_disk_full_is_reported_once_and_the_folder_stays_consistent(tmp_path):
     hist = tmp_path / "hist.jsonl"
     hist.write_text("".join(r.model_dump_json() + "\n" for r in laptop_history(10).records))
 
-    def argv(out):
+    def generate_argv(out):
         return [
             *argv("generate --format jsonl --path {} --out {} --n 1000", hist, out),
             *argv("--max-candidates 16 --seed 3 --batch-size 4 --max-demos 0 --json"),
         ]
 
     scen = tmp_path / "scen.json"
-    scen.write_text(json.dumps({"argv": argv(tmp_path / "full"), "lms": "generate"}))
+    scen.write_text(json.dumps({"argv": generate_argv(tmp_path / "full"), "lms": "generate"}))
     script = tmp_path / "disk_full.py"
     script.write_text(_DISK_FULL)
     proc = subprocess.run(
@@ -384,9 +384,9 @@ def test_disk_full_is_reported_once_and_the_folder_stays_consistent(tmp_path):
     assert 0 < len(kept) < 16
     assert all(line.endswith(b"}") for line in raw.splitlines()[: len(kept)])
     # resume without the limit (same command, in this process); compare with an uninterrupted run
-    res = invoke(argv(tmp_path / "full"), "generate")
+    res = invoke(generate_argv(tmp_path / "full"), "generate")
     assert res.exit_code == 0, res.output[-3000:]
-    res = invoke(argv(tmp_path / "clean"), "generate")
+    res = invoke(generate_argv(tmp_path / "clean"), "generate")
     assert res.exit_code == 0, res.output[-3000:]
     a, b = read_log(tmp_path / "full"), read_log(tmp_path / "clean")
     assert [_comparable(r) for r in a] == [_comparable(r) for r in b]
