@@ -183,11 +183,11 @@ def _call(role: str, lm: Any, item: QAItem, records: str) -> str:
 def undefended():
     """The program with :mod:`memsteer_dspy.untrusted`'s withholding off: bundles show every
     sentence and the answer program reads the context as given."""
-    import memsteer_dspy.bundles as bundles
+    import memsteer_dspy.bundles.sampling as sampling  # reads instruction_like (_visible_spans)
     import memsteer_dspy.memory.answer as answer
 
     with (
-        mock.patch.object(bundles, "instruction_like", lambda text: False),
+        mock.patch.object(sampling, "instruction_like", lambda text: False),
         mock.patch.object(answer, "withhold", lambda text: text),
     ):
         yield

@@ -484,27 +484,27 @@ def test_bootstrapped_demos_default_off_for_bounded_in_process_lms():
 
 
 def test_a_lean_run_resumes_only_under_the_lean_checks_it_was_made_with(tmp_path, monkeypatch):
-    from memsteer_dspy.supervision import run as run_module
+    from memsteer_dspy.supervision import config as config_module  # GenerationConfig reads it
 
     assert "lean_version" not in config().identity()
-    assert config(lean=True).identity()["lean_version"] == run_module.LEAN_VERSION
+    assert config(lean=True).identity()["lean_version"] == config_module.LEAN_VERSION
     history = laptop_history()
     lean = config(max_candidates=1, lean=True)
     generate_supervision(history, accepting_lms(), tmp_path, lean, progress=False)
-    monkeypatch.setattr(run_module, "LEAN_VERSION", run_module.LEAN_VERSION + 1)
+    monkeypatch.setattr(config_module, "LEAN_VERSION", config_module.LEAN_VERSION + 1)
     with pytest.raises(RunMismatchError, match="lean_version"):
         generate_supervision(history, accepting_lms(), tmp_path, lean, progress=False)
 
 
 def test_a_run_resumes_only_under_the_prompts_it_was_made_with(tmp_path, monkeypatch):
-    from memsteer_dspy.supervision import run as run_module
+    from memsteer_dspy.supervision import config as config_module  # GenerationConfig reads it
 
-    assert config().identity()["prompt_version"] == run_module.PROMPT_VERSION
+    assert config().identity()["prompt_version"] == config_module.PROMPT_VERSION
     history = laptop_history()
     cfg = config(max_candidates=1)
     generate_supervision(history, accepting_lms(), tmp_path, cfg, progress=False)
     # the same prompts: it resumes
     generate_supervision(history, accepting_lms(), tmp_path, cfg, progress=False)
-    monkeypatch.setattr(run_module, "PROMPT_VERSION", run_module.PROMPT_VERSION + 1)
+    monkeypatch.setattr(config_module, "PROMPT_VERSION", config_module.PROMPT_VERSION + 1)
     with pytest.raises(RunMismatchError, match="prompt_version"):
         generate_supervision(history, accepting_lms(), tmp_path, cfg, progress=False)
