@@ -583,7 +583,14 @@ class RunFolder:
         _refuse_held(path)
         # checked before anything is written (a refusal leaves the folder as it was), and again
         # under the lock (another run may have changed it meanwhile)
-        _refuse_foreign(path, restart=restart, legacy_files=legacy_files)
+        try:
+            _refuse_foreign(path, restart=restart, legacy_files=legacy_files)
+        except InputError:
+            # another run may have taken the folder between the two looks (no run.json yet,
+            # then its files): busy if it still holds it, a run folder if it has finished
+            _refuse_held(path)
+            if not is_run_folder(path):
+                raise
         if not restart:
             _same_run(path, key)
         path.mkdir(parents=True, exist_ok=True)
