@@ -581,18 +581,21 @@ class RunFolder:
         # a folder another run holds is busy, whatever it holds yet (the holder may be between
         # creating it and writing run.json)
         _refuse_held(path)
+
         # checked before anything is written (a refusal leaves the folder as it was), and again
         # under the lock (another run may have changed it meanwhile)
-        try:
+        def look() -> None:
             _refuse_foreign(path, restart=restart, legacy_files=legacy_files)
+            if not restart:
+                _same_run(path, key)
+
+        try:
+            look()
         except InputError:
-            # another run may have taken the folder between the two looks (no run.json yet,
-            # then its files): busy if it still holds it, a run folder if it has finished
+            # another run may have taken the folder since the look for its lock (its run.json,
+            # its files): busy while it holds it; finished, the folder is looked at again
             _refuse_held(path)
-            if not is_run_folder(path):
-                raise
-        if not restart:
-            _same_run(path, key)
+            look()
         path.mkdir(parents=True, exist_ok=True)
         lock = lock_folder(path)
         try:

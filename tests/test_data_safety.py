@@ -570,3 +570,38 @@ def test_a_folder_held_by_a_run_that_has_not_written_run_json_yet_is_busy_not_fo
         holder.wait()
     # once the holder is gone, the folder (a lock and a stale temporary file) is free to use
     RunFolder.open(folder, run_key("evaluate", options={"design": "b"})).close()
+
+
+def test_a_folder_taken_after_the_look_for_its_lock_is_busy_not_foreign_or_another_run(
+    tmp_path, monkeypatch
+):
+    """The second window the twenty pairs hit: the look for the lock came before the other run
+    took the folder, the look at its contents after; that run still holds it: busy, not a foreign
+    folder and not "a different run" (exit 4 in the contender)."""
+    import memsteer_dspy.runfolder as rf
+
+    folder = tmp_path / "run"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from memsteer_dspy.runfolder import "
+            "RunFolder, run_key; held = RunFolder.open(Path(sys.argv[1]), run_key('evaluate', "
+            "options={'design': 'a'})); held.log('items.jsonl').append({'x': 1}); "
+            "print('held', flush=True); time.sleep(60)",
+            str(folder),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    # the look for the other run's lock comes before it took the folder; the look at run.json
+    # (another run's: design 'a') after
+    probes, real_probe = iter([None]), rf._refuse_held
+    monkeypatch.setattr(rf, "_refuse_held", lambda p: next(probes, 0) is None or real_probe(p))
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(rf.FolderBusyError):
+            rf.RunFolder.open(folder, rf.run_key("evaluate", options={"design": "b"}))
+    finally:
+        holder.kill()
+        holder.wait()
