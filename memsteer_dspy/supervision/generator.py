@@ -589,6 +589,9 @@ class _Generator(dspy.Module):
         # planner cites sentences, the program fills each fact in from its sentence); a small
         # auditor asked to confirm them anyway spends most of its output on those verdicts
         quoted = self.lean and quoted_fact_support(plan, spans_by_id(bundle.spans()))
+        # a bridge's day record or an update's earlier record: checked by the program, not the reader
+        update = self._update_span(plan, bundle) if self.anchored else None
+        bridge = self._bridge_span(plan, bundle) if self.anchored and update is None else None
         audit = blind = None
         for stage in stages:
             if stage == "audit":
@@ -625,17 +628,11 @@ class _Generator(dspy.Module):
                 )
             except _LMFailure as exc:
                 return _rejected(exc.stage, "lm_error", exc.detail, usage, audit=audit, **base)
-            day = self._bridge_span(plan, bundle) if self.anchored else None
-            day = day or (self._update_span(plan, bundle) if self.anchored else None)
-            blind = _blind_result(out, blind_view, bundle, plan, order, repairs, day)
+            blind = _blind_result(out, blind_view, bundle, plan, order, repairs, bridge or update)
             problem = _blind_problem(blind, plan)
             if problem is not None:
                 return _rejected("blind", *problem, usage, audit=audit, blind=blind, **base)
-        kind = None
-        if self.anchored and self._update_span(plan, bundle) is not None:
-            kind = "knowledge-update"
-        elif self.anchored and self._bridge_span(plan, bundle) is not None:
-            kind = "multi-hop"
+        kind = "knowledge-update" if update else "multi-hop" if bridge else None
         return Outcome(
             status="accepted", audit=audit, blind=blind, usage=usage, question_type=kind, **base
         )
