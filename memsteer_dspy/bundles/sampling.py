@@ -287,6 +287,23 @@ def bundle_size(task: Task, config: BundleConfig) -> int:
     return min(config.max_records, max(config.min_records, task.evidence_count + 1))
 
 
+def _seed_records(
+    history: History, seed_id: str, config: BundleConfig
+) -> tuple[list[BundleRecord], int, str | None]:
+    """A bundle's start: the seed as its first record and the tokens it renders to, or the reason
+    no bundle can start from it (``empty``: no spans; ``over_budget``: alone over the budget)."""
+    seed = history.get(seed_id)
+    if seed is None:
+        raise KeyError(f"seed {seed_id!r} is not a record of the history")
+    first = _bundle_record(seed, config)
+    if not first.spans:
+        return [], 0, "empty"
+    used = _render_tokens([first])
+    if used > config.token_budget:
+        return [], 0, "over_budget"
+    return [first], used, None
+
+
 def expand_bundle(
     graph: RecordGraph,
     seed_id: str,
@@ -303,16 +320,9 @@ def expand_bundle(
     """
     config = config or BundleConfig()
     history = graph.history
-    seed = history.get(seed_id)
-    if seed is None:
-        raise KeyError(f"seed {seed_id!r} is not a record of the history")
-    first = _bundle_record(seed, config)
-    if not first.spans:
-        return None, "empty"
-    records = [first]
-    used = _render_tokens(records)
-    if used > config.token_budget:
-        return None, "over_budget"
+    records, used, reason = _seed_records(history, seed_id, config)
+    if reason is not None:
+        return None, reason
     members = {seed_id}
     path: list[tuple[str, str, str]] = []
     rejected: set[str] = set()
@@ -359,16 +369,9 @@ def random_bundle(
 ) -> tuple[Bundle | None, str | None]:
     """The naive baseline's material: the seed plus records picked at random (no graph)."""
     config = config or BundleConfig()
-    seed = history.get(seed_id)
-    if seed is None:
-        raise KeyError(f"seed {seed_id!r} is not a record of the history")
-    first = _bundle_record(seed, config)
-    if not first.spans:
-        return None, "empty"
-    records = [first]
-    used = _render_tokens(records)
-    if used > config.token_budget:
-        return None, "over_budget"
+    records, used, reason = _seed_records(history, seed_id, config)
+    if reason is not None:
+        return None, reason
     ids = [r.id for r in history.records if r.id != seed_id]
     for rid in rng.sample(ids, min(len(ids), size * 4)):
         if len(records) >= size:
