@@ -57,6 +57,7 @@ from typing import Any
 from memsteer_dspy.errors import ConfigError, InputError
 from memsteer_dspy.memory.design import MemoryDesign
 from memsteer_dspy.optimize.callbacks import (
+    RUN_PARAMS,
     CompositeCallback,
     MlflowCallback,
     ProgressCallback,
@@ -491,24 +492,7 @@ class MemSteerOpt(RunFiles, Proposing):
         run = self.folder.state
         entries = self.read_trajectory()
         params = {
-            **{
-                k: run[k]
-                for k in (
-                    "history_fingerprint",
-                    "user",
-                    "objective",
-                    "feedback",
-                    "seed",
-                    "protocol",
-                    "n_train",
-                    "n_val",
-                    "iterations",
-                    "init_design_key",
-                    "search",
-                    "accept",
-                    "n_test",
-                )
-            },
+            **{k: run[k] for k in RUN_PARAMS},
             "init_design": self.d0.name,
             **self.run_params,
         }
