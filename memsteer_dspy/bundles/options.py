@@ -17,6 +17,7 @@ from memsteer_dspy.bundles.text import (
     _LEADING_WORDS,
     _MENTIONED_DATE,
     _NAME,
+    SUBJECT_TEXT,
     UNDATED_EVENT_KINDS,
     _in_name_series,
     _in_title,
@@ -407,7 +408,6 @@ def update_options(
 
 # The kinds of answer a bridge asks for: "When did I …, on the day …?" is the record's own date.
 BRIDGE_ANSWER_TYPES = ("entity", "number", "list")
-_SUBJECT = re.compile(r"^\s*Subject\s*:\s*(.+)$", re.I)
 # an upload tag or a bracketed note in a user's message: "[Upload 36_notes_task_9353f783] I …"
 _TAG = re.compile(r"\[[^\]]*\]")
 # "just as we finished …", "after we finished …": the event, not its relation to another
@@ -443,7 +443,7 @@ def bridge_event(sentence: str) -> str:
     :data:`BRIDGE_EVENT_WORDS` words. ``"This morning, just as we finished setting up for the Open
     House, a sudden winter storm rolled in"`` → ``"just as we finished setting up for the Open
     House"``."""
-    if subject := _SUBJECT.match(sentence):  # an email dated by its subject line
+    if subject := SUBJECT_TEXT.match(sentence):  # an email dated by its subject line
         return f'of the email "{subject.group(1).strip()}"'
     text = _TAG.sub("", plain_text(sentence)).strip()
     text = _SUBORDINATE.sub("", _DAY_OPENER.sub("", text))

@@ -228,6 +228,8 @@ _SHIFTED_DAY = re.compile(
 
 # a reply's or a forward's subject names the thread's first message, not what the reply tells
 _REPLY_SUBJECT = re.compile(r"^\s*Subject\s*:\s*(?:re|fwd?|aw)\s*:", re.I)
+# an email's subject line, its text in group 1 (a bridge's event, a date's ask)
+SUBJECT_TEXT = re.compile(r"^\s*Subject\s*:\s*(.+)$", re.I)
 # a sentence telling something that happened: a past-tense verb, or an event of the record's day
 _HAPPENED = re.compile(
     r"\b(?:[a-z]+[^\We]ed|went|spent|took|woke|met|sent|got|had|was|were|made|came|saw|bought|paid|"

@@ -16,6 +16,7 @@ from memsteer_dspy.bundles import (
     plain_text,
     whole_word,
 )
+from memsteer_dspy.bundles.text import SUBJECT_TEXT
 from memsteer_dspy.records import Span
 from memsteer_dspy.signatures.plan import AnswerPlan
 from memsteer_dspy.supervision.checks import (
@@ -120,7 +121,6 @@ def spoken_date(iso: str | None) -> str | None:
 
 
 _HEADER_LINE = re.compile(r"^\s*(Sender|From|Recipient|To)\s*:", re.I)
-_SUBJECT = re.compile(r"^\s*Subject\s*:\s*(.+)$", re.I)
 
 
 def header_ask(bundle: Bundle, span: Span, answer: str) -> str | None:
@@ -133,7 +133,7 @@ def header_ask(bundle: Bundle, span: Span, answer: str) -> str | None:
     if line is None or record is None:
         return None
     subject = next(
-        (m.group(1).strip() for s in record.spans if (m := _SUBJECT.match(s.text))), None
+        (m.group(1).strip() for s in record.spans if (m := SUBJECT_TEXT.match(s.text))), None
     )
     if not subject:
         return None
@@ -188,7 +188,7 @@ def _misses_subject(question: str, plan: AnswerPlan, bundle: Bundle) -> bool:
     if str(plan.answer_type) != "date" or not plan.answer_span_id:
         return False
     span = bundle.span(plan.answer_span_id)
-    subject = _SUBJECT.match(span.text) if span is not None else None
+    subject = SUBJECT_TEXT.match(span.text) if span is not None else None
     if subject is None or not (words := _subject_stems(subject.group(1))):
         return False
     return 2 * len(words & _subject_stems(question)) < len(words)
@@ -251,7 +251,7 @@ def sentence_ask(sentence: str, answer: str, answer_type: str) -> str:
     "who or what" in place gave "Who or what did I try to message for feedback, but my hands were
     shaking so much …?" (compound, twice over)."""
     text = plain_text(sentence).strip()
-    if answer_type == "date" and (subject := _SUBJECT.match(sentence)):
+    if answer_type == "date" and (subject := SUBJECT_TEXT.match(sentence)):
         # an email dated by its subject line: the bare subject after "when" came back as "When
         # Unable to Update on School Garden Plans?" (the twenty-second cost run)
         return f'when was the email "{subject.group(1).strip()}" sent'
