@@ -65,8 +65,13 @@ def _bundle_config(
 
 def _pipeline_name(config) -> str:
     if config.anchored:
-        return "lean prompts, anchored planner"
-    return "lean prompts" if config.lean else "the paper's prompts"
+        name = "lean prompts, anchored planner"
+    else:
+        name = "lean prompts" if config.lean else "the paper's prompts"
+    if config.writer_examples:
+        sources = ", ".join(e.source for e in config.writer_examples)
+        name += f"; question-writer examples {sources}"
+    return name
 
 
 @cli_errors
@@ -157,6 +162,24 @@ def generate(
             min=0,
             help="Few-shot demonstrations bootstrapped from accepted items (default 2; 0 for the "
             "embedded model, which copies a real demo's answer into other bundles).",
+        ),
+    ] = None,
+    writer_examples: Annotated[
+        int,
+        typer.Option(
+            "--writer-examples",
+            min=0,
+            help="Show the question writer K hand-written questions of another history (one of "
+            "each answer kind in turn), each in the writer's own input format, before the "
+            "fictional cold-start one (0: none).",
+        ),
+    ] = 0,
+    writer_examples_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--writer-examples-from",
+            help="Where --writer-examples come from: a JSONL history with its questions "
+            "(records.jsonl + qa.jsonl; default: the demo's). Never the history generated for.",
         ),
     ] = None,
     lean: Annotated[
@@ -257,6 +280,7 @@ def generate(
     )
     check_not_inputs(out, [history.path])
     loaded = history.load()
+    examples = _writer_examples(writer_examples, writer_examples_from, history.path, loaded, seed)
     config = GenerationConfig(
         n=n,
         max_candidates=max_candidates,
@@ -272,6 +296,7 @@ def generate(
         lean=lean,
         anchored=anchored,
         own_words=own_words,
+        writer_examples=examples,
     )
     lms = {role: lm_config.lm(role) for role in GENERATION_ROLES}
     described = lm_config.describe()
@@ -309,6 +334,23 @@ def generate(
             f"wrote {out}/train.jsonl, val.jsonl, rejected.jsonl, summary.json, dataset/"
             + (", steering.json" if report is not None else "")
         )
+
+
+def _writer_examples(k: int, source: Path | None, path: Path | None, loaded, seed: int) -> list:
+    """``--writer-examples``: ``k`` demonstrations from ``source`` (default the demo history),
+    never from the history generated for (read from ``path`` as ``loaded``)."""
+    from memsteer_dspy.demo_data import demo_path
+    from memsteer_dspy.supervision.writer_examples import writer_examples
+
+    if k == 0:
+        return []
+    return writer_examples(
+        source or demo_path(),
+        k,
+        seed=seed,
+        not_history=path,
+        not_records=[r.id for r in loaded.history.records],
+    )
 
 
 def _reference_items(loaded, reference: Path | None) -> tuple[list, str]:

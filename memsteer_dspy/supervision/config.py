@@ -26,6 +26,7 @@ from memsteer_dspy.supervision.program import (
     OWN_WORDS_VERSION,
     PROMPT_VERSION,
 )
+from memsteer_dspy.supervision.writer_examples import WriterExample, examples_key
 
 METHODS = ("memsteer", "joint", "direct", "naive")
 
@@ -103,6 +104,12 @@ class GenerationConfig(BaseModel):
         "copies them. A question in its evidence's words is found by lexical retrieval by "
         "construction, so it cannot tell memory designs apart (memsteer assess --steering).",
     )
+    writer_examples: list[WriterExample] = Field(
+        default_factory=list,
+        description="Demonstrations shown to the question writer before the cold-start one: "
+        "hand-written questions of another history in the writer's input format "
+        "(supervision.writer_examples; generate --writer-examples K).",
+    )
     dedup_threshold: float = Field(default=0.8, gt=0, le=1)
     bundle: BundleConfig = Field(default_factory=BundleConfig)
     graph: dict[str, Any] = Field(default_factory=lambda: asdict(GraphParams()))
@@ -148,6 +155,8 @@ class GenerationConfig(BaseModel):
             key["anchored_version"] = ANCHORED_VERSION
         if self.own_words and self.checks:  # absent when off, as above
             key["own_words_version"] = OWN_WORDS_VERSION
+        if self.writer_examples:  # absent when none, as above
+            key["writer_examples"] = examples_key(self.writer_examples)
         return key
 
 

@@ -79,6 +79,7 @@ from memsteer_dspy.supervision.replies import (
     _demo_bundle,
     cold_start_example,
 )
+from memsteer_dspy.supervision.writer_examples import WriterExample
 
 
 class _Generator(dspy.Module):
@@ -106,8 +107,10 @@ class _Generator(dspy.Module):
         own_words: bool = False,
         bridges: bool = False,
         updates: bool = False,
+        writer_examples: Sequence[WriterExample] = (),
     ):
         super().__init__()
+        self.writer_examples = tuple(writer_examples)
         self.updates = updates
         self.lean = lean
         self.anchored = anchored
@@ -150,6 +153,11 @@ class _Generator(dspy.Module):
             examples = self._demo_examples(view, outcome.plan, outcome, task, bundle)
             for name, example in examples.items():
                 getattr(self, name).demos = [example]
+        if self.writer_examples:  # before the cold-start demo: the nearest one is the format's
+            writer = getattr(self, "write_question", None)
+            if writer is None:
+                raise ValueError(f"method {self.method!r} has no question writer to show examples")
+            writer.demos = [*(e.example() for e in self.writer_examples), *writer.demos]
 
     # -- LMs ---------------------------------------------------------------------------------
     def set_role_lms(self, lms: Mapping[str, dspy.BaseLM]) -> None:

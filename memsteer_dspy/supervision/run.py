@@ -227,6 +227,7 @@ def generate_supervision(
         own_words=config.own_words,
         bridges=config.bundle.bridges,
         updates=config.bundle.updates,
+        writer_examples=config.writer_examples,
     )
     log = read_log(out)
     done = {r.index for r in log}

@@ -1,0 +1,117 @@
+"""Question-writer demonstrations from another history's hand-written questions
+(``generate --writer-examples K``): what is drawn, what is refused, and that the writer is shown
+them while a run's key tells runs with and without them apart."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from memsteer_dspy.cli import app
+from memsteer_dspy.demo_data import demo_path, load_demo
+from memsteer_dspy.errors import InputError
+from memsteer_dspy.supervision.config import GenerationConfig
+from memsteer_dspy.supervision.program import make_generator
+from memsteer_dspy.supervision.question_checks import echoes
+from memsteer_dspy.supervision.writer_examples import WRITER_EXAMPLE_TYPES, writer_examples
+
+
+def test_examples_are_one_record_own_words_questions_in_the_writers_format():
+    examples = writer_examples(demo_path(), 4)
+    assert [e.answer_type for e in examples] == ["entity", "number", "text", "entity"]
+    assert len({e.source for e in examples}) == 4
+    records = {
+        json.loads(line)["id"]: json.loads(line)
+        for line in (demo_path() / "records.jsonl").read_text().splitlines()
+    }
+    qa = {
+        json.loads(line)["id"]: json.loads(line)
+        for line in (demo_path() / "qa.jsonl").read_text().splitlines()
+    }
+    for e in examples:
+        item = qa[e.source.partition("/")[2]]
+        assert e.question == item["question"] and len(item["evidence_ids"]) == 1
+        text = records[item["evidence_ids"][0]]["text"]
+        assert echoes(e.question, text, e.answer) is None
+        assert e.answer.lower() not in e.question.lower()
+        # the record cut around the answer's sentence, the program's ask with a question word
+        assert e.answer in e.records and len(e.records) < len(text) + 200
+        assert e.answer not in e.ask and e.facts and e.answer in e.facts[0]
+        assert set(e.example().inputs().keys()) == {
+            "records",
+            "ask",
+            "facts",
+            "answer",
+            "answer_type",
+            "avoid",
+        }
+
+
+def test_draw_is_seeded_and_every_kind_comes_in_turn():
+    assert writer_examples(demo_path(), 3, seed=1) == writer_examples(demo_path(), 3, seed=1)
+    draws = {tuple(e.source for e in writer_examples(demo_path(), 3, seed=s)) for s in range(5)}
+    assert len(draws) > 1
+    kinds = [e.answer_type for e in writer_examples(demo_path(), 6)]
+    assert kinds[:3] == [k for k in WRITER_EXAMPLE_TYPES if k in kinds][:3]
+
+
+def test_the_history_generated_for_is_refused_as_a_source():
+    with pytest.raises(InputError, match="the history generated for") as err:
+        writer_examples(demo_path(), 2, not_history=demo_path() / "records.jsonl")
+    assert err.value.field == "writer_examples"
+    with pytest.raises(InputError, match="the history generated for"):
+        writer_examples(demo_path(), 2, not_records=[r.id for r in load_demo().history.records])
+
+
+def test_more_examples_than_the_source_holds_is_an_error_naming_the_option():
+    with pytest.raises(InputError, match=r"only \d+ usable question-writer examples") as err:
+        writer_examples(demo_path(), 40)
+    assert "ask for fewer" in err.value.render()
+
+
+def test_run_key_holds_the_examples_and_is_unchanged_without_them():
+    plain = GenerationConfig().identity()
+    assert "writer_examples" not in plain
+    a = GenerationConfig(writer_examples=writer_examples(demo_path(), 2, seed=0)).identity()
+    b = GenerationConfig(writer_examples=writer_examples(demo_path(), 2, seed=3)).identity()
+    assert a["writer_examples"]["sources"] and a != plain
+    assert (
+        a["writer_examples"] != b["writer_examples"]
+        or a["writer_examples"]["sources"] == (b["writer_examples"]["sources"])
+    )
+
+
+def test_the_writer_is_shown_the_examples_before_the_cold_start_demo():
+    examples = writer_examples(demo_path(), 3)
+    gen = make_generator(
+        "memsteer", lean=True, anchored=True, bounded=True, writer_examples=examples
+    )
+    demos = gen.write_question.demos
+    assert [d.question for d in demos[:3]] == [e.question for e in examples]
+    assert len(demos) == 4 and "pottery" in demos[-1].question  # the fictional format demo last
+    assert all(len(p.demos) <= 1 for name, p in gen.named_predictors() if name != "write_question")
+    with pytest.raises(ValueError, match="no question writer"):
+        make_generator("direct", writer_examples=examples)
+
+
+def test_generate_refuses_examples_from_the_history_it_generates_for(tmp_path):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        app,
+        [
+            "generate",
+            "--format",
+            "jsonl",
+            "--path",
+            str(demo_path()),
+            "--writer-examples",
+            "2",
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code != 0
+    assert "the history generated for" in result.output and "writer_examples" in result.output
+    assert not out.exists()
