@@ -38,8 +38,9 @@ read (the ``--no-checks`` ablation).
 This module holds the generators and :func:`make_generator`; their parts, one way (each reads
 only those before it): :mod:`~memsteer_dspy.supervision.outcome` (results and requests),
 :mod:`~memsteer_dspy.supervision.asks` (a question's words),
-:mod:`~memsteer_dspy.supervision.replies` (each role's inputs and outputs) and
-:mod:`~memsteer_dspy.supervision.generator` (the pipeline every generator runs).
+:mod:`~memsteer_dspy.supervision.replies` (each role's inputs and outputs),
+:mod:`~memsteer_dspy.supervision.question_rules` (the verdict on a question, its rules fixed at
+construction) and :mod:`~memsteer_dspy.supervision.generator` (the pipeline every generator runs).
 """
 
 from __future__ import annotations
