@@ -1,5 +1,6 @@
-"""The one verdict on a written question (supervision/question_rules.py): its checks run in a fixed
-order and the first that fails gives the code, by rules fixed when the generator is built."""
+"""The repairs and the one verdict of a written question (supervision/question_rules.py), fixed when
+the generator is built: the repairs are made in a fixed order, each recorded with its reason, and
+the verdict's checks run in a fixed order, the first that fails giving the code."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from memsteer_dspy.supervision.program import MemSteerGenerator
 from memsteer_dspy.supervision.question_rules import (
     QuestionRules,
     question_echo,
+    question_repairs,
     question_verdict,
+    repaired,
 )
 
 BUNDLE = small_bundle()
@@ -116,3 +119,53 @@ def test_the_generator_s_question_problem_is_the_verdict_with_its_rules():
         )
         is None
     )
+
+
+# -- the repairs made before the verdict -----------------------------------------------------
+
+REPAIR_REASONS = [
+    "a doubled question mark was made one",
+    "'the user' was put in the user's voice",
+    "the question was put in the user's voice",
+    "a date question's relative day was removed",
+]
+
+
+def test_the_repairs_are_built_once_from_the_flags_in_their_order():
+    def reasons(**flags):
+        return [fix.reason for fix in question_repairs(**flags)]
+
+    assert reasons(lean=True, anchored=True, checks=True) == REPAIR_REASONS
+    assert reasons(lean=False, anchored=True, checks=True) == [REPAIR_REASONS[i] for i in (0, 1, 3)]
+    assert reasons(lean=True, anchored=False, checks=True) == REPAIR_REASONS[2:]
+    assert reasons(lean=False, anchored=False, checks=True) == REPAIR_REASONS[3:]
+    assert reasons(lean=True, anchored=True, checks=False) == []
+    gen = MemSteerGenerator(lean=True, anchored=True, user_name="Elena", cold_start=False)
+    assert [fix.reason for fix in gen.question_repairs] == REPAIR_REASONS
+
+
+def test_the_repairs_are_applied_in_order_each_recorded_with_its_reason():
+    dated = AnswerPlan(answer="2024-03-02", answer_type="date")
+    written = "When did the user send your note to Lila this morning??"
+    fixes = question_repairs(lean=True, anchored=True, checks=True)
+    question, made = repaired(written, dated, fixes)
+    assert question == "When did I send my note to Lila?"
+    assert [r.reason for r in made] == REPAIR_REASONS
+    assert [(r.stage, r.field) for r in made] == [("question", "question")] * 4
+    # each repair starts from the one before it
+    assert [r.before for r in made] == [written, *(r.after for r in made[:-1])]
+    assert made[-1].after == question
+    # the relative day only for a date question; a repair that changes nothing is not recorded
+    entity = dated.model_copy(update={"answer_type": "entity"})
+    question, made = repaired(written, entity, fixes)
+    assert question == "When did I send my note to Lila this morning?"
+    assert [r.reason for r in made] == REPAIR_REASONS[:3]
+    assert repaired("When did I send my note to Lila?", dated, fixes) == (
+        "When did I send my note to Lila?",
+        [],
+    )
+    # lean keeps a quoted subject's words
+    subject = "When was the email 'Plans Today' sent today?"
+    assert repaired(subject, dated, fixes)[0] == "When was the email 'Plans Today' sent?"
+    plain = question_repairs(lean=False, anchored=False, checks=True)
+    assert repaired(subject, dated, plain)[0] == "When was the email 'Plans ' sent?"

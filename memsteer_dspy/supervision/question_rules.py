@@ -1,14 +1,17 @@
 """What a generator holds its written questions to, fixed when the generator is built from its
-flags (``lean``, ``anchored``, ``own_words``), as ``dspy.ChainOfThought`` adds its field once
-instead of asking at every call: the one verdict on a question (:class:`QuestionRules`,
-:func:`question_verdict`), of which :func:`~memsteer_dspy.supervision.checks.check_question` is
-the first step.
+flags (``lean``, ``anchored``, ``own_words``, ``checks``), as ``dspy.ChainOfThought`` adds its
+field once instead of asking at every call: the repairs made to a question's words
+(:class:`QuestionRepair`, :func:`question_repairs`, applied in order by :func:`repaired`) and the
+one verdict on it (:class:`QuestionRules`, :func:`question_verdict`), of which
+:func:`~memsteer_dspy.supervision.checks.check_question` is the first step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from memsteer_dspy.bundles import Bundle
 from memsteer_dspy.records import Span
@@ -16,11 +19,16 @@ from memsteer_dspy.signatures.plan import AnswerPlan
 from memsteer_dspy.supervision.asks import (
     _FRONTED,
     _NO_VERB,
+    _drop_relative_day,
     _misses_subject,
     _names_part_of,
     _writes_number,
+    first_person,
+    user_voice,
 )
 from memsteer_dspy.supervision.checks import (
+    _RELATIVE_TIME,
+    Repair,
     check_question,
     echoes,
     names_self,
@@ -30,6 +38,80 @@ from memsteer_dspy.supervision.checks import (
 
 BRIDGE_DAY = ", on the day "
 """What the program adds before a bridge's other record's event ("…, on the day <event>?")."""
+
+
+# -- repairs of a question's words -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuestionRepair:
+    """One deterministic repair of a written question: ``apply`` returns the question repaired, or
+    unchanged when it does not apply; ``reason`` is the :class:`Repair` record's reason."""
+
+    reason: str
+    apply: Callable[[str, AnswerPlan], str]
+
+
+def _one_question_mark(question: str, plan: AnswerPlan) -> str:
+    return re.sub(r"\?{2,}", "?", question)  # "…cover??" failed as compound
+
+
+def _users_voice(question: str, plan: AnswerPlan) -> str:
+    return first_person(question, keep_quoted=True)  # "Who did the user sketch …?"
+
+
+def _voiced(question: str, plan: AnswerPlan) -> str:
+    return user_voice(question)
+
+
+def _no_relative_day(question: str, plan: AnswerPlan, *, keep_quoted: bool) -> str:
+    if str(plan.answer_type) != "date" or not _RELATIVE_TIME.search(question):
+        return question
+    return _drop_relative_day(question, keep_quoted=keep_quoted)
+
+
+def question_repairs(*, lean: bool, anchored: bool, checks: bool) -> tuple[QuestionRepair, ...]:
+    """The repairs a generator's written question gets, in the order they are made: with
+    ``anchored``, a doubled question mark made one and "the user" put in the user's voice
+    (:func:`~memsteer_dspy.supervision.asks.first_person`, quoted text kept); with ``lean``, "you"
+    put in the user's voice (:func:`~memsteer_dspy.supervision.asks.user_voice`); a date question's
+    relative day removed ("today" only hides the answer; ``lean`` keeps a quoted subject's words).
+    None without ``checks``."""
+    if not checks:
+        return ()
+    fixes: list[QuestionRepair] = []
+    if anchored:
+        fixes.append(QuestionRepair("a doubled question mark was made one", _one_question_mark))
+        fixes.append(QuestionRepair("'the user' was put in the user's voice", _users_voice))
+    if lean:
+        fixes.append(QuestionRepair("the question was put in the user's voice", _voiced))
+    fixes.append(
+        QuestionRepair(
+            "a date question's relative day was removed",
+            partial(_no_relative_day, keep_quoted=lean),
+        )
+    )
+    return tuple(fixes)
+
+
+def repaired(
+    question: str, plan: AnswerPlan, fixes: Sequence[QuestionRepair]
+) -> tuple[str, list[Repair]]:
+    """``question`` after each of ``fixes`` in turn, and a :class:`Repair` for each that changed it."""
+    made: list[Repair] = []
+    for fix in fixes:
+        if (after := fix.apply(question, plan)) != question:
+            made.append(
+                Repair(
+                    stage="question",
+                    field="question",
+                    before=question,
+                    after=after,
+                    reason=fix.reason,
+                )
+            )
+            question = after
+    return question, made
 
 
 # -- the verdict -----------------------------------------------------------------------------
