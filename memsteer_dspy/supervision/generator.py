@@ -132,7 +132,14 @@ class _Generator(dspy.Module):
         self._demo_lock = threading.Lock()
         self._demo_count = 0
         self.role_of: dict[str, str] = {"audit": "auditor", "blind_read": "blind_reader"}
-        if lean:  # the audit of a plan whose facts are quoted sentences (see _verify)
+        # lean: the blind read (short answer, the check that rejects corrupted items) before the
+        # audit (long verdicts), so only candidates the blind reader confirms pay for an audit
+        self.verify_order = ("blind", "audit") if lean else ("audit", "blind")
+        # lean: facts that are their cited sentences' own words are supported by construction (the
+        # planner cites sentences, the program fills each fact in from its sentence); a small
+        # auditor asked to confirm them anyway spends most of its output on those verdicts
+        self.quoted_audit = lean
+        if self.quoted_audit:  # the audit of a plan whose facts are quoted sentences (see _verify)
             self.audit_quoted = dspy.Predict(AuditQuotedFacts)
             self.role_of["audit_quoted"] = "auditor"
         self._pending_lms = dict(lms or {})
@@ -556,18 +563,14 @@ class _Generator(dspy.Module):
             problem = self._question_problem(question, plan, view, bundle)
         if problem:
             return _rejected("question", f"question:{problem}", question, usage, **base)
-        # lean: the blind read (short answer, the check that rejects corrupted items) before the
-        # audit (long verdicts), so only candidates the blind reader confirms pay for an audit
-        stages = ("blind", "audit") if self.lean else ("audit", "blind")
-        # lean: facts that are their cited sentences' own words are supported by construction (the
-        # planner cites sentences, the program fills each fact in from its sentence); a small
-        # auditor asked to confirm them anyway spends most of its output on those verdicts
-        quoted = self.lean and quoted_fact_support(plan, spans_by_id(bundle.spans()))
+        # the stages in verify_order; with quoted_audit, a plan whose facts are all its sentences'
+        # own words is audited by audit_quoted, the per-fact verdicts settled (see __init__)
+        quoted = self.quoted_audit and quoted_fact_support(plan, spans_by_id(bundle.spans()))
         # a bridge's day record or an update's earlier record: checked by the program, not the reader
         update = self._update_span(plan, bundle) if self.anchored else None
         bridge = self._bridge_span(plan, bundle) if self.anchored and update is None else None
         audit = blind = None
-        for stage in stages:
+        for stage in self.verify_order:
             if stage == "audit":
                 predictor = "audit_quoted" if quoted else "audit"
                 try:

@@ -171,6 +171,8 @@ class MemSteerGenerator(_Generator):
         super().__init__(lms, **kwargs)
         self.plan = dspy.Predict(PlanFromOptions if self.anchored else PlanAnswer)
         self.write_question = dspy.Predict(WriteQuestion)
+        # lean: a bundle with too little concrete detail for its task costs no LM call
+        self.prefilter = self.lean and self.checks
         # what the program fixes in each written question before its verdict, in this order
         self.question_repairs = question_repairs(
             lean=self.lean, anchored=self.anchored, checks=self.checks
@@ -180,7 +182,7 @@ class MemSteerGenerator(_Generator):
 
     def _pipeline(self, bundle: Bundle, task: Task, shuffle_seed: int) -> Pipeline:
         usage: dict[str, RoleCost] = {}
-        if self.lean and self.checks and (why := prefilter_bundle(bundle, task)):
+        if self.prefilter and (why := prefilter_bundle(bundle, task)):
             return _rejected(
                 "prefilter",
                 f"prefilter:{why}",
