@@ -76,7 +76,7 @@ def question_repairs(*, lean: bool, anchored: bool, checks: bool) -> tuple[Quest
     (:func:`~memsteer_dspy.supervision.asks.first_person`, quoted text kept); with ``lean``, "you"
     put in the user's voice (:func:`~memsteer_dspy.supervision.asks.user_voice`); a date question's
     relative day removed ("today" only hides the answer; ``lean`` keeps a quoted subject's words).
-    None without ``checks``."""
+    No repairs without ``checks``."""
     if not checks:
         return ()
     fixes: list[QuestionRepair] = []
@@ -119,8 +119,8 @@ def repaired(
 
 @dataclass(frozen=True)
 class QuestionRules:
-    """The checks a generator's questions must pass beyond
-    :func:`~memsteer_dspy.supervision.checks.check_question`'s own, fixed from its flags.
+    """Which checks of :func:`question_verdict` a generator's questions must pass, fixed from its
+    flags (:meth:`of`); :func:`~memsteer_dspy.supervision.checks.check_question`'s defaults always.
 
     ``kind_check`` (lean): check_question's strict topic words, unknown details, length, kind of
     answer and compound questions; ``on_evidence`` (lean): its topic words held to the plan's
