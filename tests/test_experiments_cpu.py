@@ -4,6 +4,7 @@ sample for every row, paired 95% intervals; with the scripted LM world of test_e
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -13,12 +14,21 @@ import pytest
 from test_experiments import (  # experiments/_common.py, as test_experiments imports it
     World,
     _common,
+    load_script,
+    no_stage_failed,
+    official_answers,
+    results_of,
     tiny,
     world_config,
 )
 
+from memsteer_dspy.evaluation import evaluate_design
 from memsteer_dspy.loaders.rhelm import list_personas, load_rhelm
+from memsteer_dspy.memory import MemorySystem
 from memsteer_dspy.optimize.splits import official_test
+from memsteer_dspy.stats import paired_bootstrap_ci
+
+protocol = importlib.import_module("_protocol")  # experiments/, on sys.path by test_experiments
 
 PERSONAS = ["Dr._Alastair_McEwan", "Elena_Morales"]
 
@@ -108,6 +118,87 @@ def cpu_like(rhelm_root: Path, **dataset: Any) -> _common.ExperimentConfig:
     )
 
 
+def folders(out: Path) -> set[Path]:
+    return {p for p in (out / "eval").glob("*/*/*") if p.is_dir()}
+
+
+def test_main_on_unused_items_with_paired_intervals_and_resume(rhelm_root, tmp_path):
+    world = World(official_answers(rhelm_root, PERSONAS))
+    cfg = cpu_like(rhelm_root)
+    out = tmp_path / "main-cpu"
+    main = load_script("main")
+    main.run(cfg, out, lm_config=world_config(world), progress=False)
+    md, data, rows = results_of(out)
+    no_stage_failed(data)
+
+    items = tagged(rhelm_root, PERSONAS)
+    unused = {(q.metadata["persona"], q.id) for q in _common.unused_items(items, cfg.budgets, 0)}
+    sample = _common.accuracy_sample(
+        [q for q in items if (q.metadata["persona"], q.id) in unused], 6, 0
+    )
+    sampled = {(q.metadata["persona"], q.id) for q in sample}
+    conds = data["settings"]["with"]
+    assert set(conds) == {"base", "official", "memsteer"}
+    for name, cond in conds.items():
+        assert cond["n"] == len(unused) and cond["n_accuracy"] == 6, name
+        assert cond["all_items"]["n"] == len(items) and cond["all_items"]["accuracy"] is None
+        assert sum(c["n_accuracy"] for c in cond["per_persona"].values()) == 6
+        assert cond["accuracy"] is not None and cond["recall_at_10"] is not None
+        mine = [r for r in rows if r["condition"] == name]
+        # one line per official item; answered exactly on the sample, the same for every row
+        assert len(mine) == len(items)
+        assert {(r["persona"], r["qa_id"]) for r in mine if r["unused"]} == unused
+        assert {(r["persona"], r["qa_id"]) for r in mine if r["sampled"]} == sampled
+        assert {(r["persona"], r["qa_id"]) for r in mine if r["correct"] is not None} == sampled
+
+    # the Base-BM25 accuracy is what an independent evaluation of the sample computes
+    lm = world_config(World(official_answers(rhelm_root, PERSONAS)))
+    correct = []
+    for p in PERSONAS:
+        loaded = load_rhelm(rhelm_root, p, external=True)
+        system = MemorySystem.from_design(
+            _common.base_design(800), loaded.history, lms={"answerer": lm.lm("answerer")}
+        )
+        mine = [q for q in loaded.qa_items if (p, q.id) in sampled]
+        rep = evaluate_design(system, mine, judge_lm=lm.lm("judge"), protocol="as_of")
+        correct += [bool(r.correct) for r in rep.items]
+    assert conds["base"]["accuracy"] == pytest.approx(sum(correct) / len(correct))
+
+    # paired intervals of each optimized row against Base-BM25 and between the two, item by item
+    cmp = data["comparisons"]["with"]
+    assert set(cmp) == {"official-base", "memsteer-base", "memsteer-official"}
+    for c in cmp.values():
+        assert (
+            c["unused"]["accuracy"]["n"] == 6 and len(c["unused"]["delivered_recall"]["ci95"]) == 2
+        )
+        assert c["all"]["recall_at_10"]["n"] > c["unused"]["recall_at_10"]["n"] > 0
+    assert "ΔDeliv. [95% CI]" in md and f"the {len(unused)} official items" in md
+    assert f"All {len(items)} official items †" in md and "+ MemSteer against + Official-QA" in md
+    assert "Per-persona delivered recall" in md and "Table 8 — accuracy" in md
+
+    # a rerun resumes: no LM call is made again, the same numbers come out
+    before, evals = dict(world.calls), folders(out)
+    main.run(cfg, out, lm_config=world_config(world), progress=False)
+    assert world.calls == before and folders(out) == evals
+    assert results_of(out)[1]["comparisons"] == data["comparisons"]
+
+    # a rerun under another sample answers in new folders: nothing answered before is reused,
+    # and what does not depend on the sample (supervision, optimizations, retrieval) resumes
+    main.run(
+        cpu_like(rhelm_root, accuracy_items=8), out, lm_config=world_config(world), progress=False
+    )
+    _, again, _ = results_of(out)
+    no_stage_failed(again)
+    assert all(c["n_accuracy"] == 8 for c in again["settings"]["with"].values())
+    new = folders(out) - evals
+    assert new and all(p.name.split("-")[1] == "all" for p in new)
+    designs = {p.name.split("-")[0] for p in new}
+    assert len(new) == len(designs) * len(PERSONAS)
+    answered = sum(len((p / "items.jsonl").read_text().splitlines()) for p in new)
+    assert answered == 8 * len(designs) and world.calls["answer"] >= before["answer"] + answered
+    assert all(world.calls[r] == before[r] for r in ("plan", "audit", "proposer"))
+
+
 def test_eval_folders_differ_by_items_metrics_and_budget(rhelm_root, tmp_path):
     cfg = cpu_like(rhelm_root)
     study = _common.Study(
@@ -131,3 +222,53 @@ def test_eval_folders_differ_by_items_metrics_and_budget(rhelm_root, tmp_path):
     assert json.dumps([q.id for q in mine]) == json.dumps(
         [q.id for q in study.test_items("Elena_Morales", True, list(reversed(PERSONAS)))]
     )
+
+
+def test_paired_intervals_are_over_the_same_items_in_one_order(rhelm_root, tmp_path):
+    """Three rows with different designs (so the differences are not all zero): every interval is
+    the paired bootstrap of the rows' per-item scores in items.jsonl, in the same item order."""
+    world = World(official_answers(rhelm_root, PERSONAS))
+    study = _common.Study(
+        "main",
+        cpu_like(rhelm_root),
+        tmp_path,
+        lm_config=world_config(world),
+        tracking=False,
+        progress=False,
+    )
+    base = _common.base_design(800)
+    narrow = base.model_copy(update={"retrieve": base.retrieve.model_copy(update={"top_k": 3})})
+    designs = {"base": base, "official": _common.base_design(1600), "memsteer": narrow}
+    per_item = {}
+    for cond, design in designs.items():
+        _, per_item[cond] = protocol.test_row(
+            study, design, PERSONAS, external=True, condition=cond, setting="with"
+        )
+    cmp = protocol.comparisons(per_item)
+    by = {(r["condition"], r["persona"], r["qa_id"]): r for r in study.rows}
+    order = [(r["persona"], r["qa_id"]) for r in study.rows if r["condition"] == "base"]
+    unused = [k for k in order if by[("base", *k)]["unused"]]
+    sampled = [k for k in order if by[("base", *k)]["sampled"]]
+    assert len(sampled) == 6 and set(sampled) <= set(unused) and len(unused) < len(order)
+    moved = 0
+    for name, (ref, row) in protocol.PAIRS.items():
+        for items_of, keys, metric in (
+            ("unused", unused, "delivered_recall"),
+            ("unused", unused, "recall_at_10"),
+            ("all", order, "delivered_recall"),
+            ("unused", sampled, "accuracy"),
+        ):
+
+            def vec(cond: str, keys=keys, metric=metric) -> list[float | None]:
+                if metric == "accuracy":
+                    return [float(by[(cond, *k)]["correct"]) for k in keys]
+                return [by[(cond, *k)][metric] for k in keys]
+
+            a, b = vec(ref), vec(row)
+            pairs = [(x, y) for x, y in zip(a, b, strict=True) if x is not None and y is not None]
+            got = cmp[name][items_of][metric]
+            assert got["n"] == len(pairs) > 0, (name, items_of, metric)
+            assert got["diff"] == pytest.approx(sum(y - x for x, y in pairs) / len(pairs))
+            assert got["ci95"] == pytest.approx(list(paired_bootstrap_ci(a, b)))
+            moved += got["diff"] != 0
+    assert moved >= 4  # a wider budget delivers more, a narrower top-k retrieves less
