@@ -29,6 +29,10 @@ Presets size a study (the config's ``[budgets]`` and study tables override them 
 
 * ``tiny`` — a few items and one iteration: for the tests, with a scripted LM (seconds to minutes);
 * ``small`` — the embedded LM on one RHELM persona, sized to finish in about 30 minutes on 2 cores;
+* ``cpu`` — main.py's Table 2 on the embedded LM, spread over sessions on 2 cores: all ten
+  personas with external sources, 15 iterations, 40 accepted supervision items per persona, the
+  2,000-token context budget, tested on the official items neither optimization used (recall on
+  every item, accuracy on a stratified sample of 150; see ``_protocol.py``);
 * ``full`` — the paper's sizes: all ten personas, 20 iterations, 788 supervision items, the full
   official evaluation set and the 4,000-token context budget.
 
@@ -40,6 +44,7 @@ questions answered from that persona's own memory.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import random
@@ -67,6 +72,7 @@ from memsteer_dspy.evaluation import (
 )
 from memsteer_dspy.loaders.base import Loaded
 from memsteer_dspy.memory import MemoryDesign, MemorySystem
+from memsteer_dspy.memory.answer import ANSWER_PROGRAM_VERSION
 from memsteer_dspy.memory.lookup import RecordLookup
 from memsteer_dspy.optimize.defaults import resolve_defaults
 from memsteer_dspy.optimize.loop import MemSteerOpt, OptimizeConfig, OptimizeResult, progress_line
@@ -77,7 +83,7 @@ from memsteer_dspy.records import History, QAItem, Record
 from memsteer_dspy.runfolder import write_atomic  # re-exported for the studies
 from memsteer_dspy.tracking import Tracker, resolve_tracking_uri
 
-PRESETS = ("tiny", "small", "full")
+PRESETS = ("tiny", "small", "cpu", "full")
 Setting = Literal["without", "with"]
 #: Column labels of the two RHELM settings (paper, Table 2).
 SETTING_LABELS = {"without": "w/o", "with": "w/"}
@@ -123,6 +129,16 @@ class DatasetConfig(_Table):
     )
     eval_items: int | None = Field(
         None, ge=1, description="Official test items per persona, stratified by type (None: all)."
+    )
+    test_on: Literal["all", "unused"] = Field(
+        "all",
+        description="'all': the official items (eval_items per persona), training items "
+        "included as in the paper; 'unused': the items the Official-QA split (40/20, "
+        "seed) leaves out, answered on a stratified sample (accuracy_items, not eval_items); "
+        "main.py also scores retrieval on every item.",
+    )
+    accuracy_items: int | None = Field(
+        None, ge=1, description="test_on='unused': how many unused items are answered (None: all)."
     )
     seed: int = 0
 
@@ -308,6 +324,23 @@ PRESET_VALUES: dict[str, dict[str, dict[str, Any]]] = {
         "budget": {"sizes": [2, 3]},
         "existing_optimizers": {"optimizers": ["gepa"], "auto": None, "max_metric_calls": 12},
     },
+    "cpu": {
+        "dataset": {
+            "personas": None,
+            "settings": ["with"],
+            "eval_items": None,
+            "test_on": "unused",
+            "accuracy_items": 150,
+        },
+        "budgets": {
+            "supervision": 40,
+            "max_candidates": 300,
+            "train_fraction": 2 / 3,
+            "iterations": 15,
+            "context_tokens": 2000,
+            "threads": 1,
+        },
+    },
     "full": {
         "dataset": {"personas": None, "eval_items": None},
         "budgets": {
@@ -339,7 +372,7 @@ class ExperimentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    preset: Literal["tiny", "small", "full"] = "small"
+    preset: Literal["tiny", "small", "cpu", "full"] = "small"
     config_file: Path | None = None
     lm: str | None = Field(None, description="--lm: one LM for every role (overrides the file).")
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
@@ -523,6 +556,43 @@ def official_split(
         out_t += t[: budgets.official_train] if budgets.official_train else t
         out_v += v[: budgets.official_val] if budgets.official_val else v
     return out_t, out_v
+
+
+def unused_items(items: Sequence[QAItem], budgets: Budgets, seed: int) -> list[QAItem]:
+    """The persona-tagged official ``items`` that neither Official-QA's training nor its
+    validation split uses (:func:`official_split`, same budgets and seed): the only official items
+    no optimization selected on. In the items' order."""
+    train, val = official_split(items, budgets, seed)
+    used = {(persona_of(q), q.id) for q in [*train, *val]}
+    return [q for q in items if (persona_of(q), q.id) not in used]
+
+
+def _shares(sizes: Mapping[str, int], n: int) -> dict[str, int]:
+    """``n`` split over groups in proportion to their sizes (largest remainders, ties by name)."""
+    total = sum(sizes.values())
+    exact = {k: n * v / total for k, v in sizes.items()}
+    out = {k: math.floor(x) for k, x in exact.items()}
+    for k in sorted(exact, key=lambda k: (out[k] - exact[k], k))[: n - sum(out.values())]:
+        out[k] += 1
+    return out
+
+
+def accuracy_sample(items: Sequence[QAItem], n: int | None, seed: int) -> list[QAItem]:
+    """``n`` of the persona-tagged ``items`` (all when ``n`` is None or not smaller), stratified:
+    each question type gets its proportional share, and within a type each persona its own;
+    drawn seeded, so every row is answered on the same items. In the items' order."""
+    if n is None or n >= len(items):
+        return list(items)
+    strata: dict[str, dict[str, list[QAItem]]] = {}
+    for q in sorted(items, key=lambda q: (persona_of(q), q.id)):
+        strata.setdefault(q.question_type or "unknown", {}).setdefault(persona_of(q), []).append(q)
+    rng = random.Random(f"accuracy-sample:{seed}")
+    per_type = _shares({t: sum(map(len, g.values())) for t, g in strata.items()}, n)
+    chosen: set[tuple[str, str]] = set()
+    for t in sorted(strata):
+        for p, k in sorted(_shares({p: len(g) for p, g in strata[t].items()}, per_type[t]).items()):
+            chosen.update((p, q.id) for q in rng.sample(strata[t][p], k))
+    return [q for q in items if (persona_of(q), q.id) in chosen]
 
 
 def metric_name(text: str) -> str:
@@ -825,6 +895,7 @@ class Study:
         self.stages: list[Stage] = []
         self.rows: list[dict[str, Any]] = []
         self._loaded: dict[tuple[str, bool], Loaded] = {}
+        self._samples: dict[tuple[tuple[str, ...], bool], list[QAItem]] = {}
         self.started = time.perf_counter()
         self.run_id: str | None = None
         #: Called after every stage (scripts rewrite results.md with what is finished so far).
@@ -936,12 +1007,61 @@ class Study:
             self._loaded[key] = load_rhelm(self.cfg.rhelm_root(), persona, external=external)
         return self._loaded[key]
 
-    def test_items(self, persona: str, external: bool = True) -> list[QAItem]:
-        """The persona's official QA items evaluated in this study (all, or a stratified sample)."""
+    def official(self, personas: Sequence[str], external: bool = True) -> list[QAItem]:
+        """Every official QA item of ``personas``, tagged with its persona."""
+        return [q for p in personas for q in with_persona(self.load(p, external).qa_items, p)]
+
+    def accuracy_items(self, personas: Sequence[str], external: bool = True) -> list[QAItem]:
+        """``test_on = "unused"``: the items every row is answered on — :func:`accuracy_sample`
+        of the :func:`unused_items` of ``personas`` (persona-tagged; drawn once per study)."""
+        key = (tuple(sorted(personas)), external)
+        if key not in self._samples:
+            d = self.cfg.dataset
+            unused = unused_items(self.official(key[0], external), self.cfg.budgets, d.seed)
+            self._samples[key] = accuracy_sample(unused, d.accuracy_items, d.seed)
+        return self._samples[key]
+
+    def test_items(
+        self, persona: str, external: bool = True, personas: Sequence[str] | None = None
+    ) -> list[QAItem]:
+        """The persona's official QA items answered in this study: all or ``eval_items`` of them
+        (``test_on = "all"``), or its share of the :meth:`accuracy_items` of ``personas`` (default
+        the study's) under ``test_on = "unused"``."""
         loaded = self.load(persona, external)
-        return select_eval_items(
-            loaded.qa_items, self.cfg.dataset.eval_items, self.cfg.dataset.seed
-        )
+        d = self.cfg.dataset
+        if d.test_on == "unused":
+            sample = self.accuracy_items(personas or self.cfg.personas(), external)
+            ids = {q.id for q in sample if persona_of(q) == persona}
+            return [q for q in loaded.qa_items if q.id in ids]
+        return select_eval_items(loaded.qa_items, d.eval_items, d.seed)
+
+    def eval_folder(
+        self,
+        setting: str,
+        persona: str,
+        design: MemoryDesign,
+        items: Sequence[QAItem],
+        metrics: str = "all",
+    ) -> Path:
+        """Where ``design``'s evaluation of ``items`` is kept: one folder per persona, design (its
+        key holds the context budget), item set, metrics and the LMs that score them, so a rerun
+        under other settings starts a new folder and never reuses these results. Answering under
+        ``test_on = "all"`` keeps the earlier layout (``<design key>/``), whose evaluation key
+        refuses other LMs and fewer items."""
+        base = self.out / "eval" / setting / safe_name(persona)
+        if metrics == "all" and self.cfg.dataset.test_on == "all":
+            return base / design.key()
+        roles = ["answerer", "judge"] if metrics == "all" else []
+        if design.lm_uses(answering=False):
+            roles = sorted({*roles, "answerer"})
+        lms = {
+            r: {k: v for k, v in self.lm.provenance()[r].items() if k != "source"} for r in roles
+        }
+        what = {"items": [q.id for q in items], "lms": lms}
+        if metrics == "all":
+            what["answer_program"] = ANSWER_PROGRAM_VERSION
+        tag = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+        return base / f"{design.key()}-{metrics}-{tag[:12]}"
 
     def base_design(self) -> MemoryDesign:
         return base_design(self.cfg.budgets.context_tokens)
@@ -977,28 +1097,41 @@ class Study:
         external: bool = True,
         condition: str,
         setting: str = "with",
+        rows: bool = True,
     ) -> dict[str, EvaluationReport]:
-        """Evaluate ``design`` on each persona's official test items, from that persona's own
-        history. Each (persona, design) is evaluated once per study (``<setting>/<persona>/eval/
-        <design key>/``), whichever condition asks; rows go to ``items.jsonl`` under ``condition``."""
+        """Answer and judge ``design`` on each persona's test items (:meth:`test_items`), from that
+        persona's own history. Each (persona, design, items) is evaluated once per study
+        (:meth:`eval_folder`), whichever condition asks; with ``rows``, rows go to ``items.jsonl``
+        under ``condition``. A persona with no test item is left out."""
         reports = {}
         for persona in personas:
-            folder = self.out / "eval" / setting / safe_name(persona) / design.key()
+            items = self.test_items(persona, external, personas)
+            if not items:
+                continue
             rep = self.evaluate(
                 design,
                 self.load(persona, external).history,
-                self.test_items(persona, external),
-                folder,
+                items,
+                self.eval_folder(setting, persona, design, items),
             )
             reports[persona] = rep
-            self.add_rows(rep, condition, setting, persona, design)
+            if rows:
+                self.add_rows(rep.items, condition, setting, persona, design)
         return reports
 
     def add_rows(
-        self, rep: Any, condition: str, setting: str, persona: str, design: MemoryDesign
+        self,
+        items: Iterable[ItemResult],
+        condition: str,
+        setting: str,
+        persona: str,
+        design: MemoryDesign,
+        *,
+        extra: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
-        """One row of the per-item table for each item of the evaluation report ``rep``."""
-        for r in rep.items:
+        """One row of the per-item table for each evaluated item (``extra``: qa id -> more
+        fields of its row)."""
+        for r in items:
             self.rows.append(
                 {
                     "study": self.name,
@@ -1015,6 +1148,7 @@ class Study:
                     "prediction": r.prediction,
                     "reference": r.reference,
                     "error": r.error,
+                    **(extra or {}).get(r.qa_id, {}),
                 }
             )
 
@@ -1127,6 +1261,12 @@ class Study:
         """The head of ``results.md``: what ran, on what, with which LMs and sizes."""
         c, b = self.cfg, self.cfg.budgets
         roles = ", ".join(f"{r}: `{m}`" for r, m in self.lm.describe().items())
+        tested = f"{c.dataset.eval_items or 'all official'} per persona"
+        if c.dataset.test_on == "unused":
+            tested = (
+                "the official items the Official-QA split leaves out (R@10 and delivered recall on "
+                f"every one), answered on a stratified sample of {c.dataset.accuracy_items or 'all'}"
+            )
         return [
             f"# {title}",
             "",
@@ -1134,7 +1274,7 @@ class Study:
             + (f", config `{c.config_file}`" if c.config_file else "")
             + f", seed {c.dataset.seed}; written {datetime.now(UTC).isoformat(timespec='seconds')}",
             f"- LMs: {roles}",
-            f"- test items per persona: {c.dataset.eval_items or 'all official'}; context budget {b.context_tokens} "
+            f"- test items: {tested}; context budget {b.context_tokens} "
             f"tokens; MemSteer-Opt iterations {b.iterations}; generated supervision {b.supervision} items per persona "
             f"({round(100 * b.train_fraction)}% train)",
             *extra,
@@ -1316,7 +1456,9 @@ def parse_args(
         "--preset",
         choices=PRESETS,
         default="small",
-        help="tiny (tests), small (embedded LM, one persona, ~30 min on 2 cores), full (paper sizes).",
+        help="tiny (tests), small (embedded LM, one persona, ~30 min on 2 cores), cpu (main.py's "
+        "Table 2 on the embedded LM, ten personas, resumable over sessions: see experiments/README.md), "
+        "full (paper sizes).",
     )
     parser.add_argument(
         "--out",

@@ -197,7 +197,7 @@ def evaluate_tuned(
             "answerer": lm_identity(study.lm.lm("answerer")),
         },
     )
-    study.add_rows(rep, condition, "with", persona, design)
+    study.add_rows(rep.items, condition, "with", persona, design)
     return rep
 
 

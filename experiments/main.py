@@ -11,21 +11,29 @@ evaluated on the official QA items (all, or ``[dataset] eval_items`` per persona
 answered from the history before its ``question_date``. With several personas one design is
 optimized for all of them (the paper's ten-user setting) and scores pool their questions.
 
+Under ``[dataset] test_on = "unused"`` (the ``cpu`` preset, issue #47) every row is tested on the
+official items neither optimization used, retrieval on every item and on all items (†), accuracy on
+a stratified sample, with paired 95% intervals against Base-BM25 and between the optimized rows:
+see ``_protocol.py``.
+
 Usage::
 
     python experiments/main.py --preset small                    # embedded LM, one persona (~30 min, 2 cores)
+    python experiments/main.py --preset cpu                      # embedded LM, ten personas, w/ (many sessions)
     python experiments/main.py --config experiments/configs/openai.toml --preset full
     python experiments/main.py --preset small --persona Jonas_Richter --out runs/main-jonas
 
 Writes into ``--out`` (default ``experiments/runs/main-<preset>``):
 
 * ``results.md`` — Table 2 (accuracy, w/o and w/), R@10 in the same shape, Table 8 (accuracy by
-  question type), per-persona accuracy, what each optimization changed, and the cost of each stage;
-* ``results.json`` — the same numbers; ``items.jsonl`` — one line per (condition, setting, persona,
-  test item);
+  question type), per-persona accuracy, what each optimization changed, and the cost of each stage
+  (``test_on = "unused"``: with delivered recall, exact agreement and paired 95% intervals);
+* ``results.json`` — the same numbers (and ``comparisons``: the paired differences); ``items.jsonl``
+  — one line per (condition, setting, persona, test item);
 * ``<setting>/supervision/<persona>/`` — the generated supervision (``memsteer generate``'s folder);
 * ``<setting>/opt-official/``, ``<setting>/opt-memsteer/`` — the MemSteer-Opt runs;
-* ``eval/<setting>/<persona>/<design key>/items.jsonl`` — per-item results with traces;
+* ``eval/<setting>/<persona>/<design key>[-<metrics>-<item set>]/items.jsonl`` — per-item results
+  with traces;
 * ``mlflow.db`` — the study run (table numbers as metrics) with the optimization runs nested in it.
 
 A rerun of the same command resumes every stage where it stopped.
@@ -54,10 +62,17 @@ from _common import (  # noqa: E402
     report_dict,
     safe_name,
     with_delta,
-    with_persona,
 )
+from _protocol import RECALL, comparisons, table2_lines, test_row  # noqa: E402
+
+from memsteer_dspy.memory import MemoryDesign  # noqa: E402
 
 METHODS = {"base": "Base-BM25", "official": "+ Official-QA†", "memsteer": "+ MemSteer"}
+TITLES = {
+    "accuracy": "Table 8 — accuracy",
+    "recall_at_10": "R@10",
+    "delivered_recall": "Delivered recall",
+}
 
 
 def run(cfg: ExperimentConfig, out: str | Path, **options: Unpack[StudyOptions]) -> Path:
@@ -70,7 +85,24 @@ def run(cfg: ExperimentConfig, out: str | Path, **options: Unpack[StudyOptions])
         "settings": {},
         "optimizations": {},
         "supervision": {},
+        "comparisons": {},
     }
+    unused = cfg.dataset.test_on == "unused"
+    per_item: dict[str, dict[str, Any]] = {}  # setting -> row -> per-item scores (test_on unused)
+    tested: dict[str, dict[str, MemoryDesign]] = {}  # setting -> row -> its design
+
+    def test(
+        design: MemoryDesign, condition: str, setting: str, *, answer: bool = not unused
+    ) -> dict[str, Any]:
+        how = {"external": setting == "with", "condition": condition, "setting": setting}
+        if not unused:
+            return report_dict(study.test(design, personas, **how))
+        tested.setdefault(setting, {})[condition] = design
+        row, items = test_row(study, design, personas, answer=answer, **how)
+        per_item.setdefault(setting, {})[condition] = items
+        results["comparisons"][setting] = comparisons(per_item[setting])
+        return row
+
     study.on_stage = lambda: study.checkpoint(render(study, results), results)
     for setting in cfg.dataset.settings:
         external = setting == "with"
@@ -78,20 +110,10 @@ def run(cfg: ExperimentConfig, out: str | Path, **options: Unpack[StudyOptions])
         results["settings"][setting] = conditions
         histories = {p: study.load(p, external).history for p in personas}
         with study.stage(f"{setting}: Base-BM25 on the test items"):
-            conditions["base"] = report_dict(
-                study.test(
-                    study.base_design(),
-                    personas,
-                    external=external,
-                    condition="base",
-                    setting=setting,
-                )
-            )
+            conditions["base"] = test(study.base_design(), "base", setting)
         if "official" in cfg.main.sources:
             with study.stage(f"{setting}: + Official-QA (MemSteer-Opt on the official split)"):
-                items = [
-                    q for p in personas for q in with_persona(study.load(p, external).qa_items, p)
-                ]
+                items = study.official(personas, external)
                 train, val = official_split(items, cfg.budgets, cfg.dataset.seed)
                 res = study.optimize(
                     out / setting / "opt-official",
@@ -103,15 +125,7 @@ def run(cfg: ExperimentConfig, out: str | Path, **options: Unpack[StudyOptions])
                 results["optimizations"][f"{setting}/official"] = optimization_dict(
                     res, len(train), len(val)
                 )
-                conditions["official"] = report_dict(
-                    study.test(
-                        res.best_design,
-                        personas,
-                        external=external,
-                        condition="official",
-                        setting=setting,
-                    )
-                )
+                conditions["official"] = test(res.best_design, "official", setting)
         if "memsteer" in cfg.main.sources:
             generated = []
             with study.stage(f"{setting}: generate MemSteer supervision"):
@@ -146,20 +160,23 @@ def run(cfg: ExperimentConfig, out: str | Path, **options: Unpack[StudyOptions])
                     results["optimizations"][f"{setting}/memsteer"] = optimization_dict(
                         res, len(train), len(val)
                     )
-                    conditions["memsteer"] = report_dict(
-                        study.test(
-                            res.best_design,
-                            personas,
-                            external=external,
-                            condition="memsteer",
-                            setting=setting,
-                        )
-                    )
+                    conditions["memsteer"] = test(res.best_design, "memsteer", setting)
+        # test_on unused: every row's retrieval is in; now the answerer's sample, row by row
+        for condition, design in tested.get(setting, {}).items():
+            with study.stage(f"{setting}: {METHODS[condition].rstrip('†')} on the accuracy sample"):
+                conditions[condition] = test(design, condition, setting, answer=True)
     metrics = {
         f"{setting}.{method}.{m}": cond.get(m)
         for setting, conds in results["settings"].items()
         for method, cond in conds.items()
-        for m in ("accuracy", "qs", "recall_at_10")
+        for m in ("accuracy", "qs", *RECALL)
+    }
+    metrics |= {
+        f"{setting}.{method}.all_items.{m}": cond["all_items"][m]
+        for setting, conds in results["settings"].items()
+        for method, cond in conds.items()
+        if "all_items" in cond
+        for m in RECALL
     }
     return study.finish(render(study, results), results, metrics)
 
@@ -171,6 +188,32 @@ def _cell(results: dict[str, Any], setting: str, method: str, metric: str) -> st
         return "–"
     base = conds.get("base", {}).get(metric)
     return with_delta(cond[metric], base) if method != "base" else pct(cond[metric])
+
+
+def _per_persona(
+    conds: dict[str, Any],
+    personas: list[str],
+    metric: str,
+    n: str,
+    setting: str,
+    labels: dict[str, str],
+) -> list[str]:
+    """Table 9b: one row per persona, ``metric`` under each condition (points over Base-BM25)."""
+    rows = []
+    for p in personas:
+        base = conds.get("base", {}).get("per_persona", {}).get(p, {})
+        row = [p.replace("_", " "), base.get(n, "–"), pct(base.get(metric))]
+        for m in ("official", "memsteer"):
+            value = conds.get(m, {}).get("per_persona", {}).get(p, {}).get(metric)
+            row.append(with_delta(value, base.get(metric)))
+        rows.append(row)
+    title = "accuracy" if metric == "accuracy" else TITLES[metric].lower()
+    return [
+        f"## Per-persona {title} (%), {SETTING_LABELS[setting]} (Table 9b)",
+        "",
+        md_table(["Persona", "N", *(labels[m].lstrip("+ ") for m in labels)], rows),
+        "",
+    ]
 
 
 def render(study: Study, results: dict[str, Any]) -> str:
@@ -186,42 +229,51 @@ def render(study: Study, results: dict[str, Any]) -> str:
             "- test items: " + ", ".join(f"{SETTING_LABELS[s]} {n_items[s]}" for s in settings),
         ],
     )
-    heads = ["Method", *[SETTING_LABELS[s] for s in settings]]
-    for metric, title in (
-        ("accuracy", "Accuracy (%)"),
-        ("recall_at_10", "Evidence recall R@10 (%)"),
-    ):
-        lines += [
-            f"## {title}",
-            "",
-            md_table(
-                heads,
-                [
-                    [label, *[_cell(results, s, m, metric) for s in settings]]
-                    for m, label in METHODS.items()
-                ],
-            ),
-            "",
-        ]
+    unused = study.cfg.dataset.test_on == "unused"
+    labels = {**METHODS, "official": "+ Official-QA"} if unused else METHODS
+    if unused:
+        lines += table2_lines(results, labels)
+    else:
+        heads = ["Method", *[SETTING_LABELS[s] for s in settings]]
+        for metric, title in (
+            ("accuracy", "Accuracy (%)"),
+            ("recall_at_10", "Evidence recall R@10 (%)"),
+        ):
+            lines += [
+                f"## {title}",
+                "",
+                md_table(
+                    heads,
+                    [
+                        [label, *[_cell(results, s, m, metric) for s in settings]]
+                        for m, label in METHODS.items()
+                    ],
+                ),
+                "",
+            ]
     lines += [
-        "w/o: conversation records only; w/: conversations plus emails and documents. Arrows: "
-        "points over Base-BM25. † Official-QA training and validation items are included in "
-        "evaluation; MemSteer uses no official item for training or design selection.",
+        "w/o: conversation records only; w/: conversations plus emails and documents. "
+        + (
+            "Tables 8 and 9b below are on the unused items."
+            if unused
+            else "Arrows: points over Base-BM25. † Official-QA training and validation items are "
+            "included in evaluation; MemSteer uses no official item for training or design "
+            "selection."
+        ),
         "",
     ]
     types = list(QUESTION_TYPES)
-    for metric in ("accuracy", "recall_at_10"):
+    for metric in ("accuracy", "recall_at_10", *(["delivered_recall"] if unused else [])):
         for s in settings:
             rows = []
-            for m, label in METHODS.items():
+            for m, label in labels.items():
                 cond = results["settings"][s].get(m)
                 if cond is None:
                     continue
                 by_type = [pct(cond["by_type"].get(t, {}).get(metric)) for t in types]
                 rows.append([label, *by_type, pct(cond[metric])])
-            title = "Table 8 — accuracy" if metric == "accuracy" else "R@10"
             lines += [
-                f"## {title} (%) by question type, {s} external data sources",
+                f"## {TITLES[metric]} (%) by question type, {s} external data sources",
                 "",
                 md_table(["Model", *QUESTION_TYPES.values(), "Avg"], rows),
                 "",
@@ -233,22 +285,11 @@ def render(study: Study, results: dict[str, Any]) -> str:
         "",
     ]
     if len(personas) > 1:
+        per_persona = [("accuracy", "n_accuracy" if unused else "n")]
+        per_persona += [("delivered_recall", "n")] if unused else []
         for s in settings:
-            conds = results["settings"][s]
-            rows = []
-            for p in personas:
-                base = conds.get("base", {}).get("per_persona", {}).get(p, {})
-                row = [p.replace("_", " "), base.get("n", "–"), pct(base.get("accuracy"))]
-                for m in ("official", "memsteer"):
-                    acc = conds.get(m, {}).get("per_persona", {}).get(p, {}).get("accuracy")
-                    row.append(with_delta(acc, base.get("accuracy")))
-                rows.append(row)
-            lines += [
-                f"## Per-persona accuracy (%), {SETTING_LABELS[s]} (Table 9b)",
-                "",
-                md_table(["Persona", "N", "Base-BM25", "Official-QA†", "MemSteer"], rows),
-                "",
-            ]
+            for metric, n in per_persona:
+                lines += _per_persona(results["settings"][s], personas, metric, n, s, labels)
     if results["optimizations"]:
         lines += ["## The optimizations", ""]
         for key, opt in results["optimizations"].items():
