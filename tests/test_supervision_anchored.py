@@ -856,3 +856,25 @@ def test_no_pair_option_on_an_address_line_or_a_repeated_sentence():
     )
     got = pair_options(told, "Elena_Morales")
     assert [o.answer for o in got] == ["Raj Mehta"] and got[0].also
+
+
+def test_part_of_a_quoted_title_gives_the_whole_title_and_a_label_no_option():
+    # the blind reader answered "Resilience in Montessori" for the option "Resilience" (own-elena)
+    quoted = (
+        "User: I tried to jot down a few keywords for the “Resilience in Montessori” section "
+        "with Sofia, but my hand cramped up."
+    )
+    entities = [a for k, a in _answers(quoted, "entity")]
+    assert "Resilience in Montessori" in entities and "Resilience" not in entities
+    assert "Sofia" in entities
+    # a quoted passage is a quotation, not a name: none of its words is an option
+    long_quote = (
+        "User: My friend Sofia wrote “Resilience is what we practise when the garden floods and the Kids "
+        "Club still meets on Thursday” on the card she gave me this morning."
+    )
+    entities = [a for k, a in _answers(long_quote, "entity")]
+    assert "Sofia" in entities and not {"Resilience", "Kids Club", "Thursday"} & set(entities)
+    # "*Student Highlight:* Mia …" — the label is no answer, the name after it is
+    label = "- *Student Highlight:* Mia zipped her coat on her own and showed Amelia Torres."
+    entities = [a for k, a in _answers(label, "entity")]
+    assert "Student Highlight" not in entities and "Amelia Torres" in entities

@@ -165,6 +165,46 @@ def _option_names(text: str, user: set[str], mid_sentence: set[str]) -> list[str
     return names
 
 
+# A phrase in paired quotes (a title: the “Resilience in Montessori” section), and a name written
+# as a label ("*Student Highlight:* Mia was …", "Discussion: …").
+_QUOTED_PHRASE = re.compile(r"“([^”]{3,300})”|\"([^\"]{3,300})\"|‘([^’]{3,300})’")
+QUOTED_TITLE_WORDS = 8
+"""A quoted title longer than this is no answer option (a quotation, not a name)."""
+
+
+def _title_like(phrase: str) -> bool:
+    """A title, not a quotation: at most :data:`QUOTED_TITLE_WORDS` words, no sentence mark, and
+    every word of four letters or more capitalised ("Resilience in Montessori", not "It's okay to
+    rest")."""
+    words = phrase.split()
+    return (
+        len(words) <= QUOTED_TITLE_WORDS
+        and not re.search(r"[.?!;:]", phrase)
+        and all(w[0].isupper() or len(w) < 4 for w in words)
+    )
+
+
+def option_answer(text: str, name: str) -> str | None:
+    """The answer option a name of ``text`` gives: the whole quoted title it is part of ("Resilience"
+    of the “Resilience in Montessori” section gives "Resilience in Montessori"), none for a label
+    ("Student Highlight" of "*Student Highlight:* Mia was …") or for part of a quotation that is no
+    title (:func:`_title_like`), else the name. Measured over every anchored run kept in
+    ``runs/`` (2026-12-07): 0 of 12 candidates answered by part of a quoted title were kept (the
+    blind reader answered the whole title), 0 of 3 answered by a label."""
+    at = whole_word(name)
+    if at.search(_QUOTED_PHRASE.sub(" ", text)):  # said outside quotes too
+        quotes = []
+    else:
+        quotes = list(_QUOTED_PHRASE.finditer(text))
+    for m in quotes:
+        quoted = next(g for g in m.groups() if g is not None).strip().rstrip(",.")
+        if at.search(quoted) and quoted.lower() != name.lower():
+            return quoted if _title_like(quoted) else None
+    if re.search(rf"(?<![\w-]){re.escape(name)}[*_]*\s*:", text):
+        return None
+    return name
+
+
 def whole_word(text: str) -> re.Pattern[str]:
     """``text`` as a whole word or phrase, any case: not inside a longer word or a hyphenated
     compound ("2" is not in "2-hour", "Mila" not in "Milan")."""
