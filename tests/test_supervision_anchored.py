@@ -532,10 +532,12 @@ def test_a_record_s_date_is_cited_from_its_event_and_written_dates_are_options()
     assert event_span(stating_spans(record)).text.startswith("This morning Mark Jensen")
     dates = [(o.answer, o.span_id[-1]) for o in answer_options([record], "Elena", "date")]
     assert dates == [("2024-04-15", "2"), ("September 23", "3")]
-    # an email's date is cited from its subject line
+    # an email's date is cited from its body's event, never from its subject line (asked by its
+    # subject, the question copies it: 0 of 20 kept since the own-words check)
     mail = RECORDS[2].model_copy(update={"id": "e:2", "thread_id": "e2"})
     (record,) = bundle_from_records(History("Elena", [mail]), ["e:2"], BundleConfig()).records
-    assert event_span(stating_spans(record)).text.startswith("Subject:")
+    event = event_span(stating_spans(record))
+    assert event is None or not event.text.startswith("Subject:")
     # a sentence whose event is on another day never carries the record's date
     text = (
         "User: Alex Kim called about the Harbor Grey sample.\n"
@@ -578,8 +580,10 @@ def test_a_record_s_date_is_no_answer_for_a_reply_subject_a_state_or_a_sentence_
     text = "Subject: Re: I'm in Denver in April!\nI booked the Larimer Inn for two nights."
     assert event(text) == "I booked the Larimer Inn for two nights."
     assert event("Subject: Fwd: Denver trip\nSee below.") is None
-    # a plain subject still is the email's event
-    assert event("Subject: Seedling Swap in Forest Park\nSee you there.").startswith("Subject:")
+    # nor is a plain subject: the body's event is, or there is none
+    assert event("Subject: Seedling Swap in Forest Park\nSee you there.") is None
+    body = "Subject: Seedling Swap\nThis morning Dana Cole and I swapped kale seedlings in Forest Park."
+    assert event(body).startswith("This morning Dana Cole")
     # a state or a habit is no event (the demo kept "When is Harbor Grey matte …?" in every run)
     assert event("User: Harbor Grey is matte and hides stains, and it's cheaper too.") is None
     assert event("User: Sam keeps telling me to switch to his dentist at Alberta Dental.") is None

@@ -266,8 +266,6 @@ _SHIFTED_DAY = re.compile(
 )
 
 
-# a reply's or a forward's subject names the thread's first message, not what the reply tells
-_REPLY_SUBJECT = re.compile(r"^\s*Subject\s*:\s*(?:re|fwd?|aw)\s*:", re.I)
 # an email's subject line, its text in group 1 (a bridge's event, a date's ask)
 SUBJECT_TEXT = re.compile(r"^\s*Subject\s*:\s*(.+)$", re.I)
 # a sentence telling something that happened: a past-tense verb, or an event of the record's day
@@ -289,9 +287,7 @@ own date is no answer option; the dates its sentences write still are."""
 
 def event_span(stating: Sequence[Span]) -> Span | None:
     """The sentence a record's own date is cited from, as the event a "When …?" question asks
-    about: an email's subject line (not a reply's or a forward's, "Re: I'm in Denver in April!",
-    which names the first message's topic), else among the first :data:`EVENT_SPAN_WINDOW`
-    sentences the one naming the most kinds of detail (names, numbers, places) that writes no date
+    about: among the first :data:`EVENT_SPAN_WINDOW` sentences the one naming the most kinds of detail (names, numbers, places) that writes no date
     of its own (whose question would have that date for its answer) and tells something that
     happened (:data:`_HAPPENED`: a past-tense verb, or "today", "this morning"), the earliest on a
     tie. A sentence that
@@ -307,15 +303,16 @@ def event_span(stating: Sequence[Span]) -> Span | None:
     kept one asked when Julia wrote "about her trip") and a state or a habit ("Harbor Grey is
     matte and hides stains" → "When is Harbor Grey matte …?", kept in every demo; "Sam keeps
     telling me to switch to his dentist"): a record's date answers "When did …?" about an
-    event."""
+    event. An email's subject line is never one (before ``ANCHORED_VERSION`` 20 it was the event
+    of every email but a reply or a forward): asked by its subject, "When was the email 'Update on
+    Canceled Garden Planting Activity' sent?", the question copies its record's words, and since
+    the own-words check none of the 20 such candidates of the anchored runs was kept (all
+    ``question:echoes``)."""
     window = []
     for span in stating[:EVENT_SPAN_WINDOW]:
         if _SHIFTED_DAY.search(plain_text(span.text)):
             break
         window.append(span)
-    subject = next((s for s in window if _SUBJECT_LINE.match(s.text)), None)
-    if subject is not None and not _REPLY_SUBJECT.match(subject.text):
-        return subject
 
     def score(span: Span) -> int:
         f = span_features(span.text)
@@ -324,7 +321,7 @@ def event_span(stating: Sequence[Span]) -> Span | None:
     events = [
         s
         for s in window
-        if s is not subject and score(s) > 0 and _HAPPENED.search(plain_text(s.text))
+        if not _SUBJECT_LINE.match(s.text) and score(s) > 0 and _HAPPENED.search(plain_text(s.text))
     ]
     return max(events, key=score, default=None)  # max keeps the first of equal scores
 
