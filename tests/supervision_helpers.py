@@ -104,6 +104,19 @@ def plan_reply(**overrides: Any) -> dict[str, Any]:
     return reply
 
 
+def option_reply(option: int, **overrides: Any) -> dict[str, Any]:
+    """An anchored planner's reply choosing answer option ``option`` (a number of its options)."""
+    reply = {
+        "answer_option": option,
+        "evidence": [{"record_id": "R1", "contribution": "names it"}],
+        "fact_span_ids": ["R1.1"],
+        "operations": ["lookup"],
+        "ask": "which laptop I wrote from",
+    }
+    reply.update(overrides)
+    return reply
+
+
 def question_reply(
     question: str = "Which device did I use to send a quick note to Lila on March 2?",
 ):

@@ -11,6 +11,7 @@ from supervision_helpers import (
     RECORDS,
     audit_reply,
     blind_reply,
+    option_reply,
     question_reply,
     role_lms,
     small_bundle,
@@ -121,18 +122,6 @@ def test_answer_options_keep_to_the_asked_kind_when_the_records_hold_it_and_take
     assert [o.span_id.rpartition("#")[0] for o in options] == bundle.record_ids
 
 
-def _plan(option: int, **overrides):
-    reply = {
-        "answer_option": option,
-        "evidence": [{"record_id": "R1", "contribution": "names it"}],
-        "fact_span_ids": ["R1.1"],
-        "operations": ["lookup"],
-        "ask": "which laptop I wrote from",
-    }
-    reply.update(overrides)
-    return reply
-
-
 def _anchored(lms, bundle=None, task=FACT):
     gen = MemSteerGenerator(lms, max_retries=0, lean=True, anchored=True, user_name="Elena")
     bundle = bundle or small_bundle()
@@ -144,7 +133,7 @@ def test_the_anchored_planner_s_answer_is_the_option_it_chose():
     bundle = small_bundle()
     options = answer_options(bundle.records, "Elena", "entity")
     n = next(i for i, o in enumerate(options, 1) if o.answer == "MacBook Air")
-    lms = role_lms([_plan(n)], [question_reply()], [audit_reply()], [blind_reply()])
+    lms = role_lms([option_reply(n)], [question_reply()], [audit_reply()], [blind_reply()])
     out, _ = _anchored(lms, bundle)
     assert out.status == "accepted", out.detail
     assert (out.plan.answer, out.plan.answer_type) == ("MacBook Air", "entity")
@@ -159,7 +148,7 @@ def test_the_option_s_record_is_evidence_even_when_the_planner_names_another():
     bundle = small_bundle()
     options = answer_options(bundle.records, "Elena", "entity")
     n = next(i for i, o in enumerate(options, 1) if o.answer == "GreenLeaf")
-    reply = _plan(
+    reply = option_reply(
         n, evidence=[{"record_id": "R1", "contribution": "the note"}], fact_span_ids=["R3.2"]
     )
     audit = audit_reply(facts=("R3.2",))
@@ -176,7 +165,7 @@ def test_the_option_s_record_is_evidence_even_when_the_planner_names_another():
 
 
 def test_a_number_that_names_no_option_is_re_planned_then_rejected():
-    lms = role_lms([_plan(9), _plan(0)])
+    lms = role_lms([option_reply(9), option_reply(0)])
     out, options = _anchored(lms)
     assert len(options) < 9
     assert out.status == "rejected" and out.reason.startswith("plan_check:"), out.reason
@@ -288,7 +277,9 @@ def test_a_plan_ask_copied_from_the_demo_is_replaced_by_its_answer_sentence_s_as
     options = answer_options(bundle.records, "Elena", "entity")
     n = next(i for i, o in enumerate(options, 1) if o.answer == "MacBook Air")
     copied = _cold_start_ask()  # "who is coming with me to the pottery class": no pottery here
-    lms = role_lms([_plan(n, ask=copied)], [question_reply()], [audit_reply()], [blind_reply()])
+    lms = role_lms(
+        [option_reply(n, ask=copied)], [question_reply()], [audit_reply()], [blind_reply()]
+    )
     out, _ = _anchored(lms, bundle)
     assert out.status == "accepted", out.detail
     # with the record's day, so that the question is about one event of the whole history
@@ -306,7 +297,7 @@ def test_a_plan_ask_that_would_pass_as_a_question_is_kept_with_its_record_s_day(
     options = answer_options(bundle.records, "Elena", "entity")
     n = next(i for i, o in enumerate(options, 1) if o.answer == "MacBook Air")
     ask = "what I sent a quick note to Lila from this morning"
-    lms = role_lms([_plan(n, ask=ask)], [question_reply()], [audit_reply()], [blind_reply()])
+    lms = role_lms([option_reply(n, ask=ask)], [question_reply()], [audit_reply()], [blind_reply()])
     out, _ = _anchored(lms, bundle)
     assert out.status == "accepted", out.detail
     assert out.plan.ask == f"{ask}, on March 2, 2024"
@@ -314,7 +305,9 @@ def test_a_plan_ask_that_would_pass_as_a_question_is_kept_with_its_record_s_day(
     assert repair.before == ask and "date anchors" in repair.reason
     # an ask that already names its day, and a date answer, get none
     dated = "what I sent a quick note to Lila from on March 2"
-    lms = role_lms([_plan(n, ask=dated)], [question_reply()], [audit_reply()], [blind_reply()])
+    lms = role_lms(
+        [option_reply(n, ask=dated)], [question_reply()], [audit_reply()], [blind_reply()]
+    )
     out, _ = _anchored(lms, bundle)
     assert out.plan.ask == dated and not [r for r in out.repairs if r.field == "ask"]
 
@@ -416,7 +409,7 @@ def _two_record_plan(**overrides):
         "fact_span_ids": ["R1.1", "R2.1"],
         "ask": "who I sent a note to from my MacBook Air and who moved the garden workshop",
     }
-    return _plan(1, **{**fields, **overrides})
+    return option_reply(1, **{**fields, **overrides})
 
 
 def test_a_two_record_plan_cites_both_records_of_its_option():
@@ -660,11 +653,23 @@ def test_a_doubled_question_mark_is_made_one():
     options = answer_options(bundle.records, "Elena", "entity")
     n = next(i for i, o in enumerate(options, 1) if o.answer == "MacBook Air")
     doubled = "Which device did I use to send a quick note to Lila on March 2??"
-    lms = role_lms([_plan(n)], [question_reply(doubled)], [audit_reply()], [blind_reply()])
+    lms = role_lms([option_reply(n)], [question_reply(doubled)], [audit_reply()], [blind_reply()])
     out, _ = _anchored(lms, bundle)
     assert out.status == "accepted", out.detail
     assert out.question.endswith("March 2?")
     assert any(r.before == doubled for r in out.repairs)
+    # with "the user" too: both repairs, in their order, each recorded with its reason
+    written = "Which device did the user use to send a quick note to Lila on March 2??"
+    lms = role_lms([option_reply(n)], [question_reply(written)], [audit_reply()], [blind_reply()])
+    out, _ = _anchored(lms, bundle)
+    assert out.status == "accepted", out.detail
+    assert out.question == "Which device did I use to send a quick note to Lila on March 2?"
+    made = [r for r in out.repairs if r.field == "question"]
+    assert [r.reason for r in made] == [
+        "a doubled question mark was made one",
+        "'the user' was put in the user's voice",
+    ]
+    assert made[0].before == written and made[-1].after == out.question
 
 
 def test_an_echo_question_or_one_naming_part_of_the_answer_is_rewritten():
@@ -714,7 +719,7 @@ def _macbook_question_rewritten(first: str, second: str, problem: str):
     options = answer_options(bundle.records, "Elena", "entity")
     n = next(i for i, o in enumerate(options, 1) if o.answer == "MacBook Air")
     lms = role_lms(
-        [_plan(n)],
+        [option_reply(n)],
         [question_reply(first), question_reply(second)],
         [audit_reply()],
         [blind_reply()],
@@ -730,7 +735,7 @@ def test_a_question_writing_its_number_answer_is_rewritten():
     bundle = small_bundle()
     options = answer_options(bundle.records, "Elena", "number")
     n = next(i for i, o in enumerate(options, 1) if o.answer == "12 seed")
-    plan = _plan(
+    plan = option_reply(
         n,
         evidence=[{"record_id": "R2", "contribution": "says it"}],
         fact_span_ids=["R2.2"],

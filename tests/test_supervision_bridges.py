@@ -12,6 +12,7 @@ from supervision_helpers import (
     RECORDS,
     audit_reply,
     blind_reply,
+    option_reply,
     question_reply,
     role_lms,
     small_history,
@@ -162,13 +163,7 @@ def _bridged(blind_cited, question):
     audit["record_checks"].append(
         {"record_id": "R2", "rationale": "says the day", "verdict": "supported"}
     )
-    plan = {
-        "answer_option": n,
-        "evidence": [{"record_id": "R1", "contribution": "names the laptop"}],
-        "fact_span_ids": ["R1.1"],
-        "operations": ["lookup"],
-        "ask": "which laptop I wrote from",
-    }
+    plan = option_reply(n, evidence=[{"record_id": "R1", "contribution": "names the laptop"}])
     lms = role_lms(
         [plan],
         [question_reply(question)] * 2,  # the first, and its one re-write
@@ -283,13 +278,12 @@ def _updated(blind_answer: str):
     audit["record_checks"].append(
         {"record_id": "R2", "rationale": "moves it", "verdict": "supported"}
     )
-    plan = {
-        "answer_option": n,
-        "evidence": [{"record_id": "R2", "contribution": "the new date"}],
-        "fact_span_ids": ["R2.2"],
-        "operations": ["lookup"],
-        "ask": "when the cleaning is",
-    }
+    plan = option_reply(
+        n,
+        evidence=[{"record_id": "R2", "contribution": "the new date"}],
+        fact_span_ids=["R2.2"],
+        ask="when the cleaning is",
+    )
     lms = role_lms(
         [plan],
         [question_reply("When is my cleaning and exam with Dr. Voss now?")],

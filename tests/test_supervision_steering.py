@@ -281,8 +281,15 @@ def test_no_hand_written_demo_question_echoes_its_evidence(demo):
 def _own_words_candidate(*questions: str):
     """The MacBook Air candidate of the anchored pipeline with the own-words check on, its writer
     answering ``questions`` in turn; the DummyLM records every writer request."""
-    from supervision_helpers import audit_reply, blind_reply, question_reply, role_lms, small_bundle
-    from test_supervision_anchored import FACT, _plan  # the anchored tests' MacBook Air plan
+    from supervision_helpers import (
+        audit_reply,
+        blind_reply,
+        option_reply,  # the anchored tests' MacBook Air plan
+        question_reply,
+        role_lms,
+        small_bundle,
+    )
+    from test_supervision_anchored import FACT
 
     from memsteer_dspy.bundles import answer_options
     from memsteer_dspy.supervision.program import MemSteerGenerator
@@ -291,7 +298,7 @@ def _own_words_candidate(*questions: str):
     options = answer_options(bundle.records, "Elena", "entity")
     n = next(i for i, o in enumerate(options, 1) if o.answer == "MacBook Air")
     lms = role_lms(
-        [_plan(n)], [question_reply(q) for q in questions], [audit_reply()], [blind_reply()]
+        [option_reply(n)], [question_reply(q) for q in questions], [audit_reply()], [blind_reply()]
     )
     gen = MemSteerGenerator(
         lms, max_retries=0, lean=True, anchored=True, own_words=True, user_name="Elena"

@@ -31,12 +31,7 @@ from memsteer_dspy.signatures.plan import AnswerPlan
 from memsteer_dspy.supervision.adapter import CompactJSONAdapter
 from memsteer_dspy.supervision.asks import (
     _DATE_WORDS,
-    _FRONTED,
-    _NO_VERB,
-    _misses_subject,
-    _names_part_of,
     _second_answer_span,
-    _writes_number,
     first_person,
     header_ask,
     sentence_ask,
@@ -46,13 +41,8 @@ from memsteer_dspy.supervision.checks import (
     PlanIssue,
     Repair,
     check_plan,
-    check_question,
-    echoes,
-    names_self,
     quoted_fact_support,
-    records_missed,
     spans_by_id,
-    swaps_roles,
     user_display_name,
 )
 from memsteer_dspy.supervision.limits import bounded_signature
@@ -70,6 +60,11 @@ from memsteer_dspy.supervision.outcome import (
     _Request,
     _shuffled,
     _usage_tokens,
+)
+from memsteer_dspy.supervision.question_rules import (
+    QuestionRules,
+    question_echo,
+    question_verdict,
 )
 from memsteer_dspy.supervision.replies import (
     _audit_inputs,
@@ -125,6 +120,9 @@ class _Generator(dspy.Module):
         self.bounded = bounded
         self.cold_start = cold_start
         self.checks = checks
+        self.question_rules = QuestionRules.of(
+            lean=lean, anchored=anchored, own_words=own_words, user_name=user_name
+        )
         self.max_retries = max_retries
         self.max_demos = max_demos
         self.adapter = adapter or (CompactJSONAdapter() if lean else dspy.JSONAdapter())
@@ -134,7 +132,14 @@ class _Generator(dspy.Module):
         self._demo_lock = threading.Lock()
         self._demo_count = 0
         self.role_of: dict[str, str] = {"audit": "auditor", "blind_read": "blind_reader"}
-        if lean:  # the audit of a plan whose facts are quoted sentences (see _verify)
+        # lean: the blind read (short answer, the check that rejects corrupted items) before the
+        # audit (long verdicts), so only candidates the blind reader confirms pay for an audit
+        self.verify_order = ("blind", "audit") if lean else ("audit", "blind")
+        # lean: facts that are their cited sentences' own words are supported by construction (the
+        # planner cites sentences, the program fills each fact in from its sentence); a small
+        # auditor asked to confirm them anyway spends most of its output on those verdicts
+        self.quoted_audit = lean
+        if self.quoted_audit:  # the audit of a plan whose facts are quoted sentences (see _verify)
             self.audit_quoted = dspy.Predict(AuditQuotedFacts)
             self.role_of["audit_quoted"] = "auditor"
         self._pending_lms = dict(lms or {})
@@ -390,72 +395,40 @@ class _Generator(dspy.Module):
         *,
         own_words: bool = True,
     ) -> str | None:
-        """:func:`~memsteer_dspy.supervision.checks.check_question` against the current demos (and
-        ``also_demos``), with the bundle's records (``view``, the one the planner read) and the
-        user's name as what the question may name; lean also holds its topic words to the plan's
-        evidence records. With the generator's ``own_words`` (and ``own_words`` here), a question
-        that copies its evidence records' wording is ``echoes`` (:func:`_echo`)."""
+        """The generator's verdict on a question (:func:`question_verdict` by its
+        :attr:`question_rules`): against the current demos (and ``also_demos``), with the bundle's
+        records (``view``, the one the planner read) and the user's name as what the question may
+        name; lean also holds its topic words to the plan's evidence records. With the generator's
+        ``own_words`` (and ``own_words`` here), a question that copies its evidence records'
+        wording is ``echoes`` (:func:`question_echo`, as :meth:`_echo`). The rules and their order
+        are the verdict's; this gathers what it reads: the demos, the bundle's and the evidence
+        records' text, the plan's bridge or update sentence."""
+        rules = self.question_rules
         demos = {str(d.question) for p in self.predictors() for d in p.demos if d.get("question")}
         demos.update(also_demos)
         user = user_display_name(self.user_name)
-        known = f"{view.text}\n{user}"
         evidence = None
-        if self.lean and plan.evidence_ids:
+        if rules.on_evidence and plan.evidence_ids:
             evidence = f"{bundle.subset(plan.evidence_ids).view().text}\n{user}"
-        added = 0  # a bridge's "on the day <event>" is the program's, not the writer's length
-        if ", on the day " in question and self._bridge_span(plan, bundle) is not None:
-            added = 3 + len(question.split(", on the day ", 1)[1].split())
-        problem = check_question(
+        return question_verdict(
             question,
-            plan.answer,
-            str(plan.answer_type),
-            demos,
-            known,
-            kind_check=self.lean,
+            plan,
+            bundle,
+            rules,
+            demos=demos,
+            known_text=f"{view.text}\n{user}",
             evidence_text=evidence,
-            own_words=self.own_words,
-            extra_words=added,
+            bridge=self._bridge_span(plan, bundle),
+            update=self._update_span(plan, bundle) if rules.anchored else None,
+            echo=own_words and self.checks,
         )
-        if problem is None and self.lean and names_self(question, self.user_name):
-            return "names_self"  # "When did I talk to Elena Morales?", asked by Elena Morales
-        if problem is None and self.lean and str(plan.answer_type) == "entity":
-            span = bundle.span(plan.answer_span_id) if plan.answer_span_id else None
-            if span is not None and swaps_roles(question, plan.answer, span.text):
-                return "role_swap"  # "Who tried to dictate …?" -> whom the user dictated to
-        if problem is None and self.anchored:
-            if not _FRONTED.match(question):  # "… altered my day as the what?"
-                return "not_fronted"
-            if _NO_VERB.match(question):  # "When Unable to Update on School Garden Plans?"
-                return "no_verb"
-            if str(plan.answer_type) == "entity" and _names_part_of(question, plan.answer):
-                return "leaks_answer"  # "Who is Sofia's mother?" -> Sofia Morales
-            if str(plan.answer_type) == "number" and _writes_number(question, plan.answer):
-                return "leaks_answer"  # "How long … that 25-minute chat …?" -> 25
-            if _misses_subject(question, plan, bundle):
-                return "vague"  # "When did I send the email to Sofia Morales?": which one?
-            if len(plan.evidence_ids) > 1 and self._update_span(plan, bundle) is None:
-                # (an update's two records share its topic: the question asks by it, not by each)
-                texts = [bundle.subset([rid]).view().text for rid in plan.evidence_ids]
-                if records_missed(question, plan.answer, texts):
-                    return "misses_record"
-        if problem is None and own_words and self._echo(question, plan, bundle):
-            return "echoes"
-        return problem
 
     def _echo(self, question: str, plan: AnswerPlan, bundle: Bundle) -> list[str] | None:
         """With ``own_words``: what of its evidence records' wording the question copies
-        (:func:`~memsteer_dspy.supervision.checks.echoes`), else None."""
-        if not (self.own_words and self.checks and plan.evidence_ids):
+        (:func:`question_echo`), else None."""
+        if not (self.own_words and self.checks):
             return None
-        ids = plan.evidence_ids
-        if self._bridge_span(plan, bundle) is not None:
-            # the program's "on the day <event>" names the other record by its own words (as
-            # RHELM's questions do): the writer's part is held to the answer's record
-            question, ids = question.split(", on the day ")[0], ids[:1]
-        text = "\n".join(s.text for s in bundle.subset(ids).spans())
-        # a question about two records names something of each (records_missed): the allowance
-        # is per evidence record
-        return echoes(question, text, plan.answer, records=len(ids))
+        return question_echo(question, plan, bundle, self._bridge_span(plan, bundle))
 
     def _anchored_ask(
         self, plan: AnswerPlan, view: BundleView, bundle: Bundle
@@ -590,18 +563,14 @@ class _Generator(dspy.Module):
             problem = self._question_problem(question, plan, view, bundle)
         if problem:
             return _rejected("question", f"question:{problem}", question, usage, **base)
-        # lean: the blind read (short answer, the check that rejects corrupted items) before the
-        # audit (long verdicts), so only candidates the blind reader confirms pay for an audit
-        stages = ("blind", "audit") if self.lean else ("audit", "blind")
-        # lean: facts that are their cited sentences' own words are supported by construction (the
-        # planner cites sentences, the program fills each fact in from its sentence); a small
-        # auditor asked to confirm them anyway spends most of its output on those verdicts
-        quoted = self.lean and quoted_fact_support(plan, spans_by_id(bundle.spans()))
+        # the stages in verify_order; with quoted_audit, a plan whose facts are all its sentences'
+        # own words is audited by audit_quoted, the per-fact verdicts settled (see __init__)
+        quoted = self.quoted_audit and quoted_fact_support(plan, spans_by_id(bundle.spans()))
         # a bridge's day record or an update's earlier record: checked by the program, not the reader
         update = self._update_span(plan, bundle) if self.anchored else None
         bridge = self._bridge_span(plan, bundle) if self.anchored and update is None else None
         audit = blind = None
-        for stage in stages:
+        for stage in self.verify_order:
             if stage == "audit":
                 predictor = "audit_quoted" if quoted else "audit"
                 try:

@@ -38,13 +38,13 @@ read (the ``--no-checks`` ablation).
 This module holds the generators and :func:`make_generator`; their parts, one way (each reads
 only those before it): :mod:`~memsteer_dspy.supervision.outcome` (results and requests),
 :mod:`~memsteer_dspy.supervision.asks` (a question's words),
-:mod:`~memsteer_dspy.supervision.replies` (each role's inputs and outputs) and
-:mod:`~memsteer_dspy.supervision.generator` (the pipeline every generator runs).
+:mod:`~memsteer_dspy.supervision.replies` (each role's inputs and outputs),
+:mod:`~memsteer_dspy.supervision.question_rules` (a question's repairs and its verdict, fixed
+at construction) and :mod:`~memsteer_dspy.supervision.generator` (the pipeline every generator runs).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from functools import partial
 from typing import Any
@@ -66,13 +66,15 @@ from memsteer_dspy.supervision.asks import (
 )
 from memsteer_dspy.supervision.asks import (
     SENTENCE_ASK_WORDS,
-    _drop_relative_day,
     first_person,
     header_ask,
     rewrite_hint,
     sentence_ask,
     spoken_date,
     user_voice,
+)
+from memsteer_dspy.supervision.asks import (
+    _drop_relative_day as _drop_relative_day,
 )
 from memsteer_dspy.supervision.asks import (
     _misses_subject as _misses_subject,
@@ -87,7 +89,6 @@ from memsteer_dspy.supervision.asks import (
     _writes_number as _writes_number,
 )
 from memsteer_dspy.supervision.checks import (
-    _RELATIVE_TIME,
     Repair,
     detail_terms,
     prefilter_bundle,
@@ -115,6 +116,7 @@ from memsteer_dspy.supervision.outcome import (
 from memsteer_dspy.supervision.outcome import (
     _usage_tokens as _usage_tokens,
 )
+from memsteer_dspy.supervision.question_rules import BRIDGE_DAY, question_repairs, repaired
 from memsteer_dspy.supervision.replies import (
     _anchored_demo_fields,
     _anchored_plan,
@@ -169,12 +171,18 @@ class MemSteerGenerator(_Generator):
         super().__init__(lms, **kwargs)
         self.plan = dspy.Predict(PlanFromOptions if self.anchored else PlanAnswer)
         self.write_question = dspy.Predict(WriteQuestion)
+        # lean: a bundle with too little concrete detail for its task costs no LM call
+        self.prefilter = self.lean and self.checks
+        # what the program fixes in each written question before its verdict, in this order
+        self.question_repairs = question_repairs(
+            lean=self.lean, anchored=self.anchored, checks=self.checks
+        )
         self.role_of.update({"plan": "planner", "write_question": "question_writer"})
         self._ready()
 
     def _pipeline(self, bundle: Bundle, task: Task, shuffle_seed: int) -> Pipeline:
         usage: dict[str, RoleCost] = {}
-        if self.lean and self.checks and (why := prefilter_bundle(bundle, task)):
+        if self.prefilter and (why := prefilter_bundle(bundle, task)):
             return _rejected(
                 "prefilter",
                 f"prefilter:{why}",
@@ -249,60 +257,10 @@ class MemSteerGenerator(_Generator):
                         reason=f"re-sampled after question:{problem}",
                     )
                 )
-            if (
-                self.anchored
-                and self.checks
-                and (one := re.sub(r"\?{2,}", "?", question)) != question
-            ):
-                why = "a doubled question mark was made one"  # "…cover??" failed as compound
-                repairs.append(
-                    Repair(
-                        stage="question", field="question", before=question, after=one, reason=why
-                    )
-                )
-                question = one
-            if (
-                self.anchored
-                and self.checks
-                and (mine := first_person(question, keep_quoted=True)) != question
-            ):
-                why = "'the user' was put in the user's voice"  # "Who did the user sketch …?"
-                repairs.append(
-                    Repair(
-                        stage="question", field="question", before=question, after=mine, reason=why
-                    )
-                )
-                question = mine
-            if self.lean and self.checks and (voiced := user_voice(question)) != question:
-                why = "the question was put in the user's voice"
-                repairs.append(
-                    Repair(
-                        stage="question",
-                        field="question",
-                        before=question,
-                        after=voiced,
-                        reason=why,
-                    )
-                )
-                question = voiced
-            if (
-                self.checks
-                and str(plan.answer_type) == "date"
-                and _RELATIVE_TIME.search(question)
-                and (fixed := _drop_relative_day(question, keep_quoted=self.lean)) != question
-            ):
-                repairs.append(
-                    Repair(
-                        stage="question",
-                        field="question",
-                        before=question,
-                        after=fixed,
-                        reason="a date question's relative day was removed",
-                    )
-                )
-                question = fixed
+            question, made = repaired(question, plan, self.question_repairs)
+            repairs.extend(made)
             if day and "on the day" not in question.lower():
-                bridged = f"{question.rstrip(' ?.')}, on the day {day}?"
+                bridged = f"{question.rstrip(' ?.')}{BRIDGE_DAY}{day}?"
                 why = "a bridge: the other record's event says which day"
                 repairs.append(
                     Repair(
