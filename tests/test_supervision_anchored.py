@@ -525,10 +525,12 @@ def test_a_record_s_date_is_cited_from_its_event_and_written_dates_are_options()
     assert event_span(stating_spans(record)).text.startswith("This morning Mark Jensen")
     dates = [(o.answer, o.span_id[-1]) for o in answer_options([record], "Elena", "date")]
     assert dates == [("2024-04-15", "2"), ("September 23", "3")]
-    # an email's date is cited from its subject line
+    # an email's date is cited from its body's event, never from its subject line (asked by its
+    # subject, the question copies it: 0 of 20 kept since the own-words check)
     mail = RECORDS[2].model_copy(update={"id": "e:2", "thread_id": "e2"})
     (record,) = bundle_from_records(History("Elena", [mail]), ["e:2"], BundleConfig()).records
-    assert event_span(stating_spans(record)).text.startswith("Subject:")
+    event = event_span(stating_spans(record))
+    assert event is None or not event.text.startswith("Subject:")
     # a sentence whose event is on another day never carries the record's date
     text = (
         "User: Alex Kim called about the Harbor Grey sample.\n"
@@ -571,8 +573,10 @@ def test_a_record_s_date_is_no_answer_for_a_reply_subject_a_state_or_a_sentence_
     text = "Subject: Re: I'm in Denver in April!\nI booked the Larimer Inn for two nights."
     assert event(text) == "I booked the Larimer Inn for two nights."
     assert event("Subject: Fwd: Denver trip\nSee below.") is None
-    # a plain subject still is the email's event
-    assert event("Subject: Seedling Swap in Forest Park\nSee you there.").startswith("Subject:")
+    # nor is a plain subject: the body's event is, or there is none
+    assert event("Subject: Seedling Swap in Forest Park\nSee you there.") is None
+    body = "Subject: Seedling Swap\nThis morning Dana Cole and I swapped kale seedlings in Forest Park."
+    assert event(body).startswith("This morning Dana Cole")
     # a state or a habit is no event (the demo kept "When is Harbor Grey matte …?" in every run)
     assert event("User: Harbor Grey is matte and hides stains, and it's cheaper too.") is None
     assert event("User: Sam keeps telling me to switch to his dentist at Alberta Dental.") is None
@@ -861,3 +865,25 @@ def test_no_pair_option_on_an_address_line_or_a_repeated_sentence():
     )
     got = pair_options(told, "Elena_Morales")
     assert [o.answer for o in got] == ["Raj Mehta"] and got[0].also
+
+
+def test_part_of_a_quoted_title_gives_the_whole_title_and_a_label_no_option():
+    # the blind reader answered "Resilience in Montessori" for the option "Resilience" (own-elena)
+    quoted = (
+        "User: I tried to jot down a few keywords for the “Resilience in Montessori” section "
+        "with Sofia, but my hand cramped up."
+    )
+    entities = [a for k, a in _answers(quoted, "entity")]
+    assert "Resilience in Montessori" in entities and "Resilience" not in entities
+    assert "Sofia" in entities
+    # a quoted passage is a quotation, not a name: none of its words is an option
+    long_quote = (
+        "User: My friend Sofia wrote “Resilience is what we practise when the garden floods and the Kids "
+        "Club still meets on Thursday” on the card she gave me this morning."
+    )
+    entities = [a for k, a in _answers(long_quote, "entity")]
+    assert "Sofia" in entities and not {"Resilience", "Kids Club", "Thursday"} & set(entities)
+    # "*Student Highlight:* Mia …" — the label is no answer, the name after it is
+    label = "- *Student Highlight:* Mia zipped her coat on her own and showed Amelia Torres."
+    entities = [a for k, a in _answers(label, "entity")]
+    assert "Student Highlight" not in entities and "Amelia Torres" in entities

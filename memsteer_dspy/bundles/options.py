@@ -25,6 +25,7 @@ from memsteer_dspy.bundles.text import (
     _with_unit,
     count_numbers,
     event_span,
+    option_answer,
     plain_text,
     stating_spans,
     whole_word,
@@ -159,11 +160,12 @@ def answer_options(
             ]
             names = _option_names(text, user, mid_sentence)
             found += [
-                AnswerOption(span.id, name, "entity")
+                AnswerOption(span.id, answer, "entity")
                 for name in names
-                if _says_more_than(text, name)
-                and not _in_name_series(text, name, names)
+                if not _in_name_series(text, name, names)
                 and not _in_title(record.title, name)
+                and (answer := option_answer(text, name))
+                and _says_more_than(text, answer)
             ]
             found += [
                 AnswerOption(span.id, number, "number")
