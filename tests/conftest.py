@@ -25,6 +25,27 @@ def _clean_dspy_settings():
     dspy.settings.configure(lm=None, adapter=None)
 
 
+@pytest.fixture(autouse=True)
+def _no_model_in_unit_tests(request, monkeypatch):
+    """A test not marked ``integration`` never loads the embedded model in-process: a CLI test
+    meant to see ``generate`` refuse its options once went on to generate with the 1.5B model for
+    twelve minutes, unnoticed beside a measurement run. It fails at once instead."""
+    if request.node.get_closest_marker("integration"):
+        return
+    try:
+        import llama_cpp
+    except ImportError:  # no llama.cpp: nothing to guard
+        return
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(
+            "a unit test tried to load the embedded model: mark it `integration`, or give it a "
+            "scripted LM (tests/scripted_roles.py, tests/fault_helpers.py)"
+        )
+
+    monkeypatch.setattr(llama_cpp, "Llama", refuse)
+
+
 def _find_rhelm() -> Path | None:
     env = os.environ.get("MEMSTEER_RHELM_ROOT")
     candidates = [Path(env)] if env else []

@@ -57,6 +57,20 @@ def test_draw_is_seeded_and_every_kind_comes_in_turn():
     assert kinds[:3] == [k for k in WRITER_EXAMPLE_TYPES if k in kinds][:3]
 
 
+def test_the_packaged_fictional_examples_are_all_usable_and_the_default():
+    from memsteer_dspy.cli.generate import _writer_examples
+    from memsteer_dspy.supervision.writer_examples import packaged_examples_path
+
+    every = writer_examples(packaged_examples_path(), 12)
+    assert len({e.source for e in every}) == 12
+    assert {e.answer_type for e in every} == set(WRITER_EXAMPLE_TYPES)
+    demo = load_demo()
+    chosen = _writer_examples(3, None, demo_path(), demo, 0)
+    assert [e.source.partition("/")[0] for e in chosen] == ["writer_examples"] * 3
+    # and no question of the demo's reference is among them
+    assert not {e.question for e in every} & {q.question for q in demo.qa_items}
+
+
 def test_the_history_generated_for_is_refused_as_a_source():
     with pytest.raises(InputError, match="the history generated for") as err:
         writer_examples(demo_path(), 2, not_history=demo_path() / "records.jsonl")
@@ -108,6 +122,8 @@ def test_generate_refuses_examples_from_the_history_it_generates_for(tmp_path):
             str(demo_path()),
             "--writer-examples",
             "2",
+            "--writer-examples-from",
+            str(demo_path()),
             "--out",
             str(out),
         ],

@@ -179,7 +179,8 @@ def generate(
         typer.Option(
             "--writer-examples-from",
             help="Where --writer-examples come from: a JSONL history with its questions "
-            "(records.jsonl + qa.jsonl; default: the demo's). Never the history generated for.",
+            "(records.jsonl + qa.jsonl; default: the package's fictional examples, "
+            "data/writer_examples). Never the history generated for.",
         ),
     ] = None,
     lean: Annotated[
@@ -337,15 +338,14 @@ def generate(
 
 
 def _writer_examples(k: int, source: Path | None, path: Path | None, loaded, seed: int) -> list:
-    """``--writer-examples``: ``k`` demonstrations from ``source`` (default the demo history),
-    never from the history generated for (read from ``path`` as ``loaded``)."""
-    from memsteer_dspy.demo_data import demo_path
-    from memsteer_dspy.supervision.writer_examples import writer_examples
+    """``--writer-examples``: ``k`` demonstrations from ``source`` (default the package's
+    fictional examples), never from the history generated for (read from ``path`` as ``loaded``)."""
+    from memsteer_dspy.supervision.writer_examples import packaged_examples_path, writer_examples
 
     if k == 0:
         return []
     return writer_examples(
-        source or demo_path(),
+        source or packaged_examples_path(),
         k,
         seed=seed,
         not_history=path,

@@ -1,8 +1,10 @@
 """Question-writer demonstrations from hand-written questions of *another* history (``generate
 --writer-examples K``): labelled few-shot examples, as ``dspy.LabeledFewShot`` gives a predictor.
-The source is a JSONL history with its QA (``records.jsonl`` + ``qa.jsonl``): by default the demo's
-34 hand-written questions, never the history generated for (its questions would be copied, and they
-may be the reference the supervision is measured against).
+The source is a JSONL history with its QA (``records.jsonl`` + ``qa.jsonl``): by default the
+package's fictional one (``data/writer_examples``: twelve one-record questions of a made-up user,
+so that neither the demo's hand-written questions nor a benchmark's, the references supervision is
+measured against, are shown to the writer), never the history generated for (its questions would
+be copied).
 
 The embedded question writer, told "in your own words", mostly copies its evidence sentence (the
 own-words check then rejects it as ``question:echoes``: 12 of 40 candidates of the bridge3-elena
@@ -29,6 +31,7 @@ import json
 import random
 import re
 from collections.abc import Collection, Sequence
+from importlib import resources
 from pathlib import Path
 
 import dspy
@@ -132,6 +135,19 @@ def example_of(user: str, item: QAItem, record: Record) -> WriterExample | None:
         answer_type=kind,
         question=question,
     )
+
+
+def packaged_examples_path() -> Path:
+    """The package's fictional example history (``data/writer_examples``)."""
+    folder = resources.files("memsteer_dspy") / "data" / "writer_examples"
+    if not isinstance(folder, Path) or not (folder / "qa.jsonl").is_file():
+        raise InputError(
+            f"the packaged question-writer examples are missing ({folder})",
+            field="writer_examples",
+            hint="reinstall memsteer-dspy as a regular or editable package, or give "
+            "--writer-examples-from",
+        )
+    return folder
 
 
 def writer_examples(
