@@ -141,7 +141,12 @@ def test_the_repairs_are_built_once_from_the_flags_in_their_order():
     assert reasons(lean=False, anchored=False, checks=True) == REPAIR_REASONS[3:]
     assert reasons(lean=True, anchored=True, checks=False) == []
     gen = MemSteerGenerator(lean=True, anchored=True, user_name="Elena", cold_start=False)
-    assert [fix.reason for fix in gen.question_repairs] == REPAIR_REASONS
+    own_name = "the user's own name was put in the user's voice"  # lean, with a user
+    assert [fix.reason for fix in gen.question_repairs] == [
+        *REPAIR_REASONS[:3],
+        own_name,
+        REPAIR_REASONS[3],
+    ]
 
 
 def test_the_repairs_are_applied_in_order_each_recorded_with_its_reason():
@@ -169,3 +174,26 @@ def test_the_repairs_are_applied_in_order_each_recorded_with_its_reason():
     assert repaired(subject, dated, fixes)[0] == "When was the email 'Plans Today' sent?"
     plain = question_repairs(lean=False, anchored=False, checks=True)
     assert repaired(subject, dated, plain)[0] == "When was the email 'Plans ' sent?"
+
+
+def test_the_user_s_own_name_is_put_in_the_user_s_voice_where_it_is_the_asker():
+    from memsteer_dspy.supervision.question_rules import question_repairs, repaired
+
+    fixes = question_repairs(lean=True, anchored=True, checks=True, user="Elena Morales")
+    from types import SimpleNamespace
+
+    plan = SimpleNamespace(answer_type="entity")
+    got, made = repaired("Who is providing a detailed update on Elena's symptoms?", plan, fixes)
+    assert got == "Who is providing a detailed update on my symptoms?"
+    assert [m.reason for m in made] == ["the user's own name was put in the user's voice"]
+    assert repaired("Who wrote to Elena Morales about the garden?", plan, fixes)[0] == (
+        "Who wrote to me about the garden?"
+    )
+    # as a subject the verb would have to change: left for the names_self verdict
+    assert repaired("Who is Elena studying with?", plan, fixes)[0] == "Who is Elena studying with?"
+    # someone else's name, and a pipeline that is not lean, are left alone
+    assert repaired("Who helped Sofia with the seedlings?", plan, fixes)[0].endswith(
+        "Sofia with the seedlings?"
+    )
+    plain = question_repairs(lean=False, anchored=True, checks=True, user="Elena Morales")
+    assert repaired("Who wrote to Elena?", plan, plain)[0] == "Who wrote to Elena?"

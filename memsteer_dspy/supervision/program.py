@@ -116,6 +116,7 @@ from memsteer_dspy.supervision.outcome import (
 from memsteer_dspy.supervision.outcome import (
     _usage_tokens as _usage_tokens,
 )
+from memsteer_dspy.supervision.plan_checks import user_display_name
 from memsteer_dspy.supervision.question_rules import BRIDGE_DAY, question_repairs, repaired
 from memsteer_dspy.supervision.replies import (
     _anchored_demo_fields,
@@ -175,7 +176,10 @@ class MemSteerGenerator(_Generator):
         self.prefilter = self.lean and self.checks
         # what the program fixes in each written question before its verdict, in this order
         self.question_repairs = question_repairs(
-            lean=self.lean, anchored=self.anchored, checks=self.checks
+            lean=self.lean,
+            anchored=self.anchored,
+            checks=self.checks,
+            user=user_display_name(self.user_name),
         )
         self.role_of.update({"plan": "planner", "write_question": "question_writer"})
         self._ready()

@@ -70,11 +70,37 @@ def _no_relative_day(question: str, plan: AnswerPlan, *, keep_quoted: bool) -> s
     return _drop_relative_day(question, keep_quoted=keep_quoted)
 
 
-def question_repairs(*, lean: bool, anchored: bool, checks: bool) -> tuple[QuestionRepair, ...]:
+# where the user's own name stands for "me": after a preposition or a verb done to someone
+_TO_SOMEONE = (
+    "to with for from about by on at of helped told asked invited thanked emailed visited called "
+    "sent wrote reminded".split()
+)
+
+
+def _own_name_in_voice(question: str, plan: AnswerPlan, *, user: str) -> str:
+    """The user's own name put in the user's voice where it is plainly the asker: "Elena's" →
+    "my", "to Elena (Morales)" → "to me". The writer reads records that speak of the user in the
+    third person (RHELM's email summaries: "Sofia emails Dr. Liu … about Elena's worsened
+    symptoms") and asked "Who is providing a detailed update on Elena's symptoms", which the
+    program's "on the day I …" then made a question naming its own asker (``names_self``): three
+    of wx-elena's candidates, two of them bridges. The name as a subject ("Who is Elena studying
+    with?") is left: its verb would have to change."""
+    if not user:
+        return question
+    first = re.escape(user.split()[0])
+    name = rf"(?:{re.escape(user)}|{first})"
+    out = re.sub(rf"\b{name}['’]s\b", "my", question)
+    return re.sub(rf"\b({'|'.join(_TO_SOMEONE)})\s+{name}\b", r"\1 me", out, flags=re.I)
+
+
+def question_repairs(
+    *, lean: bool, anchored: bool, checks: bool, user: str = ""
+) -> tuple[QuestionRepair, ...]:
     """The repairs a generator's written question gets, in the order they are made: with
     ``anchored``, a doubled question mark made one and "the user" put in the user's voice
     (:func:`~memsteer_dspy.supervision.asks.first_person`, quoted text kept); with ``lean``, "you"
-    put in the user's voice (:func:`~memsteer_dspy.supervision.asks.user_voice`); a date question's
+    put in the user's voice (:func:`~memsteer_dspy.supervision.asks.user_voice`), and ``user``'s own
+    name where it is plainly the asker (:func:`_own_name_in_voice`); a date question's
     relative day removed ("today" only hides the answer; ``lean`` keeps a quoted subject's words).
     No repairs without ``checks``."""
     if not checks:
@@ -85,6 +111,13 @@ def question_repairs(*, lean: bool, anchored: bool, checks: bool) -> tuple[Quest
         fixes.append(QuestionRepair("'the user' was put in the user's voice", _users_voice))
     if lean:
         fixes.append(QuestionRepair("the question was put in the user's voice", _voiced))
+        if user:
+            fixes.append(
+                QuestionRepair(
+                    "the user's own name was put in the user's voice",
+                    partial(_own_name_in_voice, user=user),
+                )
+            )
     fixes.append(
         QuestionRepair(
             "a date question's relative day was removed",
