@@ -1069,6 +1069,14 @@ def test_a_word_borrowed_from_a_demonstration_that_the_records_never_write_copie
     # the earlier pipeline keeps only the overlap test
     q = "Who is running the pottery class on February 23, 2025?"
     assert check_question(q, "Marcus Lee", "entity", [demo], race) is None
+    # a "How many …" form is the question word's, not a demonstration's (no record writes "many")
+    example = "How many boxes did we haul for Marco?"
+    workshop = "User: Only three people showed up to the workshop in the cramped side room."
+    q = "How many people showed up at the workshop on February 2, 2024?"
+    assert demo_borrowed(topic_words(q), [topic_words(example)], workshop) == []
+    assert check_question(q, "three people", "number", [example], workshop, kind_check=True) != (
+        "copies_demo"
+    )
 
 
 def test_a_question_in_the_users_voice_that_names_the_user_names_self():
