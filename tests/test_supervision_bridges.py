@@ -155,14 +155,15 @@ def test_the_sampler_puts_a_record_of_the_seed_s_day_in_place_of_the_last_and_re
     assert GenerationConfig(bundle=config).identity()["bundle"]["bridges"] is True
 
 
-def _bridged(blind_cited, question):
+def _bridged(blind_cited, question, day_verdict: str | None = "supported"):
     bundle = _bundle(["c1:1", "d1:1", "mail:1"])
     options = task_options(bundle.records, MULTI, "Elena", bridges=True)
     n = next(i for i, o in enumerate(options, 1) if o.answer == "MacBook Air" and o.bridge)
     audit = audit_reply(facts=("R1.1", "R2.1"))
-    audit["record_checks"].append(
-        {"record_id": "R2", "rationale": "says the day", "verdict": "supported"}
-    )
+    if day_verdict is not None:
+        audit["record_checks"].append(
+            {"record_id": "R2", "rationale": "says the day", "verdict": day_verdict}
+        )
     plan = option_reply(n, evidence=[{"record_id": "R1", "contribution": "names the laptop"}])
     lms = role_lms(
         [plan],
@@ -200,6 +201,15 @@ def test_a_bridge_is_asked_by_the_other_record_s_event_and_its_day_record_needs_
     (day,) = [r for r in out.repairs if r.stage == "blind"]
     assert day.after == "d1:1" and "bridge" in day.reason
     assert out.blind.missing_evidence == []
+
+
+def test_a_bridge_s_day_record_is_settled_by_the_program_whatever_the_auditor_says_of_it():
+    # v20-jonas: the auditor judged only the answer's record and the right-read bridge was lost
+    for day_verdict in (None, "unsupported"):
+        out, _ = _bridged(("c1:1#1",), QUESTION, day_verdict=day_verdict)
+        assert out.status == "accepted", (day_verdict, out.reason, out.detail)
+        day = [c for c in out.audit.record_checks if c["record_id"] == "d1:1"]
+        assert day[-1]["verdict"] == "supported" and "program checked" in day[-1]["rationale"]
 
 
 def test_the_program_adds_the_day_a_writer_left_out_and_holds_its_own_words_to_the_answer():

@@ -569,6 +569,11 @@ class _Generator(dspy.Module):
         # a bridge's day record or an update's earlier record: checked by the program, not the reader
         update = self._update_span(plan, bundle) if self.anchored else None
         bridge = self._bridge_span(plan, bundle) if self.anchored and update is None else None
+        settled = {}
+        if bridge is not None:
+            settled[bridge.record_id] = "the program checked it: the answer's day, its event named"
+        if update is not None:
+            settled[update.record_id] = "the program checked it: the earlier value, updated later"
         audit = blind = None
         for stage in self.verify_order:
             if stage == "audit":
@@ -578,7 +583,7 @@ class _Generator(dspy.Module):
                     out = yield _Request(predictor, "audit", inputs, usage)
                 except _LMFailure as exc:
                     return _rejected(exc.stage, "lm_error", exc.detail, usage, blind=blind, **base)
-                audit = _audit_result(out, view, plan, quoted=quoted)
+                audit = _audit_result(out, view, plan, quoted=quoted, settled=settled)
                 if audit.failures:
                     return _rejected(
                         "audit",

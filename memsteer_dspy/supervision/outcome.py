@@ -37,7 +37,7 @@ acceptance; the third writer call cost about 60 s of a 16-minute demo."""
 # What each version changed, and why: experiments/results/supervision-versions.md
 PROMPT_VERSION = 3
 # What each version changed, and why: experiments/results/supervision-versions.md
-ANCHORED_VERSION = 20
+ANCHORED_VERSION = 21
 # What each version changed, and why: experiments/results/supervision-versions.md
 OWN_WORDS_VERSION = 2
 # The order in which run_batch serves pending requests.

@@ -6,7 +6,7 @@ of a demonstration and the cold-start example (:func:`cold_start_example`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dspy
@@ -77,11 +77,21 @@ def _fact_lines(view: BundleView | None, bundle: Bundle, plan: AnswerPlan) -> li
 
 
 def _audit_result(
-    out: dspy.Prediction, view: BundleView, plan: AnswerPlan, *, quoted: bool = False
+    out: dspy.Prediction,
+    view: BundleView,
+    plan: AnswerPlan,
+    *,
+    quoted: bool = False,
+    settled: Mapping[str, str] | None = None,
 ) -> AuditResult:
     """The audit's verdicts matched to the plan's facts and evidence records; a fact or record
     without a "supported" verdict (or with none at all) fails its check. With ``quoted`` the facts
-    passed :func:`~memsteer_dspy.supervision.checks.quoted_fact_support` and each gets that verdict."""
+    passed :func:`~memsteer_dspy.supervision.checks.quoted_fact_support` and each gets that verdict.
+    ``settled`` maps an evidence record whose part the program checked (a bridge's day record, an
+    update's earlier record) to why: it gets that verdict whatever the auditor said of it. Measured
+    in v20-jonas: the embedded auditor judged only the answer's record of a bridge and said nothing
+    of the day's, and the one bridge its blind reader answered right was lost to
+    ``audit:record_contribution``."""
     result = AuditResult(
         answer_support=out.answer_support,
         answer_rationale=out.answer_rationale,
@@ -114,6 +124,9 @@ def _audit_result(
         )
         if rid is not None:
             record_verdicts.setdefault(rid, rc.verdict)
+    for rid, why in (settled or {}).items():
+        record_verdicts[rid] = "supported"
+        result.record_checks.append({"record_id": rid, "verdict": "supported", "rationale": why})
     failures = []
     if any(fact_verdicts.get(f.span_id) != "supported" for f in plan.facts):
         failures.append("fact_support")
