@@ -444,16 +444,19 @@ def test_generate_command(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("extra", "in_process", "lean", "anchored"),
+    ("extra", "in_process", "lean", "anchored", "examples"),
     [
-        ([], True, True, True),  # the embedded model: lean-anchor, the measured small-LM pipeline
-        (["--no-lean"], True, False, False),  # the paper's prompts on request
-        (["--lean"], True, True, False),  # lean alone, as asked
-        ([], False, False, False),  # an API LM: the paper's prompts
+        # the embedded model: lean-anchor, the measured small-LM pipeline, with writer examples
+        ([], True, True, True, 4),
+        (["--writer-examples", "0"], True, True, True, 0),  # none, as asked
+        (["--no-lean"], True, False, False, 0),  # the paper's prompts on request
+        (["--lean"], True, True, False, 0),  # lean alone, as asked
+        ([], False, False, False, 0),  # an API LM: the paper's prompts
+        (["--writer-examples", "2"], False, False, False, 2),  # examples for any pipeline
     ],
 )
 def test_generate_picks_the_small_lm_pipeline_for_an_in_process_planner(
-    tmp_path, monkeypatch, extra, in_process, lean, anchored
+    tmp_path, monkeypatch, extra, in_process, lean, anchored, examples
 ):
     from typer.testing import CliRunner
 
@@ -469,6 +472,8 @@ def test_generate_picks_the_small_lm_pipeline_for_an_in_process_planner(
     assert result.exit_code == 0, result.output
     options = json.loads((out / "run.json").read_text())["key"]["options"]
     assert options.get("lean", False) is lean and ("anchored_version" in options) is anchored
+    shown = options.get("writer_examples", {}).get("sources", [])
+    assert len(shown) == examples and all(s.startswith("writer_examples/") for s in shown)
     if anchored:
         assert options["bundle"]["steer_by_yield"] and options["bundle"]["yield_power"] == 2.0
         assert (

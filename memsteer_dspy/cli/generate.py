@@ -63,6 +63,10 @@ def _bundle_config(
     ), profile
 
 
+SMALL_LM_WRITER_EXAMPLES = 4
+"""Question-writer examples the small-LM pipeline shows by default (one of each answer kind)."""
+
+
 def _pipeline_name(config) -> str:
     if config.anchored:
         name = "lean prompts, anchored planner"
@@ -165,15 +169,16 @@ def generate(
         ),
     ] = None,
     writer_examples: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--writer-examples",
             min=0,
             help="Show the question writer K hand-written questions of another history (one of "
             "each answer kind in turn), each in the writer's own input format, before the "
-            "fictional cold-start one (0: none).",
+            "fictional cold-start one (0: none; default: 4 with the small-LM pipeline that an "
+            "unset --lean chooses for an in-process model, else 0).",
         ),
-    ] = 0,
+    ] = None,
     writer_examples_from: Annotated[
         Path | None,
         typer.Option(
@@ -270,12 +275,15 @@ def generate(
     bounded = lm_config.in_process(*GENERATION_ROLES)
     small = profile == "small" or (profile == "auto" and lm_config.in_process("planner"))
     # unset --lean: the small-LM pipeline (benchmarks/generate_cost.py's lean-anchor) or the paper's
+    small_lm_default = False
     if lean is None:
         lean = small_lm_default = (
             small and bounded and method == "memsteer" and not anchored and not steer_by_yield
         )
         if small_lm_default:
             anchored, steer_by_yield, yield_power = True, True, 2.0
+    if writer_examples is None:  # measured: experiments/results/steering.md (v20 runs)
+        writer_examples = SMALL_LM_WRITER_EXAMPLES if small_lm_default else 0
     bundle_config, chosen = _bundle_config(
         profile, lm_config, budget, record_token_cap, steer_by_yield, yield_power, anchored
     )
