@@ -569,11 +569,15 @@ class _Generator(dspy.Module):
         # a bridge's day record or an update's earlier record: checked by the program, not the reader
         update = self._update_span(plan, bundle) if self.anchored else None
         bridge = self._bridge_span(plan, bundle) if self.anchored and update is None else None
+        checked = update or bridge
         settled = {}
-        if bridge is not None:
-            settled[bridge.record_id] = "the program checked it: the answer's day, its event named"
-        if update is not None:
-            settled[update.record_id] = "the program checked it: the earlier value, updated later"
+        if checked is not None:  # the auditor's verdict on that record is the program's
+            what = (
+                "the earlier value, updated later"
+                if update
+                else "the answer's day, its event named"
+            )
+            settled[checked.record_id] = f"the program checked it: {what}"
         audit = blind = None
         for stage in self.verify_order:
             if stage == "audit":
@@ -610,7 +614,7 @@ class _Generator(dspy.Module):
                 )
             except _LMFailure as exc:
                 return _rejected(exc.stage, "lm_error", exc.detail, usage, audit=audit, **base)
-            blind = _blind_result(out, blind_view, bundle, plan, order, repairs, bridge or update)
+            blind = _blind_result(out, blind_view, bundle, plan, order, repairs, checked)
             problem = _blind_problem(blind, plan)
             if problem is not None:
                 return _rejected("blind", *problem, usage, audit=audit, blind=blind, **base)

@@ -180,7 +180,7 @@ def _blind_result(
                     reason="the matched answer occurs in exactly one span of the bundle",
                 )
             )
-    day = bridge.id.rpartition("#")[0] if bridge is not None else None
+    day = bridge.record_id if bridge is not None else None
     if matched and missing == [day] and plan.evidence_ids and plan.evidence_ids[0] in cited:
         cited.append(day)
         missing.remove(day)
