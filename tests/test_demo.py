@@ -580,3 +580,39 @@ def test_an_optimization_stopped_at_the_maximum_says_why(demo_run, monkeypatch):
     with pytest.raises(RuntimeError, match="captured"):
         quiet_demo(result.out_dir + "-capture", engine_for_demo(), TINY)
     assert seen and seen[0].stop_at_max is True
+
+
+def test_an_in_process_small_lm_gets_the_question_writer_examples_generate_gives_it(
+    tmp_path, monkeypatch
+):
+    """The demo on the embedded model runs `generate`'s small-LM pipeline, writer examples
+    included: the packaged fictional history's, never the demo's own questions."""
+    import memsteer_dspy.supervision.run as run
+    from memsteer_dspy.demo.stages import _supervision
+    from memsteer_dspy.supervision.writer_examples import (
+        SMALL_LM_WRITER_EXAMPLES,
+        default_writer_examples,
+    )
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(history, lms, folder, config, **kw):
+        seen["config"] = config
+        raise Stop
+
+    monkeypatch.setattr(run, "generate_supervision", capture)
+    cfg = scripted_config(engine_for_demo())
+    monkeypatch.setattr(type(cfg), "in_process", lambda self, *roles: True)
+    say = type("Say", (), {"fn": None, "bars": False, "__call__": lambda self, line: None})()
+    demo = load_demo()
+    with pytest.raises(Stop):
+        _supervision(demo.history, cfg, tmp_path / "sup", TINY, say, None)
+    config = seen["config"]
+    assert config.anchored and config.lean
+    assert len(config.writer_examples) == SMALL_LM_WRITER_EXAMPLES
+    assert config.writer_examples == default_writer_examples(demo.history, TINY.seed)
+    demo_questions = {q.question for q in demo.qa_items}
+    assert not demo_questions & {e.question for e in config.writer_examples}

@@ -63,10 +63,6 @@ def _bundle_config(
     ), profile
 
 
-SMALL_LM_WRITER_EXAMPLES = 4
-"""Question-writer examples the small-LM pipeline shows by default (one of each answer kind)."""
-
-
 def _pipeline_name(config) -> str:
     if config.anchored:
         name = "lean prompts, anchored planner"
@@ -268,6 +264,7 @@ def generate(
         format_summary,
         generate_supervision,
     )
+    from memsteer_dspy.supervision.writer_examples import SMALL_LM_WRITER_EXAMPLES
 
     if method not in METHODS:
         raise typer.BadParameter(f"choose one of {', '.join(METHODS)}", param_hint="--method")
@@ -282,7 +279,7 @@ def generate(
         )
         if small_lm_default:
             anchored, steer_by_yield, yield_power = True, True, 2.0
-    if writer_examples is None:  # measured: experiments/results/steering.md (v20 runs)
+    if writer_examples is None:
         writer_examples = SMALL_LM_WRITER_EXAMPLES if small_lm_default else 0
     bundle_config, chosen = _bundle_config(
         profile, lm_config, budget, record_token_cap, steer_by_yield, yield_power, anchored

@@ -103,8 +103,12 @@ def _supervision(history, lm_config, folder: Path, settings: DemoSettings, say, 
     }
     # in-process LMs on small bundles get the pipeline measured cheapest on the embedded model
     # (lean prompts, anchored planner); any other LM the paper's prompts
+    # (and the question-writer examples `generate` shows such an LM by default)
     if profile == "small" and bounded:
-        config = small_lm_generation_config(**fields)
+        from memsteer_dspy.supervision.writer_examples import default_writer_examples
+
+        examples = default_writer_examples(history, settings.seed)
+        config = small_lm_generation_config(**fields, writer_examples=examples)
     else:
         bundle = small_lm_bundle_config() if profile == "small" else BundleConfig()
         config = GenerationConfig(**fields, bundle=bundle)
@@ -122,6 +126,11 @@ def _supervision(history, lm_config, folder: Path, settings: DemoSettings, say, 
         f"[1/4] supervision: MemSteer generates up to {config.n} verified QA items from at most "
         f"{config.candidate_limit} candidates{within} ({profile} bundles"
         + ("; lean prompts, anchored planner" if config.anchored else "")
+        + (
+            f"; {len(config.writer_examples)} question-writer examples"
+            if config.writer_examples
+            else ""
+        )
         + f") -> {folder}"
         + (f"  [{len(done)} candidates already done]" if done else "")
     )

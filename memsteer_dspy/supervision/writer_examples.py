@@ -137,6 +137,21 @@ def example_of(user: str, item: QAItem, record: Record) -> WriterExample | None:
     )
 
 
+SMALL_LM_WRITER_EXAMPLES = 4
+"""Question-writer examples the small-LM pipeline shows by default (one of each answer kind;
+measured: ``experiments/results/steering.md``, the v20 and v21 runs)."""
+
+
+def default_writer_examples(
+    history: History, seed: int, k: int = SMALL_LM_WRITER_EXAMPLES
+) -> list[WriterExample]:
+    """The small-LM pipeline's examples: ``k`` from the packaged fictional history, refused when
+    ``history`` is that history (``generate`` without ``--writer-examples-from``, ``demo``)."""
+    return writer_examples(
+        packaged_examples_path(), k, seed=seed, not_records=[r.id for r in history.records]
+    )
+
+
 def packaged_examples_path() -> Path:
     """The package's fictional example history (``data/writer_examples``)."""
     folder = resources.files("memsteer_dspy") / "data" / "writer_examples"
