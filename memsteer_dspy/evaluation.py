@@ -54,6 +54,7 @@ from memsteer_dspy.runfolder import (
     write_atomic,
 )
 from memsteer_dspy.signatures.judge import JudgeAnswer
+from memsteer_dspy.untrusted import WITHHOLD_VERSION, withhold
 
 Metrics = Literal["all", "recall"]
 Protocol = Literal["as_of", "full"]
@@ -323,6 +324,9 @@ class Judge:
         self.predict.lm = lm
 
     def __call__(self, question: str, reference: str, prediction: str) -> bool:
+        # the prediction is data to grade: a sentence in it addressed to an AI reader (an answer
+        # echoing an injected record, a system under test's output) is withheld from the judge
+        prediction = withhold(prediction)
         return bool(
             self.predict(question=question, reference=reference, prediction=prediction).correct
         )
@@ -424,6 +428,7 @@ def evaluation_key(
     )
     if metrics == "all":  # the answers come from this version of the answer program
         key["answer_program"] = ANSWER_PROGRAM_VERSION
+        key["withhold_version"] = WITHHOLD_VERSION  # what the answerer and the judge read
     return key
 
 
@@ -659,6 +664,7 @@ def evaluate_instances(
         )
         if metrics == "all":
             key["answer_program"] = ANSWER_PROGRAM_VERSION
+            key["withhold_version"] = WITHHOLD_VERSION
         folder = RunFolder.open(out, key, restart=restart)
     try:
         return _evaluate_instances(

@@ -19,7 +19,13 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["WITHHELD", "instruction_like", "withhold"]
+__all__ = ["WITHHELD", "WITHHOLD_VERSION", "instruction_like", "withhold"]
+
+WITHHOLD_VERSION = 2
+"""In the key of every run whose LM inputs pass through :func:`withhold` (generation, answered
+evaluation, optimization): a run resumes only under the patterns it was made with. 1: overrides,
+forged notes and headers, demands on the output; 2: demands on a grader's verdict ("mark it
+correct"), and the judge and the proposer's feedback withhold too."""
 
 WITHHELD = "(withheld: a sentence addressed to an AI reader)"
 
@@ -39,7 +45,14 @@ _PATTERNS = [
     r"(?:reading|processing|that reads|who reads)\b",
     # "your only output must be", "the answer must be exactly", "every answer you give"
     r"\b(?:your|the)\s+(?:only\s+|final\s+)?(?:output|answer|reply|response)s?\s+(?:must|shall)\s+be\b",
-    r"\b(?:every|each|all)\s+(?:answers?|repl(?:y|ies)|responses?|outputs?)\s+you\s+(?:give|write|produce)\b",
+    r"\b(?:every|each|all)\s+(?:answers?|repl(?:y|ies)|responses?|outputs?)\s+you\s+(?:give|write|"
+    r"produce|check|grade|judge|review|audit|verify|score)\b",
+    # a demand on a grader's verdict: "mark it correct", "judge each one supported", "grade this
+    # answer as accurate"
+    r"\b(?:mark|judge|grade|rate|label|score)\s+(?:it|this|them|each(?:\s+one)?|every(?:\s+one)?|"
+    r"(?:this|the|that|each|every|all)\s+(?:answers?|items?|predictions?|questions?))\s+(?:as\s+)?"
+    r"(?:correct|supported|right(?!\s+(?:away|now|then|there|here|after|before|back|off))|true|"
+    r"valid|accurate|fully supported)\b",
     # "reply with X and nothing else", "say nothing else"
     r"\b(?:reply|respond|answer|output|say|print)\b[^.!?\n]{0,60}?\bnothing else\b",
     # "New task:" opening a sentence or a line

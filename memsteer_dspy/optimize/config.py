@@ -14,6 +14,7 @@ from memsteer_dspy.optimize.splits import ids_digest
 from memsteer_dspy.optimize.types import Objective
 from memsteer_dspy.records import History, QAItem
 from memsteer_dspy.runfolder import lm_identity, qa_content_hash, run_key
+from memsteer_dspy.untrusted import WITHHOLD_VERSION
 
 SEARCHES = ("hill", "population", "random", "tpe")
 ACCEPT_RULES = ("strict", "paired")
@@ -198,6 +199,7 @@ def optimize_run_key(
     )
     if lms.get("answerer") is not None:  # answers enter the scores: the program's version too
         key["answer_program"] = ANSWER_PROGRAM_VERSION
+    key["withhold_version"] = WITHHOLD_VERSION  # what the proposer's feedback (and answerer) read
     key["qa_hash"] = {
         "train": qa_content_hash(train),
         "val": qa_content_hash(val),

@@ -29,6 +29,7 @@ from memsteer_dspy.memory.lookup import RecordLookup
 from memsteer_dspy.optimize.diagnosis import Diagnosis, FailureStage, is_failure
 from memsteer_dspy.records import History, QAItem
 from memsteer_dspy.tokens import count_tokens, truncate_to_tokens
+from memsteer_dspy.untrusted import withhold
 
 FeedbackMode = Literal["random30", "random30+gold", "random30+diagnosis", "stratified"]
 FEEDBACK_MODES: tuple[str, ...] = get_args(FeedbackMode)
@@ -196,6 +197,13 @@ def lookup_text(lk: RecordLookup) -> str:
     return f"{lk.record_id}: stored in {len(lk.unit_ids)} unit(s), {own}{q}"
 
 
+def quoted(text: str, max_tokens: int) -> str:
+    """Text of a user's history (or an answer read from it) as the proposer reads it: sentences
+    addressed to an AI reader withheld (:func:`~memsteer_dspy.untrusted.withhold`), cut to
+    ``max_tokens``, on one line."""
+    return truncate_to_tokens(withhold(text), max_tokens).replace("\n", " ")
+
+
 def _round_robin(rendered: list[tuple[FeedbackCase, str]]) -> list[tuple[FeedbackCase, str]]:
     groups: dict[object, list[tuple[FeedbackCase, str]]] = {}
     for pair in rendered:
@@ -227,14 +235,12 @@ def _case(
         qa_id=item.id,
         question=item.question,
         reference=item.answer,
-        prediction=result.prediction,
+        prediction=withhold(result.prediction) if result.prediction is not None else None,
         score=score,
         question_date=item.question_date.isoformat() if item.question_date else None,
         ranked_ids=trace.ranked_records(RANKED_SHOWN) if trace is not None else [],
         delivered_ids=list(trace.delivered_record_ids) if trace is not None else [],
-        context_excerpt=truncate_to_tokens(trace.context, CONTEXT_EXCERPT_TOKENS).replace("\n", " ")
-        if trace
-        else "",
+        context_excerpt=quoted(trace.context, CONTEXT_EXCERPT_TOKENS) if trace else "",
         error=result.error,
     )
     if gold or diag:
@@ -243,11 +249,7 @@ def _case(
         excerpts = {}
         for rid in item.evidence_ids[:GOLD_EXCERPTS]:
             rec = history.get(rid)
-            excerpts[rid] = (
-                truncate_to_tokens(rec.text, GOLD_EXCERPT_TOKENS).replace("\n", " ")
-                if rec
-                else "(not in the history)"
-            )
+            excerpts[rid] = quoted(rec.text, GOLD_EXCERPT_TOKENS) if rec else "(not in the history)"
         case.gold_excerpts = excerpts
     if diag and diagnosis is not None:
         case.stage = diagnosis.stage

@@ -40,6 +40,7 @@ from memsteer_dspy.signatures.query import (
     RewriteQuery,
 )
 from memsteer_dspy.tracking import Tracker
+from memsteer_dspy.untrusted import withhold
 
 OPTIMIZERS = ("gepa", "mipro")
 QUERY_SIGNATURES = {
@@ -155,8 +156,10 @@ class CorrectnessMetric:
             return True, "exact"
         if self.judge.lm is None:
             return False, "no exact match (no judge LM)"
-        verdict = bool(
-            self.judge(question=gold.question, reference=gold.answer, prediction=prediction).correct
+        verdict = bool(  # the prediction is data to grade (evaluation.Judge)
+            self.judge(
+                question=gold.question, reference=gold.answer, prediction=withhold(prediction)
+            ).correct
         )
         return verdict, "judge"
 

@@ -27,6 +27,7 @@ from memsteer_dspy.supervision.program import (
     PROMPT_VERSION,
 )
 from memsteer_dspy.supervision.writer_examples import WriterExample, examples_key
+from memsteer_dspy.untrusted import WITHHOLD_VERSION
 
 METHODS = ("memsteer", "joint", "direct", "naive")
 
@@ -148,6 +149,7 @@ class GenerationConfig(BaseModel):
             "bundle": bundle,
             "graph": self.graph,
             "prompt_version": PROMPT_VERSION,
+            "withhold_version": WITHHOLD_VERSION,
         }
         if self.lean:
             key["lean_version"] = LEAN_VERSION
