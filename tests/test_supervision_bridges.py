@@ -317,3 +317,23 @@ def test_an_update_asks_for_the_current_value_and_a_reader_giving_the_stale_one_
     assert cite.after == "e:1"
     out, _ = _updated("March 18, 2025")  # the memory that kept the first booking
     assert out.reason == "blind:mismatch", out.reason
+
+
+def test_the_program_s_day_names_the_user_in_the_user_s_voice(monkeypatch):
+    """A day record that speaks of the user in the third person (RHELM's email summaries) gives a
+    day in the asker's voice: "…, on the day I recap …", never "…, on the day Elena recaps …"
+    (anchored 22; v21-jonas lost such a bridge)."""
+    import sys
+
+    here = sys.modules[__name__]
+    summary = KILN.model_copy(
+        update={
+            "text": "User: Elena recaps the glaze firing at Stoneworks, which cracked the kiln."
+        }
+    )
+    monkeypatch.setattr(here, "KILN", summary)
+    assert "Elena recaps" in bridge_event("Elena recaps the glaze firing at Stoneworks.")
+    out, _ = _bridged(("c1:1#1",), "Which laptop did I write to Lila from?")
+    assert out.status == "accepted", (out.reason, out.detail)
+    assert out.question.startswith("Which laptop did I write to Lila from, on the day I recap ")
+    assert "Elena" not in out.question

@@ -1096,8 +1096,8 @@ def test_a_question_in_the_users_voice_that_names_the_user_names_self():
 
 
 def test_lean_re_samples_a_question_that_names_its_asker_and_tells_the_writer_why():
-    # the name as a subject: no repair puts it in the user's voice (its verb would change)
-    named = "Which device did Elena use to send me a quick note about Lila on March 2?"
+    # the name where no repair puts it in the user's voice (the name as a subject is, lean 20)
+    named = "Which device did I use to send Elena a quick note about Lila on March 2?"
 
     def run(questions, audits, blinds):
         lms = role_lms([plan_reply()], questions, audits, blinds)

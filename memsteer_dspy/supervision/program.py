@@ -117,7 +117,12 @@ from memsteer_dspy.supervision.outcome import (
     _usage_tokens as _usage_tokens,
 )
 from memsteer_dspy.supervision.plan_checks import user_display_name
-from memsteer_dspy.supervision.question_rules import BRIDGE_DAY, question_repairs, repaired
+from memsteer_dspy.supervision.question_rules import (
+    BRIDGE_DAY,
+    own_name_in_voice,
+    question_repairs,
+    repaired,
+)
 from memsteer_dspy.supervision.replies import (
     _anchored_demo_fields,
     _anchored_plan,
@@ -219,7 +224,10 @@ class MemSteerGenerator(_Generator):
         evidence_view = bundle.subset(plan.evidence_ids).view() if plan.evidence_ids else view
         # a bridge: the writer asks by the answer's record alone, the program adds "on the day …"
         bridge = self._bridge_span(plan, bundle) if self.anchored and self.checks else None
-        day = first_person(bridge_event(bridge.text), keep_quoted=True) if bridge else None
+        day = None
+        if bridge is not None:  # in the asker's voice: "the user" and the user's own name
+            day = first_person(bridge_event(bridge.text), keep_quoted=True)
+            day = own_name_in_voice(day, user_display_name(self.user_name) or "")
         writer_plan = plan
         if bridge is not None:
             evidence_view = bundle.subset(plan.evidence_ids[:1]).view()

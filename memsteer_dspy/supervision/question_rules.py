@@ -73,24 +73,92 @@ def _no_relative_day(question: str, plan: AnswerPlan, *, keep_quoted: bool) -> s
 # where the user's own name stands for "me": after a preposition or a verb done to someone
 _TO_SOMEONE = (
     "to with for from about by on at of helped told asked invited thanked emailed visited called "
-    "sent wrote reminded".split()
+    "sent wrote reminded gave met joined "
+    "helps tells asks invites thanks emails visits calls sends reminds gives meets joins".split()
 )
 
 
-def _own_name_in_voice(question: str, plan: AnswerPlan, *, user: str) -> str:
-    """The user's own name put in the user's voice where it is plainly the asker: "Elena's" →
-    "my", "to Elena (Morales)" → "to me". The writer reads records that speak of the user in the
-    third person (RHELM's email summaries: "Sofia emails Dr. Liu … about Elena's worsened
-    symptoms") and asked "Who is providing a detailed update on Elena's symptoms", which the
-    program's "on the day I …" then made a question naming its own asker (``names_self``): three
-    of wx-elena's candidates, two of them bridges. The name as a subject ("Who is Elena studying
-    with?") is left: its verb would have to change."""
+# the user's name after an auxiliary that fronts a question ("Who is Elena studying with?"), and
+# that auxiliary in the first person
+_FIRST_PERSON_INVERTED = {
+    "is": "am",
+    "was": "was",
+    "does": "do",
+    "did": "did",
+    "has": "have",
+    "had": "had",
+    "will": "will",
+    "would": "would",
+    "can": "can",
+    "could": "could",
+    "should": "should",
+}
+# past forms that keep their form after "I" ("Elena wrote" -> "I wrote"), besides "-ed"
+_PAST = frozenset(
+    "went met made said told saw took gave sent bought ate wrote felt left came kept found heard "
+    "thought knew began spent paid read got brought taught ran sat stood won lost held chose drove "
+    "flew forgot gave grew hung hid led lit meant rode rang rose sang slept spoke swam threw "
+    "understood woke wore".split()
+)
+
+
+def _first_person_verb(word: str) -> str | None:
+    """``word`` as the verb of "I" where it is the verb of a third-person subject ("writes" ->
+    "write", "is" -> "am", "wrote" -> "wrote"), else None (not plainly a verb)."""
+    low = word.lower()
+    if low in ("is", "has", "does"):
+        return {"is": "am", "has": "have", "does": "do"}[low]
+    if low in ("was", "had", "did", "will", "would", "can", "could", "should", "might", "must"):
+        return word
+    if low in _PAST or (low.endswith("ed") and len(low) > 4):
+        return word
+    if low.endswith("ies") and len(low) > 4:
+        return word[:-3] + "y"  # replies -> reply
+    if re.search(r"(?:ss|sh|ch|x|z|o)es$", low):
+        return word[:-2]  # finishes -> finish, goes -> go
+    if low.endswith("s") and not low.endswith(("ss", "us", "is")) and len(low) > 3:
+        return word[:-1]  # writes -> write, recaps -> recap
+    return None
+
+
+def _same_case(word: str, like: str) -> str:
+    return word[:1].upper() + word[1:] if like[:1].isupper() else word
+
+
+def own_name_in_voice(text: str, user: str) -> str:
+    """``user``'s own name put in the user's voice where it is plainly the asker: "Elena's" →
+    "my", "to Elena (Morales)" → "to me", and as a subject with its verb — "is Elena studying" →
+    "am I studying", "Elena writes to" → "I write to", "did Jonas Richter find" → "did I find".
+    The writer reads records that speak of the user in the third person (RHELM's email summaries:
+    "Sofia emails Dr. Liu … about Elena's worsened symptoms") and asked "Who is providing a
+    detailed update on Elena's symptoms", which the program's "on the day I …" then made a
+    question naming its own asker (``names_self``): three of wx-elena's candidates, two of them
+    bridges; and a bridge's day phrase made from such a summary named the user itself ("…, on the
+    day Jonas recaps the afternoon team session at Impact Hub?", v21-jonas). A name followed by no
+    plain verb is left."""
     if not user:
-        return question
+        return text
     first = re.escape(user.split()[0])
     name = rf"(?:{re.escape(user)}|{first})"
-    out = re.sub(rf"\b{name}['’]s\b", "my", question)
-    return re.sub(rf"\b({'|'.join(_TO_SOMEONE)})\s+{name}\b", r"\1 me", out, flags=re.I)
+    out = re.sub(rf"\b{name}['’]s\b", "my", text)
+    out = re.sub(rf"\b({'|'.join(_TO_SOMEONE)})\s+{name}\b", r"\1 me", out, flags=re.I)
+    inverted = "|".join(_FIRST_PERSON_INVERTED)
+    out = re.sub(
+        rf"\b({inverted})\s+{name}\b",
+        lambda m: f"{_same_case(_FIRST_PERSON_INVERTED[m.group(1).lower()], m.group(1))} I",
+        out,
+        flags=re.I,
+    )
+
+    def subject(m: re.Match[str]) -> str:
+        verb = _first_person_verb(m.group(1))
+        return m.group(0) if verb is None else f"I {verb}"
+
+    return re.sub(rf"\b{name}\s+([A-Za-z]+)\b", subject, out)
+
+
+def _own_name_in_voice(question: str, plan: AnswerPlan, *, user: str) -> str:
+    return own_name_in_voice(question, user)
 
 
 def question_repairs(
