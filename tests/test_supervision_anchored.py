@@ -390,6 +390,33 @@ def test_the_sampler_asks_for_two_records_only_where_two_records_write_one_answe
     # the flag is part of a run's key only when on (older runs keep their keys)
     assert "steer_to_pairs" not in GenerationConfig().identity()["bundle"]
     assert GenerationConfig(bundle=config).identity()["bundle"]["steer_to_pairs"] is True
+    # with pairs off (the anchored sampling) no bundle whose only two-record answers are pairs
+    # gets a two-record task: those bundles ask for one record
+    no_pairs = BundleSampler(
+        graph, config.model_copy(update={"pairs": False}), seed=0, max_candidates=6
+    )
+    tasks = [c.task.evidence_count for c in map(no_pairs.candidate, range(len(no_pairs)))]
+    assert tasks and set(tasks) == {1}, tasks
+    assert "pairs" not in GenerationConfig().identity()["bundle"]
+    assert (
+        GenerationConfig(bundle=config.model_copy(update={"pairs": False})).identity()["bundle"][
+            "pairs"
+        ]
+        is False
+    )
+
+
+def test_the_anchored_sampling_offers_no_pairs_to_a_two_record_task():
+    """0 of 75 two-record candidates that were no bridge or update were ever kept on the embedded
+    model (every anchored run of 2026-12-07): a two-record task of the anchored sampling chooses
+    from bridges and updates only, and a bundle with only a pair gives one-record options."""
+    from memsteer_dspy.bundles import ANCHORED_SAMPLING, task_options
+
+    assert ANCHORED_SAMPLING["pairs"] is False
+    bundle = small_bundle()  # Lila: a pair of c1:1 and c1:2, nothing else two records write
+    assert [o.answer for o in task_options(bundle.records, MULTI, "Elena")] == ["Lila"]
+    offered = task_options(bundle.records, MULTI, "Elena", pairs=False)
+    assert offered and all(len(o.span_ids) == 1 and o.bridge is None for o in offered)
 
 
 def _two_record_audit():

@@ -123,6 +123,14 @@ class BundleConfig(BaseModel):
         "wrote another value of ('When is my dental cleaning now?' of a confirmation and its "
         "rescheduling).",
     )
+    pairs: bool = Field(
+        default=True,
+        description="With steer_to_pairs: a two-record task may be answered by a pair "
+        "(pair_options: an answer two records write). Off in the anchored sampling: over every "
+        "anchored run of 2026-12-07 (runs/), 0 of 75 two-record candidates that were no bridge "
+        "or update were kept, against 3 of 50 bridges; without pairs a two-record task goes to a "
+        "bridge (a record of the seed's day) or to one record.",
+    )
     bridges: bool = Field(
         default=False,
         description="With steer_to_pairs: a two-record task may also be answered by a bridge "
@@ -173,6 +181,7 @@ ANCHORED_SAMPLING: dict[str, bool | float] = {
     "steer_to_pairs": True,
     "bridges": True,
     "updates": True,
+    "pairs": False,
     "user_turns_only": True,
     "skip_unconcrete": True,
     "min_seed_informativeness": MIN_CONCRETE_DETAIL,

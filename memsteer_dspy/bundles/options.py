@@ -298,17 +298,18 @@ def task_options(
     *,
     bridges: bool = False,
     updates: bool = False,
+    pairs: bool = True,
 ) -> list[AnswerOption]:
     """What an anchored planner chooses from for ``task``: the two-record answers for a task of
     two or more evidence records, where the bundle has any — the knowledge updates
     (:func:`update_options`, with ``updates``), the bridges (:func:`bridge_options`, with
-    ``bridges``) and the pairs (:func:`pair_options`) in turn — and otherwise the one-record
-    answers (:func:`answer_options`)."""
+    ``bridges``) and the pairs (:func:`pair_options`, with ``pairs``) in turn — and otherwise the
+    one-record answers (:func:`answer_options`)."""
     if task.evidence_count >= 2:
         kinds = [
             update_options(records, user_name, task.answer_type, limit) if updates else [],
             bridge_options(records, user_name, task.answer_type, limit) if bridges else [],
-            pair_options(records, user_name, task.answer_type, limit),
+            pair_options(records, user_name, task.answer_type, limit) if pairs else [],
         ]
         mixed = [o for row in zip_longest(*kinds) for o in row if o is not None]
         if mixed:

@@ -537,7 +537,11 @@ class BundleSampler:
         """The answer types ``bundle`` can answer with ``evidence_count`` records (see
         :attr:`BundleConfig.steer_to_options` and :attr:`BundleConfig.steer_to_pairs`)."""
         if self.config.steer_to_pairs and evidence_count > 1:
-            pairs = pair_options(bundle.records, self.history.user_id, limit=None)
+            pairs = (
+                pair_options(bundle.records, self.history.user_id, limit=None)
+                if self.config.pairs
+                else []
+            )
             if self.config.bridges:
                 pairs += bridge_options(bundle.records, self.history.user_id, limit=None)
             if self.config.updates:

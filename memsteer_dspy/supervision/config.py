@@ -43,6 +43,7 @@ _LATER_BUNDLE_OPTIONS = {
     "skip_unconcrete": False,
     "bridges": False,
     "updates": False,
+    "pairs": True,
 }
 
 

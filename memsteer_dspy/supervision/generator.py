@@ -102,11 +102,13 @@ class _Generator(dspy.Module):
         own_words: bool = False,
         bridges: bool = False,
         updates: bool = False,
+        pairs: bool = True,
         writer_examples: Sequence[WriterExample] = (),
     ):
         super().__init__()
         self.writer_examples = tuple(writer_examples)
         self.updates = updates
+        self.pairs = pairs
         self.lean = lean
         self.anchored = anchored
         self.own_words = own_words

@@ -203,7 +203,12 @@ class MemSteerGenerator(_Generator):
         inputs, to_plan = _task_inputs(view, task), _plan_from
         if self.anchored:
             options = task_options(
-                bundle.records, task, self.user_name, bridges=self.bridges, updates=self.updates
+                bundle.records,
+                task,
+                self.user_name,
+                bridges=self.bridges,
+                updates=self.updates,
+                pairs=self.pairs,
             )
             if not options:
                 why = "no sentence of the bundle holds a name, number, list or dated statement"

@@ -227,6 +227,7 @@ def generate_supervision(
         own_words=config.own_words,
         bridges=config.bundle.bridges,
         updates=config.bundle.updates,
+        pairs=config.bundle.pairs,
         writer_examples=config.writer_examples,
     )
     log = read_log(out)
