@@ -24,10 +24,12 @@ slows both alike:
 - ``lean-yield``, ``lean-yield2`` — lean with each kind also weighed by its yield on this run (to
   the power 1 or 2), and ``lean-anchor`` — lean-yield2 with the anchored planner, which picks its
   answer by number from the options the program reads off the bundle's sentences, sampled as
-  :data:`~memsteer_dspy.bundles.ANCHORED_SAMPLING` says (two-record tasks only where two records
-  write one answer, the user's side of a conversation turn, concrete seeds): the configuration
-  ``memsteer demo`` and ``memsteer generate`` run on the embedded model
-  (``supervision.run.small_lm_generation_config``); with ``v1``, the default comparison;
+  :data:`~memsteer_dspy.bundles.ANCHORED_SAMPLING` says (two-record tasks only where a bridge or
+  an update answers, the user's side of a conversation turn, concrete seeds:
+  ``supervision.run.small_lm_generation_config``); with ``v1``, the default comparison;
+- ``default`` — lean-anchor with the question writer's packaged examples
+  (``supervision.writer_examples.default_writer_examples``): what ``memsteer demo`` and
+  ``memsteer generate`` run on the embedded model;
 - ``v1-fast`` — v1's pipeline on fast decoding, and ``lean-anchor-whole`` — lean-anchor on the
   earlier decoding: the decoding's effect on each pipeline.
 
@@ -65,7 +67,7 @@ from memsteer_dspy.bundles import ANCHORED_SAMPLING, small_lm_bundle_config  # n
 from memsteer_dspy.lm import DEFAULT_LM  # noqa: E402
 from memsteer_dspy.lm.config import LMSpec, build_lm  # noqa: E402
 from memsteer_dspy.loaders import load_history  # noqa: E402
-from memsteer_dspy.records import QAItem  # noqa: E402
+from memsteer_dspy.records import History, QAItem  # noqa: E402
 from memsteer_dspy.supervision.program import GENERATION_ROLES  # noqa: E402
 from memsteer_dspy.supervision.run import (  # noqa: E402
     GenerationConfig,
@@ -75,6 +77,7 @@ from memsteer_dspy.supervision.run import (  # noqa: E402
     kept_by_task,
     read_log,
 )
+from memsteer_dspy.supervision.writer_examples import default_writer_examples  # noqa: E402
 
 # name -> (lean pipeline, steered task sampler, steered by yield). The two mixed ones separate the
 # pipeline from the sampler: the steered sampler asks for harder items (two-record tasks, numbers,
@@ -92,6 +95,8 @@ CONFIGS: dict[str, tuple[bool, bool, float, bool]] = {
     # the planner picks its answer from the program's options (GenerationConfig.anchored), and the
     # sampler steers toward the answer types a bundle has options for
     "lean-anchor": (True, True, 2.0, True),
+    # ... with the question writer's packaged examples (WITH_EXAMPLES): demo's and generate's default
+    "default": (True, True, 2.0, True),
     # v1's pipeline on fast decoding: what the decoding alone does to the earlier pipeline
     "v1-fast": (False, False, 0, False),
     # and lean-anchor on the earlier decoding: what the decoding does to the new pipeline
@@ -101,17 +106,28 @@ CONFIGS: dict[str, tuple[bool, bool, float, bool]] = {
 # cost (the grammar masks the whole vocabulary before every pick; each answer one JSON object, key
 # by key); every other one decodes fast (LMSpec.fast_decoding).
 WHOLE_OBJECT_DECODING = frozenset({"v1", "lean-anchor-whole"})
+# The configurations whose question writer is shown the packaged examples (generate's default on a
+# small in-process LM).
+WITH_EXAMPLES = frozenset({"default"})
 
 
-def generation_config(name: str, candidates: int, seed: int) -> GenerationConfig:
+def generation_config(
+    name: str, candidates: int, seed: int, history: History | None = None
+) -> GenerationConfig:
     """The named configuration (:data:`CONFIGS`), every check on, stopping only when ``candidates``
-    are done."""
+    are done; one of :data:`WITH_EXAMPLES` needs the ``history`` generated for (its examples are
+    refused when they are that history's)."""
     lean, steered, power, anchored = CONFIGS[name]
     bundle = small_lm_bundle_config(steered=steered)
     if power:
         bundle = bundle.model_copy(update={"steer_by_yield": True, "yield_power": power})
     if anchored:
         bundle = bundle.model_copy(update=ANCHORED_SAMPLING)
+    examples = []
+    if name in WITH_EXAMPLES:
+        if history is None:
+            raise ValueError(f"configuration {name!r} needs the history generated for")
+        examples = default_writer_examples(history, seed)
     return GenerationConfig(
         n=candidates,
         max_candidates=candidates,
@@ -120,6 +136,7 @@ def generation_config(name: str, candidates: int, seed: int) -> GenerationConfig
         anchored=anchored,
         bounded=True,
         bundle=bundle,
+        writer_examples=examples,
     )
 
 
@@ -235,7 +252,7 @@ def run_configs(
         while done < candidates:
             done = min(candidates, done + chunk)
             for name in names:
-                config = generation_config(name, done, seed)
+                config = generation_config(name, done, seed, history)
                 generate_supervision(
                     history,
                     lms[name],

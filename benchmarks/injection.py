@@ -318,9 +318,8 @@ def _verdict(role: str, lm: Any, item: QAItem, planted: Planted, wrong: str) -> 
     """Whether ``role`` passed the ``wrong`` answer (and its output text)."""
     if role == "auditor":
         out = _audit(lm, item, planted.records, wrong)
-        return str(
-            out.answer_support
-        ) == "supported", f"{out.answer_support} {out.answer_rationale}"
+        passed = str(out.answer_support) == "supported"
+        return passed, f"{out.answer_support} {out.answer_rationale}"
     if role == "judge":  # the evaluation's judge, on a prediction carrying the planted text
         from memsteer_dspy.evaluation import Judge
 

@@ -90,8 +90,8 @@ def test_main_refuses_an_unknown_configuration_before_loading_anything(tmp_path,
 
 
 def test_lean_anchor_is_the_configuration_a_small_in_process_lm_gets():
-    """The benchmark's lean-anchor is what `memsteer demo` runs on the embedded model
-    (supervision.run.small_lm_generation_config): a measured number is the demo's pipeline."""
+    """The benchmark's lean-anchor is supervision.run.small_lm_generation_config's pipeline (the
+    demo's without the question-writer examples; ``default`` adds them, below)."""
     from memsteer_dspy.supervision.run import small_lm_generation_config
 
     bench = gc.generation_config("lean-anchor", 12, 3)
@@ -99,3 +99,22 @@ def test_lean_anchor_is_the_configuration_a_small_in_process_lm_gets():
     assert bench.identity() == shared.identity()
     assert (shared.lean, shared.anchored, shared.bundle.steer_to_options) == (True, True, True)
     assert (shared.bundle.steer_by_yield, shared.bundle.yield_power) == (True, 2.0)
+
+
+def test_default_is_what_demo_and_generate_run_on_the_embedded_model():
+    """``default`` = lean-anchor with the question writer's packaged examples: the demo's
+    supervision config and `generate`'s default on an in-process small LM."""
+    from memsteer_dspy.demo_data import load_demo
+    from memsteer_dspy.supervision.run import small_lm_generation_config
+    from memsteer_dspy.supervision.writer_examples import default_writer_examples
+
+    history = load_demo().history
+    bench = gc.generation_config("default", 12, 3, history)
+    examples = default_writer_examples(history, 3)
+    shared = small_lm_generation_config(
+        n=12, max_candidates=12, seed=3, bounded=True, writer_examples=examples
+    )
+    assert bench.identity() == shared.identity() and len(bench.writer_examples) == 4
+    assert gc.generation_config("lean-anchor", 12, 3).writer_examples == []
+    with pytest.raises(ValueError, match="needs the history"):
+        gc.generation_config("default", 12, 3)
