@@ -131,3 +131,54 @@ def test_generate_refuses_examples_from_the_history_it_generates_for(tmp_path):
     assert result.exit_code != 0
     assert "the history generated for" in result.output and "writer_examples" in result.output
     assert not out.exists()
+
+
+def test_an_example_s_everyday_words_are_no_borrowed_topic_but_copying_one_still_is():
+    """v22-jonas lost 3 of 40 candidates to copies_demo for "bike" and "finish", words of the
+    packaged examples ("When did I get my bike back …?") that the bundle did not write ("Canyon
+    Commuter 7.0"): a hand-written example's words are held to the copying test only (lean 21).
+    The cold-start demonstration's words stay held to both."""
+    from memsteer_dspy.supervision.question_checks import check_question
+
+    bundle = "User: I set out early on my Canyon Commuter 7.0 toward Boxhagener Platz."
+    question = "What type of bike did I ride toward Boxhagener Platz?"
+    example = "When did I get my bike back from the repair shop?"
+    kw = {"known_text": bundle, "kind_check": True}
+    assert check_question(question, "Canyon Commuter 7.0", "entity", [example], **kw) == (
+        "copies_demo"
+    )  # as a demonstration's question: "bike" borrowed
+    assert (
+        check_question(question, "Canyon Commuter 7.0", "entity", examples=[example], **kw) is None
+    )
+    # copying an example's question is still copying
+    copied = "When did I get my bike back from the repair shop?"
+    assert check_question(copied, "2024-05-02", "date", examples=[example], **kw) == "copies_demo"
+
+
+def test_the_generator_holds_its_writer_examples_to_the_copying_test_only():
+    from unittest import mock
+
+    from memsteer_dspy.signatures.plan import AnswerPlan
+    from supervision_helpers import small_bundle
+
+    import memsteer_dspy.supervision.generator as generator
+    from memsteer_dspy.supervision.writer_examples import packaged_examples_path
+
+    examples = writer_examples(packaged_examples_path(), 4, seed=0)
+    gen = make_generator(
+        "memsteer", lean=True, anchored=True, bounded=True, writer_examples=examples
+    )
+    seen = {}
+    real = generator.question_verdict
+
+    def spy(question, plan, bundle, rules, **kw):
+        seen.update(kw)
+        return real(question, plan, bundle, rules, **kw)
+
+    bundle = small_bundle()
+    plan = AnswerPlan(answer="x", answer_type="entity")
+    with mock.patch.object(generator, "question_verdict", spy):
+        gen._question_problem("Which laptop did I use?", plan, bundle.view(), bundle)
+    assert set(seen["examples"]) == {e.question for e in examples}
+    assert not set(seen["demos"]) & set(seen["examples"])
+    assert any("pottery" in d for d in seen["demos"])  # the cold-start demo stays a demo

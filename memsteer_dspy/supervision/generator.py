@@ -408,6 +408,8 @@ class _Generator(dspy.Module):
         rules = self.question_rules
         demos = {str(d.question) for p in self.predictors() for d in p.demos if d.get("question")}
         demos.update(also_demos)
+        examples = {e.question for e in self.writer_examples}  # hand-written: copying test only
+        demos -= examples
         user = user_display_name(self.user_name)
         evidence = None
         if rules.on_evidence and plan.evidence_ids:
@@ -423,6 +425,7 @@ class _Generator(dspy.Module):
             bridge=self._bridge_span(plan, bundle),
             update=self._update_span(plan, bundle) if rules.anchored else None,
             echo=own_words and self.checks,
+            examples=examples,
         )
 
     def _echo(self, question: str, plan: AnswerPlan, bundle: Bundle) -> list[str] | None:

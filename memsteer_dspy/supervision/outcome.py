@@ -27,7 +27,7 @@ MAX_TOKENS = {"plan": 400, "question": 100, "audit": 600, "blind": 160, "joint":
 # lean: what the bounded roles were measured to need in one-line JSON (plan ~120 tokens, audit ~250)
 LEAN_MAX_TOKENS = {**MAX_TOKENS, "plan": 300, "question": 80, "audit": 400, "blind": 100}
 # What each version changed, and why: experiments/results/supervision-versions.md
-LEAN_VERSION = 20
+LEAN_VERSION = 21
 LEAN_QUESTION_REWRITES = 1
 """Lean re-samples a rejected question this many times (the earlier pipeline: 2). Measured on the
 embedded writer over three runs (runs/demo-2, runs/demo-4, the thirteenth cost run's lean-anchor;

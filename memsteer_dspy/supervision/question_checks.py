@@ -328,10 +328,14 @@ def check_question(
     evidence_text: str | None = None,
     own_words: bool = False,
     extra_words: int = 0,
+    examples: Iterable[str] = (),
 ) -> str | None:
     """Why a written question is unusable (a reason code), or None when it is fine.
     ``extra_words``: words the program added to the question (a bridge's "on the day …"), beyond
-    :data:`MAX_QUESTION_WORDS`.
+    :data:`MAX_QUESTION_WORDS`. ``examples``: the questions of hand-written examples of another
+    history shown to the writer (``generate --writer-examples``), held to the copying test of
+    ``copies_demo`` like ``demo_questions`` but not to its borrowed-word test: their words are a
+    person's everyday words ("bike", "finish"), not a demonstration's topic.
 
     ``empty`` — no question; ``not_a_question`` — no question mark and no question word;
     ``mentions_records`` — refers to "the records", "the document", "the user", span labels…;
@@ -382,7 +386,8 @@ def check_question(
     ):
         return "vague"
     demo_topics = [topic_words(d) for d in demo_questions]
-    if any(_overlap(topic, d) >= 0.5 for d in demo_topics):
+    example_topics = [topic_words(e) for e in examples]
+    if any(_overlap(topic, d) >= 0.5 for d in [*demo_topics, *example_topics]):
         return "copies_demo"
     if kind_check and known_text is not None and demo_borrowed(topic, demo_topics, known_text):
         return "copies_demo"

@@ -286,12 +286,13 @@ def question_verdict(
     bridge: Span | None = None,
     update: Span | None = None,
     echo: bool = True,
+    examples: Iterable[str] = (),
 ) -> str | None:
     """Why a written question is unusable (a reason code), or None: the one verdict, its checks in
     a fixed order, the first that fails giving the code.
 
     First :func:`~memsteer_dspy.supervision.checks.check_question` against ``demos`` (the
-    demonstrations' questions), ``known_text`` (what it may name) and ``evidence_text`` (the
+    demonstrations' questions) and ``examples`` (the writer examples' questions), ``known_text`` (what it may name) and ``evidence_text`` (the
     plan's evidence records, with ``on_evidence``); a ``bridge``'s "on the day <event>" is the
     program's, not the writer's length. Then, by ``rules``: ``names_self``, ``role_swap``; the
     anchored ``not_fronted``, ``no_verb``, ``leaks_answer`` (a part of a name answer, a number
@@ -312,6 +313,7 @@ def question_verdict(
         evidence_text=evidence_text,
         own_words=rules.own_words,
         extra_words=added,
+        examples=examples,
     )
     if problem is not None:
         return problem
