@@ -1170,6 +1170,7 @@ class Study:
             GenerationConfig,
             SupervisionSet,
             generate_supervision,
+            small_lm_default_config,
         )
 
         b = self.cfg.budgets
@@ -1180,19 +1181,24 @@ class Study:
             )
         n = n or b.supervision
         max_candidates = ceil_div(b.max_candidates * n, b.supervision) if b.max_candidates else None
-        config = GenerationConfig(
-            n=n,
-            max_candidates=max_candidates,
-            method=method,
-            checks=checks,
-            seed=self.cfg.dataset.seed,
-            threads=b.threads,
-            batch_size=b.batch_size,
-            train_fraction=b.train_fraction,
-            bundle=small_lm_bundle_config() if profile == "small" else BundleConfig(),
-        )
-        lms = {role: self.lm.lm(role) for role in GENERATION_ROLES}
         history = self.load(persona, external).history
+        fields = {
+            "n": n,
+            "max_candidates": max_candidates,
+            "seed": self.cfg.dataset.seed,
+            "threads": b.threads,
+            "batch_size": b.batch_size,
+            "train_fraction": b.train_fraction,
+            # length limits in the output schemas for in-process LMs, as `memsteer generate` sets
+            "bounded": self.lm.in_process(*GENERATION_ROLES),
+        }
+        if profile == "small" and fields["bounded"] and method == "memsteer" and checks:
+            # the pipeline `memsteer generate` and `memsteer demo` run on a small in-process LM
+            config = small_lm_default_config(history, **fields)
+        else:
+            bundle = small_lm_bundle_config() if profile == "small" else BundleConfig()
+            config = GenerationConfig(**fields, method=method, checks=checks, bundle=bundle)
+        lms = {role: self.lm.lm(role) for role in GENERATION_ROLES}
         summary = generate_supervision(
             history, lms, folder, config, lm_description=self.lm.describe(), progress=self.progress
         )

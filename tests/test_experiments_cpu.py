@@ -272,3 +272,38 @@ def test_paired_intervals_are_over_the_same_items_in_one_order(rhelm_root, tmp_p
             assert got["ci95"] == pytest.approx(list(paired_bootstrap_ci(a, b)))
             moved += got["diff"] != 0
     assert moved >= 4  # a wider budget delivers more, a narrower top-k retrieves less
+
+
+def test_generation_on_an_in_process_small_lm_runs_generate_s_small_lm_pipeline(
+    rhelm_root, tmp_path, monkeypatch
+):
+    """The experiments generate as `memsteer generate` and `memsteer demo` do on the embedded
+    model (lean prompts, anchored planner, the packaged question-writer examples, bounded outputs),
+    not the paper's pipeline; the ablation's other methods and checks-off keep theirs."""
+    import memsteer_dspy.supervision.run as run
+    from memsteer_dspy.lm import LMConfig
+
+    seen: list[Any] = []
+
+    class Stop(Exception):
+        pass
+
+    def capture(history, lms, folder, config, **kw):
+        seen.append(config)
+        raise Stop
+
+    monkeypatch.setattr(run, "generate_supervision", capture)
+    monkeypatch.setattr(LMConfig, "in_process", lambda self, *roles: True)
+    cfg = cpu_like(rhelm_root)
+    study = _common.Study("main", cfg, tmp_path, lm_config=world_config(World()), tracking=False)
+    for method, checks in (("memsteer", True), ("direct", True), ("memsteer", False)):
+        with pytest.raises(Stop):
+            study.generate(
+                tmp_path / method / str(checks), "Elena_Morales", method=method, checks=checks
+            )
+    small, direct, unchecked = seen
+    assert small.lean and small.anchored and small.bounded and len(small.writer_examples) == 4
+    assert small.bundle.steer_by_yield and small.bundle.bridges and not small.bundle.pairs
+    for other in (direct, unchecked):
+        assert not other.lean and not other.anchored and not other.writer_examples
+        assert other.bounded  # in-process: length limits, as generate sets them

@@ -83,7 +83,7 @@ def _supervision(history, lm_config, folder: Path, settings: DemoSettings, say, 
         SupervisionSet,
         generate_supervision,
         read_log,
-        small_lm_generation_config,
+        small_lm_default_config,
     )
 
     t0 = time.perf_counter()
@@ -105,10 +105,7 @@ def _supervision(history, lm_config, folder: Path, settings: DemoSettings, say, 
     # (lean prompts, anchored planner); any other LM the paper's prompts
     # (and the question-writer examples `generate` shows such an LM by default)
     if profile == "small" and bounded:
-        from memsteer_dspy.supervision.writer_examples import default_writer_examples
-
-        examples = default_writer_examples(history, settings.seed)
-        config = small_lm_generation_config(**fields, writer_examples=examples)
+        config = small_lm_default_config(history, **fields)
     else:
         bundle = small_lm_bundle_config() if profile == "small" else BundleConfig()
         config = GenerationConfig(**fields, bundle=bundle)

@@ -26,7 +26,11 @@ from memsteer_dspy.supervision.program import (
     OWN_WORDS_VERSION,
     PROMPT_VERSION,
 )
-from memsteer_dspy.supervision.writer_examples import WriterExample, examples_key
+from memsteer_dspy.supervision.writer_examples import (
+    WriterExample,
+    default_writer_examples,
+    examples_key,
+)
 from memsteer_dspy.untrusted import WITHHOLD_VERSION
 
 METHODS = ("memsteer", "joint", "direct", "naive")
@@ -171,6 +175,15 @@ def small_lm_generation_config(**fields: Any) -> GenerationConfig:
     :class:`GenerationConfig` fields (n, seed, …)."""
     bundle = small_lm_bundle_config(steer_by_yield=True, yield_power=2.0, **ANCHORED_SAMPLING)
     return GenerationConfig(**{"lean": True, "anchored": True, "bundle": bundle, **fields})
+
+
+def small_lm_default_config(history: History, **fields: Any) -> GenerationConfig:
+    """What a small in-process LM runs by default — ``memsteer generate`` (its unset ``--lean``),
+    ``memsteer demo`` and the experiments: :func:`small_lm_generation_config` with the question
+    writer's packaged examples (:func:`~memsteer_dspy.supervision.writer_examples.
+    default_writer_examples`, drawn by the run's ``seed``)."""
+    examples = default_writer_examples(history, fields.get("seed", 0))
+    return small_lm_generation_config(**fields, writer_examples=examples)
 
 
 def generation_key(

@@ -52,6 +52,7 @@ from memsteer_dspy.supervision.config import (
     METHODS,
     GenerationConfig,
     generation_key,
+    small_lm_default_config,
     small_lm_generation_config,
 )
 from memsteer_dspy.supervision.outputs import (
@@ -92,6 +93,7 @@ __all__ = [
     "generate_supervision",
     "load_qa_jsonl",
     "read_log",
+    "small_lm_default_config",
     "small_lm_generation_config",
     # importable from here before the split as well
     "LOG_NAME",
