@@ -78,8 +78,8 @@ _TO_SOMEONE = (
 )
 
 
-# the user's name after an auxiliary that fronts a question ("Who is Elena studying with?"), and
-# that auxiliary in the first person
+# an auxiliary before the user's name ("Who is Elena studying with?") or after it ("Elena has"),
+# in the first person
 _FIRST_PERSON_INVERTED = {
     "is": "am",
     "was": "was",
@@ -92,12 +92,14 @@ _FIRST_PERSON_INVERTED = {
     "can": "can",
     "could": "could",
     "should": "should",
+    "might": "might",
+    "must": "must",
 }
 # past forms that keep their form after "I" ("Elena wrote" -> "I wrote"), besides "-ed"
 _PAST = frozenset(
     "went met made said told saw took gave sent bought ate wrote felt left came kept found heard "
     "thought knew began spent paid read got brought taught ran sat stood won lost held chose drove "
-    "flew forgot gave grew hung hid led lit meant rode rang rose sang slept spoke swam threw "
+    "flew forgot grew hung hid led lit meant rode rang rose sang slept spoke swam threw "
     "understood woke wore".split()
 )
 
@@ -106,10 +108,8 @@ def _first_person_verb(word: str) -> str | None:
     """``word`` as the verb of "I" where it is the verb of a third-person subject ("writes" ->
     "write", "is" -> "am", "wrote" -> "wrote"), else None (not plainly a verb)."""
     low = word.lower()
-    if low in ("is", "has", "does"):
-        return {"is": "am", "has": "have", "does": "do"}[low]
-    if low in ("was", "had", "did", "will", "would", "can", "could", "should", "might", "must"):
-        return word
+    if low in _FIRST_PERSON_INVERTED:  # is -> am, has -> have, does -> do; was, did, … as they are
+        return _same_case(_FIRST_PERSON_INVERTED[low], word)
     if low in _PAST or (low.endswith("ed") and len(low) > 4):
         return word
     if low.endswith("ies") and len(low) > 4:
@@ -292,8 +292,8 @@ def question_verdict(
     a fixed order, the first that fails giving the code.
 
     First :func:`~memsteer_dspy.supervision.checks.check_question` against ``demos`` (the
-    demonstrations' questions) and ``examples`` (the writer examples' questions), ``known_text`` (what it may name) and ``evidence_text`` (the
-    plan's evidence records, with ``on_evidence``); a ``bridge``'s "on the day <event>" is the
+    demonstrations' questions) and ``examples`` (the writer examples' questions), ``known_text``
+    (what it may name) and ``evidence_text`` (the plan's evidence records, with ``on_evidence``); a ``bridge``'s "on the day <event>" is the
     program's, not the writer's length. Then, by ``rules``: ``names_self``, ``role_swap``; the
     anchored ``not_fronted``, ``no_verb``, ``leaks_answer`` (a part of a name answer, a number
     answer's number), ``vague`` (an email's subject not named) and ``misses_record`` (not for an
