@@ -477,19 +477,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     import tempfile
 
     from memsteer_dspy.lm.model_files import ensure_embedded_model
-    from memsteer_dspy.lm.serve import server_missing, start_llama_server
+    from memsteer_dspy.lm.serve import running_llama_server, server_missing
 
     if why := server_missing():
         sys.exit(why)
     os.environ.setdefault("OPENAI_API_KEY", "unused")
-    with tempfile.TemporaryDirectory() as tmp:
-        server = start_llama_server(ensure_embedded_model("qwen2.5-coder-1.5b"), Path(tmp))
-        try:
-            config = Path(tmp) / "server.toml"
-            config.write_text(server.toml().replace("num_retries = 1", "cache = false"))
-            _run(args, roles, config)
-        finally:
-            server.stop()
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        running_llama_server(ensure_embedded_model("qwen2.5-coder-1.5b"), Path(tmp)) as server,
+    ):
+        config = Path(tmp) / "server.toml"
+        config.write_text(server.toml().replace("num_retries = 1", "cache = false"))
+        _run(args, roles, config)
 
 
 def _run(args: argparse.Namespace, roles: list[str], config_path: Path | None) -> None:

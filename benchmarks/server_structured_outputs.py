@@ -37,7 +37,7 @@ from typer.testing import CliRunner
 
 from memsteer_dspy.cli import app
 from memsteer_dspy.lm.model_files import ensure_embedded_model
-from memsteer_dspy.lm.serve import server_missing, start_llama_server
+from memsteer_dspy.lm.serve import running_llama_server, server_missing
 
 DEMO = Path(__file__).resolve().parent.parent / "memsteer_dspy" / "data" / "demo"
 
@@ -85,8 +85,7 @@ def main() -> None:
     counts: dict[str, ParseCounter] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        server = start_llama_server(ensure_embedded_model("qwen2.5-coder-1.5b"), tmp)
-        try:
+        with running_llama_server(ensure_embedded_model("qwen2.5-coder-1.5b"), tmp) as server:
             for mode in modes:
                 config = tmp / f"{mode}.toml"
                 config.write_text(
@@ -103,8 +102,6 @@ def main() -> None:
                 run([*ev, "--out", str(tmp / f"eval-{mode}"), *config_args])
                 dspy.configure(callbacks=[])
                 print(f"mode {mode}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
-        finally:
-            server.stop()
     roles = sorted({r for c in counts.values() for r in (*c.parsed, *c.failed)})
     print(
         f"parse failures per role ({opts.candidates} generate candidates, {opts.items} evaluate items, "

@@ -481,3 +481,34 @@ def test_optimize_costs_carry_dollars_and_keep_unpriced_apart():
     ] == pytest.approx(1.5)
     assert Cost().plus(unpriced).cost_usd is None
     assert "$1.5000" in total.short()
+
+
+def test_running_llama_server_stops_the_server_however_the_block_ends(monkeypatch, tmp_path):
+    """The benchmarks' server is stopped when the block ends, raises, or the process gets SIGTERM
+    (an injection run killed mid-way left llama_cpp.server running, holding both cores), and the
+    process's SIGTERM handler is restored after."""
+    import os
+    import signal
+
+    import memsteer_dspy.lm.serve as serve
+
+    stopped: list[int] = []
+
+    class Server:
+        def __init__(self, n):
+            self.n = n
+
+        def stop(self):
+            stopped.append(self.n)
+
+    started = iter(range(3))
+    monkeypatch.setattr(serve, "start_llama_server", lambda gguf, log, **kw: Server(next(started)))
+    before = signal.getsignal(signal.SIGTERM)
+    with serve.running_llama_server(tmp_path / "m.gguf", tmp_path) as server:
+        assert server.n == 0
+    with pytest.raises(RuntimeError), serve.running_llama_server(tmp_path / "m.gguf", tmp_path):
+        raise RuntimeError("a role failed")
+    with pytest.raises(SystemExit) as ended, serve.running_llama_server(tmp_path / "m", tmp_path):
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert ended.value.code == 128 + signal.SIGTERM
+    assert stopped == [0, 1, 2] and signal.getsignal(signal.SIGTERM) == before

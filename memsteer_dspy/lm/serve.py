@@ -4,11 +4,13 @@
 on 127.0.0.1 at a free port as a subprocess, waits until ``GET /v1/models`` lists the alias, and
 returns a :class:`LlamaServer` whose ``stop()`` ends that process by its PID (SIGTERM, then
 SIGKILL). It needs the ``server`` extra (``pip install 'memsteer-dspy[local,server]'``);
-:func:`server_missing` says what is missing.
+:func:`server_missing` says what is missing; :func:`running_llama_server` is the ``with`` form that
+stops the server however the block ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +85,24 @@ def server_missing() -> str | None:
                 "pip install 'memsteer-dspy[local,server]' (make install does)"
             )
     return None
+
+
+@contextlib.contextmanager
+def running_llama_server(gguf: Path, log_dir: Path, **kwargs) -> Iterator[LlamaServer]:
+    """:func:`start_llama_server` for the ``with`` block: the server is stopped when the block
+    ends, raises, or the process is sent SIGTERM (turned into ``SystemExit`` for the block's
+    length, so a benchmark killed by ``kill`` or a scheduler leaves no server running)."""
+
+    def terminate(signum, frame):  # noqa: ARG001 - the signal handler's signature
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    server = start_llama_server(gguf, log_dir, **kwargs)
+    try:
+        yield server
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)
 
 
 def start_llama_server(
