@@ -513,3 +513,25 @@ def test_a_run_resumes_only_under_the_prompts_it_was_made_with(tmp_path, monkeyp
     monkeypatch.setattr(config_module, "PROMPT_VERSION", config_module.PROMPT_VERSION + 1)
     with pytest.raises(RunMismatchError, match="prompt_version"):
         generate_supervision(history, accepting_lms(), tmp_path, cfg, progress=False)
+
+
+def test_generate_s_small_lm_default_is_small_lm_default_config(tmp_path, monkeypatch):
+    """What `memsteer generate` builds for an in-process LM with no pipeline flag is the one small-
+    LM default the demo and the experiments use (supervision.small_lm_default_config): the same
+    run key options."""
+    from typer.testing import CliRunner
+
+    from memsteer_dspy.cli import app
+    from memsteer_dspy.loaders.jsonl import load_jsonl
+    from memsteer_dspy.supervision.run import small_lm_default_config
+
+    hist = scripted_generate_cli(tmp_path, monkeypatch, in_process=True)
+    out = tmp_path / "out"
+    args = argv("generate --format jsonl --path {} --out {} --n 1 --max-candidates 1", hist, out)
+    result = CliRunner().invoke(app, [*args, "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    options = json.loads((out / "run.json").read_text())["key"]["options"]
+    shared = small_lm_default_config(
+        load_jsonl(hist).history, n=1, max_candidates=1, seed=3, bounded=True
+    )
+    assert options == json.loads(json.dumps(shared.identity()))
