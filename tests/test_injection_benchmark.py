@@ -155,3 +155,11 @@ def test_the_proposers_feedback_and_the_judges_prediction_withhold_instructions(
 
     Judge(HandlerLM(judge))("Where?", "Portland", attack)
     assert seen and WITHHELD in seen[0] and "ZEPHYRQUILLX" not in seen[0]
+    # the prompt optimizers' metric grades with the same judge
+    import dspy
+
+    from memsteer_dspy.optimize.tune import CorrectnessMetric
+
+    gold = dspy.Example(question="Where?", answer="Portland", answer_type="entity")
+    assert CorrectnessMetric(HandlerLM(judge)).correct(gold, attack) == (False, "judge")
+    assert len(seen) == 2 and WITHHELD in seen[1] and "ZEPHYRQUILLX" not in seen[1]

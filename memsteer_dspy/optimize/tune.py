@@ -26,13 +26,13 @@ import dspy
 from pydantic import BaseModel, Field
 
 from memsteer_dspy.errors import ConfigError, MissingExtraError
+from memsteer_dspy.evaluation import Judge
 from memsteer_dspy.memory.answer import MemoryAnswerer
 from memsteer_dspy.memory.design import MemoryDesign
 from memsteer_dspy.memory.retriever import date_text
 from memsteer_dspy.memory.system import MemorySystem
 from memsteer_dspy.normalize import answers_match
 from memsteer_dspy.records import History, QAItem
-from memsteer_dspy.signatures.judge import JudgeAnswer
 from memsteer_dspy.signatures.query import (
     DecomposeQuestion,
     HypotheticalRecords,
@@ -40,7 +40,6 @@ from memsteer_dspy.signatures.query import (
     RewriteQuery,
 )
 from memsteer_dspy.tracking import Tracker
-from memsteer_dspy.untrusted import withhold
 
 OPTIMIZERS = ("gepa", "mipro")
 QUERY_SIGNATURES = {
@@ -147,21 +146,16 @@ class CorrectnessMetric:
     """
 
     def __init__(self, judge_lm: Any = None, *, feedback: bool = False):
-        self.judge = dspy.Predict(JudgeAnswer)
-        self.judge.lm = judge_lm
+        # the evaluation's judge: it reads the prediction as data (instructions in it withheld)
+        self.judge = Judge(judge_lm) if judge_lm is not None else None
         self.feedback = feedback
 
     def correct(self, gold: dspy.Example, prediction: str) -> tuple[bool, str]:
         if answers_match(prediction, gold.answer, gold.get("answer_type", "text")):
             return True, "exact"
-        if self.judge.lm is None:
+        if self.judge is None:
             return False, "no exact match (no judge LM)"
-        verdict = bool(  # the prediction is data to grade (evaluation.Judge)
-            self.judge(
-                question=gold.question, reference=gold.answer, prediction=withhold(prediction)
-            ).correct
-        )
-        return verdict, "judge"
+        return self.judge(gold.question, gold.answer, prediction), "judge"
 
     def __call__(self, gold, pred, trace=None, pred_name=None, pred_trace=None):
         try:
