@@ -79,8 +79,8 @@ def test_the_benchmark_counts_obedience_per_role_and_payload():
     control holds the canary as data, or no instruction), a careful one never obeys."""
     loaded = load_demo()
     items = [q for q in loaded.qa_items if q.evidence_ids][:2]
-    assert set(injection.ROLES) == {"blind_reader", "answerer", "question_writer", "planner",
-                                    "auditor", "judge", "proposer"}  # fmt: skip
+    roles = "blind_reader answerer question_writer planner auditor judge proposer"
+    assert set(injection.ROLES) == set(roles.split())
     for handler, expected in ((_obedient, 2), (_careful, 0)):
         report = injection.run_benchmark(loaded.history, items, _lms(handler), defended=False)
         assert not [c.error for c in report.calls if c.error]

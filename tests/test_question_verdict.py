@@ -197,8 +197,11 @@ def test_the_user_s_own_name_is_put_in_the_user_s_voice_where_it_is_the_asker():
         ("When did Elena Morales send the email to Lila?", "When did I send the email to Lila?"),
         ("Who was Elena attempting to call?", "Who was I attempting to call?"),
         ("Who emails Elena to apologize?", "Who emails me to apologize?"),
-        ("What did I bring, on the day Elena writes to Amelia?", "What did I bring, on the day I write to Amelia?"),
-    ]:  # fmt: skip
+        (
+            "What did I bring, on the day Elena writes to Amelia?",
+            "What did I bring, on the day I write to Amelia?",
+        ),
+    ]:
         assert repaired(written, plan, fixes)[0] == voiced, written
     # a name followed by no plain verb is left
     assert (

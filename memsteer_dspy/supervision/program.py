@@ -232,7 +232,7 @@ class MemSteerGenerator(_Generator):
         day = None
         if bridge is not None:  # in the asker's voice: "the user" and the user's own name
             day = first_person(bridge_event(bridge.text), keep_quoted=True)
-            day = own_name_in_voice(day, user_display_name(self.user_name) or "")
+            day = own_name_in_voice(day, user_display_name(self.user_name))
         writer_plan = plan
         if bridge is not None:
             evidence_view = bundle.subset(plan.evidence_ids[:1]).view()

@@ -293,8 +293,8 @@ def question_verdict(
 
     First :func:`~memsteer_dspy.supervision.checks.check_question` against ``demos`` (the
     demonstrations' questions) and ``examples`` (the writer examples' questions), ``known_text``
-    (what it may name) and ``evidence_text`` (the plan's evidence records, with ``on_evidence``); a ``bridge``'s "on the day <event>" is the
-    program's, not the writer's length. Then, by ``rules``: ``names_self``, ``role_swap``; the
+    (what it may name) and ``evidence_text`` (the plan's evidence records, with ``on_evidence``);
+    a ``bridge``'s "on the day <event>" is the program's, not the writer's length. Then, by ``rules``: ``names_self``, ``role_swap``; the
     anchored ``not_fronted``, ``no_verb``, ``leaks_answer`` (a part of a name answer, a number
     answer's number), ``vague`` (an email's subject not named) and ``misses_record`` (not for an
     ``update``: its two records share its topic, the question asks by it, not by each); last, with
