@@ -25,6 +25,7 @@ default the CLI's), so a rerun only scores.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import sys
@@ -48,7 +49,8 @@ from memsteer_dspy.systems import OracleSystem, record_store, reference_rows  # 
 
 METRICS = ("recall_at_10", "delivered_recall")
 BASE = "base-bm25"
-SYSTEMS = ("mempalace",)
+SYSTEMS = ("mempalace", "mem0", "a-mem")
+LLM_SYSTEMS = ("mem0", "a-mem")  # their ingest calls an LLM: --llm-api-base, or the embedded one
 
 
 class _QueryMemo:
@@ -99,7 +101,9 @@ def _builders(args, designs: list[MemoryDesign]) -> list[tuple[str, Any]]:
     return rows
 
 
-def _build(spec: Any, history, items, cache_dir):
+def _build(spec: Any, history, items, cache_dir, llm: dict[str, Any] | None = None):
+    """The row's system over ``history``; for an LLM system, None while its ingest is unfinished
+    (``--ingest-budget-s`` ran out: a rerun goes on where it stopped)."""
     if isinstance(spec, MemoryDesign):
         return MemorySystem.from_design(spec, history, cache_dir=cache_dir)
     if spec == "oracle":
@@ -108,6 +112,18 @@ def _build(spec: Any, history, items, cache_dir):
         from memsteer_dspy.systems.mempalace_adapter import MemPalaceSystem
 
         return MemPalaceSystem.open(history, cache_dir=cache_dir)
+    if spec in LLM_SYSTEMS:
+        assert llm is not None
+        if spec == "mem0":
+            from memsteer_dspy.systems.mem0_adapter import Mem0System as Adapter
+        else:
+            from memsteer_dspy.systems.amem_adapter import AMemSystem as Adapter
+        opts = {k: v for k, v in llm.items() if k != "schema_form" or spec == "a-mem"}
+        system = Adapter.open(history, cache_dir=cache_dir, log=print, **opts)
+        info = system.build_info
+        done = info.get("notes", info.get("batches"))
+        print(f"{spec} ingest of {history.user_id}: {done} in memory, {info}", flush=True)
+        return system if info.get("complete", True) else None
     raise SystemExit(f"unknown system {spec!r} (known: {', '.join(SYSTEMS)})")
 
 
@@ -229,6 +245,29 @@ def main(argv: list[str] | None = None) -> int:
         help="reference rows: k units delivered (k), the 4,000-token budget (fixed), or both",
     )
     ap.add_argument("--no-reference", action="store_true", help="leave out the RAG/Hybrid rows")
+    ap.add_argument(
+        "--llm-api-base",
+        help="mem0 / a-mem: an OpenAI-compatible URL for their LLM (default: the embedded model, "
+        "served by llama.cpp for the run)",
+    )
+    ap.add_argument("--llm-model", default="qwen-server", help="the model name at --llm-api-base")
+    ap.add_argument(
+        "--llm-schema-form",
+        choices=["json_object", "json_schema"],
+        default=None,
+        help="a-mem: how its JSON schema is sent (default: json_object for the embedded model's "
+        "llama.cpp server, json_schema with --llm-api-base)",
+    )
+    ap.add_argument(
+        "--batch", type=int, default=4, help="mem0 / a-mem: records per add() call (default 4)"
+    )
+    ap.add_argument(
+        "--ingest-budget-s",
+        type=float,
+        default=None,
+        help="mem0 / a-mem: stop adding to a memory after this many seconds per persona; the "
+        "row is scored once its ingest is complete (a rerun resumes it)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="the official split's seed (test items)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument(
@@ -257,6 +296,46 @@ def main(argv: list[str] | None = None) -> int:
     all_ids: list[str] = []
     test_ids: list[str] = []
     t_all = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        llm = _llm(args, stack) if set(args.system) & set(LLM_SYSTEMS) else None
+        unfinished = _score_all(args, root, builders, per_item, costs, all_ids, test_ids, llm)
+    if unfinished:
+        print(
+            f"not scored, their ingest is unfinished: {', '.join(sorted(unfinished))} "
+            "(rerun the same command to go on)",
+            flush=True,
+        )
+        names = [n for n in names if n not in unfinished]
+    _report(args, root, names, per_item, costs, all_ids, test_ids, against, t_all)
+    return 0
+
+
+def _llm(args, stack: contextlib.ExitStack) -> dict[str, Any]:
+    """The LLM options of mem0 / a-mem: --llm-api-base, or the embedded model behind llama.cpp's
+    server for the length of the run (stopped however the run ends)."""
+    opts: dict[str, Any] = {"batch": args.batch, "budget_s": args.ingest_budget_s}
+    if args.llm_api_base:
+        form = args.llm_schema_form or "json_schema"
+        return {**opts, "api_base": args.llm_api_base, "model": args.llm_model, "schema_form": form}
+    from memsteer_dspy.lm.model_files import ensure_embedded_model
+    from memsteer_dspy.lm.serve import ALIAS, running_llama_server, server_missing
+
+    if why := server_missing():
+        raise SystemExit(why)
+    logs = args.out / "llm-server"
+    logs.mkdir(parents=True, exist_ok=True)
+    # 16k tokens: an A-Mem evolution prompt holds the new note and five neighbours
+    server = stack.enter_context(
+        running_llama_server(ensure_embedded_model("qwen2.5-coder-1.5b"), logs, n_ctx=16384)
+    )
+    form = args.llm_schema_form or "json_object"
+    return {**opts, "api_base": server.api_base, "model": ALIAS, "schema_form": form}
+
+
+def _score_all(args, root, builders, per_item, costs, all_ids, test_ids, llm) -> set[str]:
+    """Score every row on every persona into ``per_item`` / ``costs`` and ``items.jsonl``; the
+    names of the rows left unscored because an ingest is unfinished."""
+    unfinished: set[str] = set()
     with (args.out / "items.jsonl").open("w", encoding="utf-8") as log:
         for persona in args.persona or list_personas(root):
             loaded = load_rhelm(root, persona, external=True)
@@ -266,8 +345,11 @@ def main(argv: list[str] | None = None) -> int:
             test_ids += [f"{persona}/{q.id}" for q in official_test(items, seed=args.seed)]
             for name, spec in builders:
                 t0 = time.perf_counter()
-                system = _build(spec, history, items, args.cache_dir)
+                system = _build(spec, history, items, args.cache_dir, llm)
                 t1 = time.perf_counter()
+                if system is None:
+                    unfinished.add(name)
+                    continue
                 rep = evaluate_design(system, items, metrics="recall", protocol="as_of")
                 t2 = time.perf_counter()
                 costs[name]["build_s"] += t1 - t0
@@ -297,7 +379,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"build {t1 - t0:.0f}s score {t2 - t1:.0f}s",
                     flush=True,
                 )
+                if hasattr(system, "close"):
+                    system.close()
                 del system
+    return unfinished
+
+
+def _report(args, root, names, per_item, costs, all_ids, test_ids, against, t_all) -> None:
     tables = {
         "all official items": _rows(per_item, all_ids, names, costs, against),
         "held-out test split": _rows(per_item, test_ids, names, costs, against),
@@ -319,13 +407,13 @@ def main(argv: list[str] | None = None) -> int:
     md = [
         f"# Systems side by side\n\n`python experiments/systems.py {' '.join(sys.argv[1:])}` — "
         f"{len(meta['personas'])} persona(s), wall {wall:,.0f} s. Build/score seconds summed over personas; "
-        "LM calls and tokens of building and retrieval (none for these rows).\n"
+        "LM calls and tokens of building and retrieval (for mem0 and a-mem: their ingest, all "
+        "sessions).\n"
     ]
     for title, rows in tables.items():
         md += [f"\n## {title}\n", _table(rows, against), ""]
     (args.out / "results.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
-    return 0
 
 
 if __name__ == "__main__":

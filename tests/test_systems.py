@@ -192,3 +192,110 @@ def test_mem0_memories_map_back_to_their_batch_records(tmp_path, monkeypatch):
         )
         assert again.build_info["batches_added_now"] == 0 and len(server.requests) == n_batches
         again.close()
+
+
+# -- A-Mem ---------------------------------------------------------------------------------------
+
+
+def _amem_reply(body: dict) -> str:
+    """A-Mem's two LLM roles, scripted: keywords of the note from its own words; no evolution."""
+    prompt = body["messages"][-1]["content"]
+    if "Content for analysis:" in prompt:
+        content = prompt.split("Content for analysis:", 1)[1]
+        words = [w for w in re.findall(r"[a-z]{5,}", content.lower())][:3]
+        return json.dumps({"keywords": words, "context": "a test note", "tags": ["test"]})
+    return json.dumps(
+        {
+            "should_evolve": False,
+            "actions": [],
+            "suggested_connections": [],
+            "tags_to_update": [],
+            "new_context_neighborhood": [],
+            "new_tags_neighborhood": [],
+        }
+    )
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not _has("agentic_memory"), reason="needs the [amem] extra (a-mem)")
+@pytest.mark.skipif(not _has_minilm(), reason="needs the [dense] extra (packaged MiniLM)")
+def test_amem_notes_map_back_to_their_batch_records_and_the_ingest_resumes(tmp_path, monkeypatch):
+    from memsteer_dspy.lm.fake_server import FakeOpenAIServer
+    from memsteer_dspy.systems.amem_adapter import AMemSystem
+    from memsteer_dspy.systems.ingest import batches
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    history, items = small_history(), small_qa()
+    n_notes = len(batches(history, 2))
+    # the second request (the second note's analysis) fails as a server does
+    with FakeOpenAIServer(alias="local", answer=_amem_reply, failures={2: "http500"}) as server:
+        system = AMemSystem.open(
+            history, cache_dir=tmp_path, api_base=server.api_base, model="local", batch=2
+        )
+        # one analysis per note, one evolution decision per note after the first
+        assert len(server.requests) == 2 * n_notes - 1
+        assert system.usage()["lm_calls"] == len(server.requests) - 1  # the failed one: no usage
+        # llama.cpp's form of a JSON schema, not OpenAI's json_schema (its server rejects that)
+        formats = [r["response_format"] for r in server.requests]
+        assert all(f["type"] == "json_object" and f["schema"]["type"] == "object" for f in formats)
+        # the failed call is recorded on its note; A-Mem kept the note with its fallback
+        failed = [r for r in system.ledger.rows.values() if r["lm_failures"]]
+        assert len(failed) == 1 and "500" in failed[0]["lm_failures"][0]
+        assert system.build_info["notes"] == n_notes == system.memory.retriever.count()
+
+        rep = evaluate_design(system, items, metrics="recall", protocol="as_of")
+        by_id = {r.qa_id: r for r in rep.items}
+        assert all(r.error is None for r in rep.items)
+        # q1's evidence s1:1 is in the note of (s1:1, s1:2): the hit is that batch's records
+        assert ["s1:1", "s1:2"] in by_id["q1"].trace.ranked_record_ids
+        assert by_id["q1"].recall_at_10 == 1.0 and by_id["q1"].delivered_recall == 1.0
+        # as-of: q2 is asked 2024-03-01; the (s3:1, s3:2) note is dated 2024-03-20
+        assert all("s3:1" not in recs for recs in by_id["q2"].trace.ranked_record_ids)
+
+        # resume: a second open adds nothing and calls the LLM no more
+        again = AMemSystem.open(
+            history, cache_dir=tmp_path, api_base=server.api_base, model="local", batch=2
+        )
+        assert again.build_info["notes_added_now"] == 0
+        assert len(server.requests) == 2 * n_notes - 1
+        assert again.usage() == system.usage()
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not _has("agentic_memory"), reason="needs the [amem] extra (a-mem)")
+@pytest.mark.skipif(not _has_minilm(), reason="needs the [dense] extra (packaged MiniLM)")
+def test_systems_script_scores_an_llm_system_only_once_its_ingest_is_complete(
+    tmp_path, monkeypatch
+):
+    """experiments/systems.py with --ingest-budget-s: a persona's memory that is not complete is
+    not scored (None); the next run goes on from where the last stopped and then scores it."""
+    import importlib.util
+    from pathlib import Path
+
+    from memsteer_dspy.lm.fake_server import FakeOpenAIServer
+    from memsteer_dspy.systems.amem_adapter import AMemSystem
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = Path(__file__).resolve().parent.parent / "experiments" / "systems.py"
+    spec = importlib.util.spec_from_file_location("exp_systems", path)
+    systems = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(systems)
+    history, items = small_history(), small_qa()
+    with FakeOpenAIServer(alias="local", answer=_amem_reply) as server:
+        llm = {
+            "api_base": server.api_base,
+            "model": "local",
+            "batch": 2,
+            "schema_form": "json_object",
+        }
+        # a budget of 0 s adds nothing: not scored
+        assert systems._build("a-mem", history, items, tmp_path, {**llm, "budget_s": 0}) is None
+        assert server.requests == []
+        system = systems._build("a-mem", history, items, tmp_path, {**llm, "budget_s": None})
+        assert isinstance(system, AMemSystem) and system.build_info["complete"]
+        calls = len(server.requests)
+        rep = evaluate_design(system, items, metrics="recall", protocol="as_of")
+        assert rep.summary.recall_at_10 is not None and all(r.error is None for r in rep.items)
+        # a rerun finds the memory complete and calls the LLM no more
+        assert systems._build("a-mem", history, items, tmp_path, {**llm, "budget_s": 0}) is not None
+        assert len(server.requests) == calls

@@ -33,10 +33,18 @@ from typing import Any
 
 from memsteer_dspy.errors import ConfigError
 from memsteer_dspy.memory.context import UNIT_SEPARATOR, BuiltContext
-from memsteer_dspy.memory.design import _digest
 from memsteer_dspy.memory.retriever import as_day
-from memsteer_dspy.records import History, Record
-from memsteer_dspy.systems.base import ExternalSystem, Hit, SystemCard
+from memsteer_dspy.records import History
+from memsteer_dspy.systems.base import Hit
+from memsteer_dspy.systems.ingest import (
+    Ledger,
+    PackageMemory,
+    Usage,
+    batch_key,
+    batches,
+    memory_folder,
+    messages_of,
+)
 from memsteer_dspy.tokens import count_tokens
 
 ADAPTER_VERSION = 1
@@ -52,52 +60,6 @@ def _require():
             "the Mem0 adapter needs the mem0ai package: pip install 'memsteer-dspy[mem0]'"
         ) from None
     return Memory
-
-
-def batches(history: History, size: int) -> list[list[Record]]:
-    """Consecutive records of each thread (conversation, email thread, document), ``size`` at a
-    time, threads in order of first appearance; records without a thread go alone."""
-    threads: dict[str, list[Record]] = {}
-    for r in history:
-        threads.setdefault(r.thread_id or f"\0{r.id}", []).append(r)
-    out = []
-    for recs in threads.values():
-        out += [recs[i : i + size] for i in range(0, len(recs), size)]
-    return out
-
-
-def messages_of(records: list[Record]) -> list[dict[str, str]]:
-    """One batch as chat messages: the user's own turns as ``user``, everything else (assistant
-    turns, emails, documents) as ``assistant`` with its date, kind and author in front."""
-    out = []
-    for r in records:
-        when = r.timestamp.date().isoformat() if r.timestamp else "undated"
-        role = "user" if (r.author or "").lower() == "user" else "assistant"
-        head = f"[{when} | {r.kind}{' | ' + r.author if r.author else ''}] "
-        out.append({"role": role, "content": head + r.text.strip()})
-    return out
-
-
-class Usage:
-    """LM calls and tokens of Mem0's LLM, counted from each response's ``usage`` (Mem0's
-    ``response_callback``), saved beside the memory so a resumed ingest adds to it."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.totals = {"lm_calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
-        if path.is_file():
-            self.totals.update(json.loads(path.read_text()))
-
-    def __call__(self, llm: Any, response: Any, params: Any) -> None:
-        usage = getattr(response, "usage", None)
-        self.totals["lm_calls"] += 1
-        self.totals["prompt_tokens"] += int(getattr(usage, "prompt_tokens", 0) or 0)
-        self.totals["completion_tokens"] += int(getattr(usage, "completion_tokens", 0) or 0)
-        self.path.write_text(json.dumps(self.totals) + "\n")
-
-    def as_costs(self) -> dict[str, int]:
-        t = self.totals
-        return {"lm_calls": t["lm_calls"], "tokens": t["prompt_tokens"] + t["completion_tokens"]}
 
 
 def mem0_config(
@@ -139,37 +101,14 @@ def mem0_config(
     }
 
 
-class Mem0System(ExternalSystem):
+class Mem0System(PackageMemory):
     """Mem0 over one history: Mem0 extracts and searches; memories map back to record ids."""
 
-    def __init__(
-        self,
-        history: History,
-        memory: Any,
-        folder: Path,
-        *,
-        top_k: int = 20,
-        cache_dir: str | Path | None = None,
-        params: dict[str, Any] | None = None,
-        budget_tokens: int = 4000,
-    ):
-        card = SystemCard(
-            name="mem0",
-            system="mem0",
-            params={**(params or {}), "top_k": top_k},
-            lm_parts=["ingest.fact_extraction"],
-        )
-        from memsteer_dspy.memory.design import ContextSpec
+    system_name = "mem0"
+    ingest_lm_parts = ["ingest.fact_extraction"]
 
-        super().__init__(
-            card,
-            history,
-            top_k=top_k,
-            cache_dir=cache_dir,
-            context=ContextSpec(budget_tokens=budget_tokens),
-        )
-        self.memory = memory
-        self.folder = folder
+    def __init__(self, history: History, memory: Any, folder: Path, **kwargs: Any):
+        super().__init__(history, memory, folder, **kwargs)
         self.user_id = history.user_id or "user"
 
     # -- building -----------------------------------------------------------------------------
@@ -183,16 +122,17 @@ class Mem0System(ExternalSystem):
         model: str,
         batch: int = 4,
         top_k: int = 20,
+        budget_s: float | None = None,
         log: Any = None,
     ) -> Mem0System:
-        """Build (or resume, or load) Mem0's memory of ``history`` with the LLM at ``api_base``."""
+        """Build (or resume, or load) Mem0's memory of ``history`` with the LLM at ``api_base``;
+        with ``budget_s`` the ingest adds no batch after that many seconds (``build_info
+        ["complete"]`` says whether every batch is in; a rerun goes on)."""
         Memory = _require()
         from memsteer_dspy.memory.embedders import minilm_path
 
         params = {"adapter": ADAPTER_VERSION, "llm": model, "embedder": "minilm", "batch": batch}
-        folder = Path(cache_dir).expanduser() / history.fingerprint / f"mem0-{_digest(params)}"
-        folder.mkdir(parents=True, exist_ok=True)
-        usage = Usage(folder / "usage.json")
+        folder, usage = memory_folder(cache_dir, history, "mem0", params)
         memory = Memory.from_config(
             mem0_config(
                 folder,
@@ -204,35 +144,44 @@ class Mem0System(ExternalSystem):
         )
         system = cls(history, memory, folder, top_k=top_k, cache_dir=cache_dir, params=params)
         system.lm_usage = usage
-        system.ingest(batch, log=log)
+        system.ingest(batch, budget_s=budget_s, log=log)
         return system
 
-    def ingest(self, batch: int, log: Any = None) -> dict[str, Any]:
-        """Add every batch not added yet (``batches.jsonl`` lists those done)."""
-        done_path = self.folder / "batches.jsonl"
-        done = set()
-        if done_path.is_file():
-            done = {json.loads(line)["key"] for line in done_path.read_text().splitlines() if line}
-        todo = [
-            b for b in batches(self.user_history, batch) if ",".join(r.id for r in b) not in done
-        ]
+    def ingest(self, batch: int, budget_s: float | None = None, log: Any = None) -> dict[str, Any]:
+        """Add every batch not added yet (``batches.jsonl`` lists those done). A batch whose
+        ``add`` raises (an LM call that failed, a reply Mem0 could not parse) is logged with its
+        reason in ``errors.jsonl`` and left out of the ledger: the ingest goes on, and a rerun
+        tries that batch again."""
+        ledger = Ledger(self.folder / "batches.jsonl")
+        todo = [b for b in batches(self.user_history, batch) if batch_key(b) not in ledger]
         t0 = time.perf_counter()
-        with done_path.open("a", encoding="utf-8") as out:
-            for n, recs in enumerate(todo, 1):
-                days = [as_day(r.timestamp) for r in recs if r.timestamp is not None]
-                meta = {"record_ids": ",".join(r.id for r in recs), "day": max(days) if days else 0}
+        failed = added = 0
+        for n, recs in enumerate(todo, 1):
+            if budget_s is not None and time.perf_counter() - t0 >= budget_s:
+                break
+            days = [as_day(r.timestamp) for r in recs if r.timestamp is not None]
+            meta = {"record_ids": batch_key(recs), "day": max(days) if days else 0}
+            try:
                 res = self.memory.add(
                     messages_of(recs), user_id=self.user_id, metadata=meta, infer=True
                 )
-                added = len((res or {}).get("results", [])) if isinstance(res, dict) else 0
-                out.write(json.dumps({"key": meta["record_ids"], "memories": added}) + "\n")
-                out.flush()
-                if log is not None and n % 50 == 0:
-                    log(f"mem0 ingest: {n}/{len(todo)} batches")
+            except Exception as exc:  # noqa: BLE001 - one failed batch never stops the ingest
+                failed += 1
+                with (self.folder / "errors.jsonl").open("a", encoding="utf-8") as out:
+                    why = f"{type(exc).__name__}: {exc}"[:500]
+                    out.write(json.dumps({"key": meta["record_ids"], "error": why}) + "\n")
+                continue
+            memories = len((res or {}).get("results", [])) if isinstance(res, dict) else 0
+            ledger.add(meta["record_ids"], memories=memories)
+            added += 1
+            if log is not None and n % 50 == 0:
+                log(f"mem0 ingest: {n}/{len(todo)} batches")
         self.build_info.update(
             ingest_seconds=round(time.perf_counter() - t0, 1),
-            batches=len(done) + len(todo),
-            batches_added_now=len(todo),
+            batches=len(ledger),
+            batches_added_now=added,
+            batches_failed_now=failed,
+            complete=added == len(todo),
         )
         return self.build_info
 
@@ -241,10 +190,6 @@ class Mem0System(ExternalSystem):
         client = getattr(getattr(self.memory, "vector_store", None), "client", None)
         if client is not None:
             client.close()
-
-    def usage(self) -> dict[str, int]:
-        """LM calls and tokens Mem0's LLM has spent on this memory (all ingest sessions)."""
-        return self.lm_usage.as_costs()
 
     # -- searching ----------------------------------------------------------------------------
     def search(self, question: str, question_date: Any, n: int) -> list[Hit]:
