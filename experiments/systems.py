@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import platform
 import sys
@@ -37,13 +38,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import add_rhelm_args, resolve_rhelm_args  # noqa: E402
+from _common import add_rhelm_args, resolve_rhelm_args, safe_name  # noqa: E402
 
 import memsteer_dspy.memory.embedders as embedders  # noqa: E402
 from memsteer_dspy.evaluation import evaluate_design  # noqa: E402
 from memsteer_dspy.loaders.rhelm import list_personas, load_rhelm  # noqa: E402
 from memsteer_dspy.memory import MemoryDesign, MemorySystem  # noqa: E402
+from memsteer_dspy.memory.answer import ANSWER_PROGRAM_VERSION  # noqa: E402
 from memsteer_dspy.optimize.splits import official_test  # noqa: E402
+from memsteer_dspy.runfolder import lm_identity  # noqa: E402
 from memsteer_dspy.stats import paired_comparison, points, points_ci  # noqa: E402
 from memsteer_dspy.systems import OracleSystem, record_store, reference_rows  # noqa: E402
 
@@ -101,11 +104,20 @@ def _builders(args, designs: list[MemoryDesign]) -> list[tuple[str, Any]]:
     return rows
 
 
-def _build(spec: Any, history, items, cache_dir, llm: dict[str, Any] | None = None):
-    """The row's system over ``history``; for an LLM system, None while its ingest is unfinished
-    (``--ingest-budget-s`` ran out: a rerun goes on where it stopped)."""
+def _build(spec: Any, history, items, cache_dir, llm: dict[str, Any] | None = None, answerer=None):
+    """The row's system over ``history`` (answering with ``answerer`` when given); for an LLM
+    system, None while its ingest is unfinished (``--ingest-budget-s`` ran out: a rerun goes on
+    where it stopped)."""
+    system = _open(spec, history, items, cache_dir, llm, answerer)
+    if system is not None and answerer is not None and not isinstance(system, MemorySystem):
+        system.answerer.lm = answerer  # an external system answers with the same program
+    return system
+
+
+def _open(spec: Any, history, items, cache_dir, llm: dict[str, Any] | None, answerer=None):
     if isinstance(spec, MemoryDesign):
-        return MemorySystem.from_design(spec, history, cache_dir=cache_dir)
+        lms = {"answerer": answerer} if answerer is not None else None
+        return MemorySystem.from_design(spec, history, cache_dir=cache_dir, lms=lms)
     if spec == "oracle":
         return OracleSystem(history, items, store=record_store(history, cache_dir))
     if spec == "mempalace":
@@ -200,7 +212,8 @@ def tables_from_items(
     personas: dict[str, set[str]] = {}
     for line in path.read_text().splitlines():
         r = json.loads(line)
-        per_item.setdefault(r["row"], {})[f"{r['persona']}/{r['qa_id']}"] = r
+        item = per_item.setdefault(r["row"], {}).setdefault(f"{r['persona']}/{r['qa_id']}", {})
+        item.update(r.get("answered") or r)  # an answered line adds accuracy to the item's scores
         personas.setdefault(r["persona"], set()).add(r["row"])
     names = list(per_item)
     done = [p for p, rows in personas.items() if rows == set(names)]
@@ -269,6 +282,20 @@ def main(argv: list[str] | None = None) -> int:
         "row is scored once its ingest is complete (a rerun resumes it)",
     )
     ap.add_argument("--seed", type=int, default=0, help="the official split's seed (test items)")
+    ap.add_argument(
+        "--accuracy-items",
+        type=int,
+        default=0,
+        help="also answer and judge this many held-out items (stratified by question type and "
+        "persona, seeded; the same items for every row) with the fixed answer program; each "
+        "row's answers are a run folder under --out/answers that a rerun resumes",
+    )
+    ap.add_argument(
+        "--config", type=Path, help="a memsteer TOML config for the answerer and judge LMs"
+    )
+    ap.add_argument(
+        "--lm", help="one LM for the answerer and the judge (default: the embedded model)"
+    )
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument(
         "--tables-only",
@@ -296,9 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     all_ids: list[str] = []
     test_ids: list[str] = []
     t_all = time.perf_counter()
+    answering = _answering(args, root) if args.accuracy_items else None
     with contextlib.ExitStack() as stack:
         llm = _llm(args, stack) if set(args.system) & set(LLM_SYSTEMS) else None
-        unfinished = _score_all(args, root, builders, per_item, costs, all_ids, test_ids, llm)
+        unfinished = _score_all(
+            args, root, builders, per_item, costs, all_ids, test_ids, llm, answering
+        )
     if unfinished:
         print(
             f"not scored, their ingest is unfinished: {', '.join(sorted(unfinished))} "
@@ -306,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         names = [n for n in names if n not in unfinished]
-    _report(args, root, names, per_item, costs, all_ids, test_ids, against, t_all)
+    _report(args, root, names, per_item, costs, all_ids, test_ids, against, t_all, answering)
     return 0
 
 
@@ -332,7 +362,58 @@ def _llm(args, stack: contextlib.ExitStack) -> dict[str, Any]:
     return {**opts, "api_base": server.api_base, "model": ALIAS, "schema_form": form}
 
 
-def _score_all(args, root, builders, per_item, costs, all_ids, test_ids, llm) -> set[str]:
+def _answering(args, root) -> dict[str, Any]:
+    """The answerer and judge LMs, and the accuracy sample: ``--accuracy-items`` of the held-out
+    items of every persona, stratified by question type and persona (the cpu study's sampler)."""
+    from _common import accuracy_sample, persona_of, with_persona
+
+    from memsteer_dspy.lm import load_lm_config
+
+    config = load_lm_config(args.config, lm=args.lm)
+    held_out = []
+    for persona in args.persona or list_personas(root):
+        items = load_rhelm(root, persona, external=True).qa_items
+        held_out += with_persona(official_test(items, seed=args.seed), persona)
+    sample = accuracy_sample(held_out, args.accuracy_items, args.seed)
+    answerer, judge = config.lm("answerer"), config.lm("judge")
+    lms = {"answerer": lm_identity(answerer), "judge": lm_identity(judge)}
+    return {
+        "answerer": answerer,
+        "judge": judge,
+        "ids": {f"{persona_of(q)}/{q.id}" for q in sample},
+        "tag": hashlib.sha256(json.dumps(lms, sort_keys=True).encode()).hexdigest()[:8],
+        "describe": config.describe(),
+    }
+
+
+def _answer(args, system, name, persona, items, ids, answering) -> dict[str, dict]:
+    """The row's answers to its share of the accuracy sample, judged; a run folder per (row,
+    persona, LMs) under --out/answers that a rerun resumes (no LM call paid twice)."""
+    mine = [q for q, i in zip(items, ids, strict=True) if i in answering["ids"]]
+    if not mine:
+        return {}
+    folder = args.out / "answers" / f"{safe_name(name)}-{answering['tag']}" / safe_name(persona)
+    rep = evaluate_design(
+        system,
+        mine,
+        metrics="all",
+        judge_lm=answering["judge"],
+        protocol="as_of",
+        out_dir=folder,
+    )
+    return {
+        f"{persona}/{r.qa_id}": {
+            "accuracy": None if r.error else float(bool(r.correct)),
+            "exact": None if r.error else float(bool(r.exact)),
+            "answer_error": r.error,
+        }
+        for r in rep.items
+    }
+
+
+def _score_all(
+    args, root, builders, per_item, costs, all_ids, test_ids, llm, answering=None
+) -> set[str]:
     """Score every row on every persona into ``per_item`` / ``costs`` and ``items.jsonl``; the
     names of the rows left unscored because an ingest is unfinished."""
     unfinished: set[str] = set()
@@ -345,7 +426,8 @@ def _score_all(args, root, builders, per_item, costs, all_ids, test_ids, llm) ->
             test_ids += [f"{persona}/{q.id}" for q in official_test(items, seed=args.seed)]
             for name, spec in builders:
                 t0 = time.perf_counter()
-                system = _build(spec, history, items, args.cache_dir, llm)
+                answerer = answering["answerer"] if answering else None
+                system = _build(spec, history, items, args.cache_dir, llm, answerer)
                 t1 = time.perf_counter()
                 if system is None:
                     unfinished.add(name)
@@ -373,6 +455,21 @@ def _score_all(args, root, builders, per_item, costs, all_ids, test_ids, llm) ->
                         )
                         + "\n"
                     )
+                if answering:
+                    answered = _answer(args, system, name, persona, items, ids, answering)
+                    for i, scores in answered.items():
+                        per_item[name][i].update(scores)
+                        log.write(
+                            json.dumps(
+                                {
+                                    "row": name,
+                                    "persona": persona,
+                                    "qa_id": i.split("/", 1)[1],
+                                    "answered": scores,
+                                }
+                            )
+                            + "\n"
+                        )
                 print(
                     f"{persona:30s} {name:26s} n={len(items)} R@10 {100 * (rep.summary.recall_at_10 or 0):.1f} "
                     f"deliv {100 * (rep.summary.delivered_recall or 0):.1f} errors {errors} "
@@ -385,11 +482,64 @@ def _score_all(args, root, builders, per_item, costs, all_ids, test_ids, llm) ->
     return unfinished
 
 
-def _report(args, root, names, per_item, costs, all_ids, test_ids, against, t_all) -> None:
+def _accuracy_rows(per_item, ids: list[str], names: list[str]) -> list[dict[str, Any]]:
+    """Per row on the accuracy sample: accuracy (judge) with its 95% Wilson interval, exact
+    agreement, items whose answering failed, and the paired difference from Base-BM25."""
+    from scipy.stats import binomtest
+
+    def vec(name: str, m: str) -> list:
+        return [per_item[name].get(i, {}).get(m) for i in ids]
+
+    base = {m: vec(BASE, m) for m in ("accuracy", "exact")}
+    out = []
+    for name in names:
+        mine = {m: vec(name, m) for m in ("accuracy", "exact")}
+        done = [x for x in mine["accuracy"] if x is not None]
+        k, n = int(sum(done)), len(done)
+        ci = binomtest(k, n).proportion_ci(method="wilson") if n else None
+        cmp = paired_comparison(base, mine, "accuracy")
+        out.append(
+            {
+                "row": name,
+                "n": n,
+                "failed": len(ids) - n,
+                "accuracy": k / n if n else None,
+                "wilson95": [ci.low, ci.high] if ci else None,
+                "exact": _mean(mine["exact"]),
+                "vs_base": {"diff": cmp.diff.get("accuracy"), "ci95": cmp.ci95.get("accuracy")},
+            }
+        )
+    return out
+
+
+def _accuracy_table(rows: list[dict[str, Any]]) -> str:
+    out = [
+        "| row | answered | failed | accuracy [95% Wilson] | exact agreement | Δ vs Base [95% CI] |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        acc = "–" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}"
+        ci = r["wilson95"]
+        acc += f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else ""
+        d = r["vs_base"]
+        out.append(
+            f"| {r['row']} | {r['n']} | {r['failed']} | {acc} | {100 * r['exact']:.1f} | "
+            f"{points(d['diff'])} {points_ci(d['ci95'])} |"
+        )
+    return "\n".join(out)
+
+
+def _report(
+    args, root, names, per_item, costs, all_ids, test_ids, against, t_all, answering=None
+) -> None:
     tables = {
         "all official items": _rows(per_item, all_ids, names, costs, against),
         "held-out test split": _rows(per_item, test_ids, names, costs, against),
     }
+    accuracy = None
+    if answering:
+        sample = [i for i in test_ids if i in answering["ids"]]
+        accuracy = _accuracy_rows(per_item, sample, names)
     wall = time.perf_counter() - t_all
     meta = {
         "personas": args.persona or list_personas(root),
@@ -402,7 +552,7 @@ def _report(args, root, names, per_item, costs, all_ids, test_ids, against, t_al
         "argv": sys.argv[1:],
     }
     (args.out / "results.json").write_text(
-        json.dumps({"meta": meta, "tables": tables}, indent=2) + "\n"
+        json.dumps({"meta": meta, "tables": tables, "accuracy": accuracy}, indent=2) + "\n"
     )
     md = [
         f"# Systems side by side\n\n`python experiments/systems.py {' '.join(sys.argv[1:])}` — "
@@ -412,6 +562,14 @@ def _report(args, root, names, per_item, costs, all_ids, test_ids, against, t_al
     ]
     for title, rows in tables.items():
         md += [f"\n## {title}\n", _table(rows, against), ""]
+    if accuracy is not None:
+        md += [
+            f"\n## accuracy on {len(answering['ids'])} held-out items (stratified; the same for every row)\n",
+            f"Answerer and judge: {answering['describe']}; the fixed answer program "
+            f"(`memsteer_dspy.memory.answer`, version {ANSWER_PROGRAM_VERSION}).\n",
+            _accuracy_table(accuracy),
+            "",
+        ]
     (args.out / "results.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

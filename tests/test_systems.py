@@ -299,3 +299,68 @@ def test_systems_script_scores_an_llm_system_only_once_its_ingest_is_complete(
         # a rerun finds the memory complete and calls the LLM no more
         assert systems._build("a-mem", history, items, tmp_path, {**llm, "budget_s": 0}) is not None
         assert len(server.requests) == calls
+
+
+def _systems_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "experiments" / "systems.py"
+    spec = importlib.util.spec_from_file_location("exp_systems_acc", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_systems_script_answers_the_same_stratified_sample_for_every_row_and_resumes(
+    rhelm_root, tmp_path, monkeypatch
+):
+    """--accuracy-items: every row answers the same held-out items with the fixed program and
+    the judge (here a fake OpenAI-compatible server); a rerun pays no LM call again."""
+    from memsteer_dspy.lm.fake_server import FakeOpenAIServer
+
+    monkeypatch.setenv("OPENAI_API_KEY", "unused")
+    systems = _systems_script()
+    with FakeOpenAIServer(alias="m") as server:
+        toml = tmp_path / "memsteer.toml"
+        toml.write_text(
+            f'[lm]\ndefault = "openai/m"\n[lm.options."openai/m"]\napi_base = "{server.api_base}"\n'
+            "num_retries = 0\ncache = false\n"
+        )
+        argv = [
+            "--persona",
+            "Elena_Morales",
+            "--no-reference",
+            "--accuracy-items",
+            "6",
+            "--config",
+            str(toml),
+            "--out",
+            str(tmp_path / "out"),
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "--rhelm-root",
+            str(rhelm_root),
+        ]
+        assert systems.main(argv) == 0
+        calls = len(server.requests)
+        assert calls > 0
+        result = json.loads((tmp_path / "out" / "results.json").read_text())
+        rows = {r["row"]: r for r in result["accuracy"]}
+        assert set(rows) == {"base-bm25", "oracle"}
+        # the same 6 items answered by both rows (the fake judge accepts every answer)
+        assert rows["base-bm25"]["n"] + rows["base-bm25"]["failed"] == 6
+        assert rows["oracle"]["n"] == rows["base-bm25"]["n"] > 0
+        answered = [
+            json.loads(line)
+            for line in (tmp_path / "out" / "items.jsonl").read_text().splitlines()
+            if '"answered"' in line
+        ]
+        by_row: dict[str, set] = {}
+        for a in answered:
+            by_row.setdefault(a["row"], set()).add(a["qa_id"])
+        assert by_row["base-bm25"] == by_row["oracle"] and len(by_row["oracle"]) == 6
+        # a rerun resumes every row's answers: no LM call is paid twice
+        assert systems.main(argv) == 0
+        assert len(server.requests) == calls
+        assert "## accuracy on 6 held-out items" in (tmp_path / "out" / "results.md").read_text()
