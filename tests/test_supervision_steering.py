@@ -21,6 +21,7 @@ from memsteer_dspy.supervision.checks import copied_run, echoed_words, echoes
 from memsteer_dspy.supervision.steering import (
     assess_steering,
     format_steering,
+    lexical_by_evidence,
     load_panel,
     rank_agreement,
     save_steering,
@@ -163,6 +164,39 @@ def test_questions_in_their_evidence_words_are_lexically_easy(demo, tmp_path):
     )
     assert same.agreement["delivered_recall"].kendall_tau == pytest.approx(1.0)
     assert same.lexical_gap == 0.0
+    assert same.lexical_gap_same_mix == pytest.approx(0.0)
+    assert "by evidence count" in format_steering(same)
+
+
+def _items(*counts: int):
+    from memsteer_dspy.records import QAItem
+
+    return [
+        QAItem(id=f"q{i}", question="q?", answer="a", evidence_ids=[f"r{j}" for j in range(n)])
+        for i, n in enumerate(counts)
+    ]
+
+
+def test_the_lexical_gap_at_the_generated_mix_separates_wording_from_evidence_count():
+    """A reference whose one-record items score like the generated ones, and whose gap comes only
+    from its many two-record items, has no gap at the generated items' mix."""
+    gen = _items(1, 1, 1, 1)
+    ref = _items(1, 1, 2, 2, 2, 2, 1)
+    strata, same = lexical_by_evidence(gen, [1.0, 1.0, 0.0, 1.0], ref, [1, 1, 0, 0, 0.5, 0.5, 0])
+    assert strata["1"] == {
+        "generated": 0.75,
+        "reference": 2 / 3,
+        "n_generated": 4,
+        "n_reference": 3,
+    }
+    assert strata["2+"]["generated"] is None and strata["2+"]["reference"] == 0.25
+    assert same == pytest.approx(0.75 - 2 / 3)  # +0.08; over all reference items: 0.75 - 3 / 7
+    # an item without resolved evidence (None) counts on neither side
+    strata, _ = lexical_by_evidence(gen, [1.0, None, None, None], ref, [None] * 7)
+    assert strata["1"]["n_generated"] == 1 and strata["1"]["reference"] is None
+    # a generated stratum the reference lacks leaves the reweighted gap undefined
+    _, same = lexical_by_evidence(_items(2), [1.0], _items(1), [0.5])
+    assert same is None
 
 
 def test_assess_steering_refuses_empty_sets(demo):

@@ -180,6 +180,18 @@ class SteeringReport(BaseModel):
     lexical_gap: float | None = Field(
         description="Base-BM25 R@10 on the generated items minus on the reference items."
     )
+    lexical_by_evidence: dict[str, dict[str, float | int | None]] = Field(
+        default_factory=dict,
+        description="'1' / '2+' evidence records -> Base-BM25 R@10 on the generated and on the "
+        "reference items of that many records, and their counts: R@10 asks for every evidence "
+        "record in the top ten, so items of more records are harder for any wording.",
+    )
+    lexical_gap_same_mix: float | None = Field(
+        None,
+        description="Base-BM25 R@10 on the generated items minus the reference's R@10 reweighted "
+        "to the generated items' evidence-count mix: the part of the lexical gap that is wording, "
+        "not how many records the questions need.",
+    )
     separated_in: dict[str, int] = Field(
         default_factory=dict,
         description="Group of generated items (e.g. 'validation') -> distinct panel scores on it "
@@ -206,6 +218,7 @@ class SteeringReport(BaseModel):
             "base_r10_generated": self.base_r10_generated,
             "base_r10_reference": self.base_r10_reference,
             "lexical_gap": self.lexical_gap,
+            "lexical_gap_same_mix": self.lexical_gap_same_mix,
             "separated_designs": main.separated,
             "separated_in": self.separated_in,
             "multi_record_share": self.mix.get("generated", {}).get("evidence", {}).get("2+", 0.0),
@@ -373,6 +386,9 @@ def assess_steering(
         separated_in[group] = len({round(m, 9) for m in means if m is not None})
     base = next(r for r in rows if r.name == BASE)
     g10, r10 = base.generated["recall_at_10"], base.reference["recall_at_10"]
+    by_evidence, same_mix = lexical_by_evidence(
+        generated, per_gen[BASE]["recall_at_10"], reference, per_ref[BASE]["recall_at_10"]
+    )
     return SteeringReport(
         user=history.user_id,
         n_generated=len(generated),
@@ -384,11 +400,53 @@ def assess_steering(
         base_r10_generated=g10,
         base_r10_reference=r10,
         lexical_gap=None if g10 is None or r10 is None else g10 - r10,
+        lexical_by_evidence=by_evidence,
+        lexical_gap_same_mix=same_mix,
         separated_in=separated_in,
         mix={"generated": question_mix(generated), "reference": question_mix(reference)},
         resamples=resamples,
         seed=seed,
     )
+
+
+def _stratum(item: QAItem) -> str:
+    return "1" if len(set(item.evidence_ids)) <= 1 else "2+"
+
+
+def lexical_by_evidence(
+    generated: Sequence[QAItem],
+    gen_r10: Sequence[float | None],
+    reference: Sequence[QAItem],
+    ref_r10: Sequence[float | None],
+) -> tuple[dict[str, dict[str, float | int | None]], float | None]:
+    """Base-BM25 R@10 per evidence-count stratum ('1', '2+') on each set, and the gap between the
+    generated items and the reference reweighted to the generated items' strata (None when a
+    stratum the generated items have is empty in the reference). Scores are aligned with their
+    items; None (no resolved evidence) is left out."""
+    strata: dict[str, dict[str, float | int | None]] = {}
+    for key in ("1", "2+"):
+        g = [
+            v
+            for q, v in zip(generated, gen_r10, strict=True)
+            if v is not None and _stratum(q) == key
+        ]
+        r = [
+            v
+            for q, v in zip(reference, ref_r10, strict=True)
+            if v is not None and _stratum(q) == key
+        ]
+        strata[key] = {
+            "generated": sum(g) / len(g) if g else None,
+            "reference": sum(r) / len(r) if r else None,
+            "n_generated": len(g),
+            "n_reference": len(r),
+        }
+    n = sum(int(v["n_generated"] or 0) for v in strata.values())
+    if not n or any(v["n_generated"] and v["reference"] is None for v in strata.values()):
+        return strata, None
+    gen = sum(float(v["generated"] or 0) * int(v["n_generated"] or 0) for v in strata.values()) / n
+    ref = sum(float(v["reference"] or 0) * int(v["n_generated"] or 0) / n for v in strata.values())
+    return strata, gen - ref
 
 
 def question_mix(items: Sequence[QAItem]) -> dict[str, dict[str, float]]:
@@ -458,6 +516,18 @@ def format_steering(report: SteeringReport) -> str:
         f"items vs {_pct(report.base_r10_reference).strip()} on the reference"
         + ("" if gap is None else f" ({100 * gap:+.1f} points)")
     )
+    if report.lexical_by_evidence:
+        parts = [
+            f"{k} record{'s' if k != '1' else ''}: {_pct(v['generated']).strip()} "
+            f"(n={v['n_generated']}) vs {_pct(v['reference']).strip()} (n={v['n_reference']})"
+            for k, v in report.lexical_by_evidence.items()
+        ]
+        same = report.lexical_gap_same_mix
+        lines.append(
+            "  by evidence count, "
+            + "; ".join(parts)
+            + ("" if same is None else f"; at the generated items' mix {100 * same:+.1f} points")
+        )
     return "\n".join(lines)
 
 
@@ -499,6 +569,7 @@ def steering_metrics(report: SteeringReport) -> dict[str, float | None]:
         "steering.base_r10_generated": report.base_r10_generated,
         "steering.base_r10_reference": report.base_r10_reference,
         "steering.lexical_gap": report.lexical_gap,
+        "steering.lexical_gap_same_mix": report.lexical_gap_same_mix,
     }
     for m, a in report.agreement.items():
         out |= {
