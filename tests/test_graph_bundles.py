@@ -290,3 +290,28 @@ def test_task_fields():
     assert "single fact" in t.description
     with pytest.raises(ValueError):
         Task(question_type="fact", evidence_count=5)
+
+
+def test_seed_kinds_follow_the_history_at_power_one_and_the_default_redraws_the_same_seeds(elena):
+    """--seed-kind-power: at 1 the seeds' kinds are the history's mix (emails 5% of
+    Elena_Morales's records, not the √-weighted 14%); the default 0.5 draws exactly the seeds it
+    drew before the option existed (√, computed as math.sqrt), and keeps the runs' key."""
+    import math
+
+    from memsteer_dspy.supervision.run import GenerationConfig
+
+    h = elena.history
+    kinds = Counter(r.kind for r in h.records)
+    email_share = kinds["email"] / len(h)
+    as_is = Counter(
+        h[s].kind for s in sample_seeds(h, 400, random.Random(0), BundleConfig(seed_kind_power=1.0))
+    )
+    rooted = Counter(h[s].kind for s in sample_seeds(h, 400, random.Random(0)))
+    assert abs(as_is["email"] / 400 - email_share) < 0.03
+    root = math.sqrt(kinds["email"]) / sum(math.sqrt(v) for v in kinds.values())
+    assert abs(rooted["email"] / 400 - root) < 0.07 and rooted["email"] > 2 * as_is["email"]
+    default = sample_seeds(h, 60, random.Random(3))
+    assert default == sample_seeds(h, 60, random.Random(3), BundleConfig(seed_kind_power=0.5))
+    assert "seed_kind_power" not in GenerationConfig().identity()["bundle"]
+    changed = GenerationConfig(bundle=BundleConfig(seed_kind_power=1.0)).identity()["bundle"]
+    assert changed["seed_kind_power"] == 1.0

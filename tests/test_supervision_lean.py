@@ -1186,3 +1186,14 @@ def test_not_fronted_hint_names_the_question_word_to_move():
     # no question word to move: the general hint
     general = rewrite_hint("Kitchen remodel?", "not_fronted")
     assert "start with the question word (Who, What, When" in general
+
+
+def test_seed_kind_power_reaches_the_bundle_config_from_the_cli():
+    from memsteer_dspy.cli.generate import _bundle_config
+    from memsteer_dspy.lm import LMConfig
+
+    lm_config = LMConfig.uniform()
+    config, _ = _bundle_config("small", lm_config, 2500, None, True, 2.0, True, 1.0)
+    assert config.seed_kind_power == 1.0 and config.bridges and config.steer_by_yield
+    config, _ = _bundle_config("small", lm_config, 2500, None, True, 2.0, True)
+    assert config.seed_kind_power == 0.5

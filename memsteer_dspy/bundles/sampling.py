@@ -85,7 +85,8 @@ def sample_seeds(
 ) -> list[str]:
     """``n`` seed record ids covering sources, time and threads.
 
-    Each pick chooses a record kind with probability ∝ √(records of that kind), then the least
+    Each pick chooses a record kind with probability ∝ (records of that kind) ** ``seed_kind_power``
+    (default 0.5: √), then the least
     used month of that kind, then the least used thread in that month, then a record of that
     thread weighted by informativeness (records below ``min_seed_informativeness`` only when
     nothing else is left). Records repeat only after every eligible record has been used once.
@@ -113,9 +114,10 @@ def sample_seeds(
     month_use: dict[tuple[str, str], int] = defaultdict(int)
     thread_use: dict[str, int] = defaultdict(int)
     kinds = sorted(groups)
-    kind_weights = [
-        math.sqrt(sum(len(t) for m in groups[k].values() for t in m.values())) for k in kinds
-    ]
+    counts = [sum(len(t) for m in groups[k].values() for t in m.values()) for k in kinds]
+    power = config.seed_kind_power
+    # √ exactly as before the option (a resumed run redraws the same seeds)
+    kind_weights = [math.sqrt(c) if power == 0.5 else c**power for c in counts]
     seeds: list[str] = []
     while len(seeds) < n:
         kind = rng.choices(kinds, weights=kind_weights)[0]

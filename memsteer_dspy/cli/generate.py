@@ -40,6 +40,7 @@ def _bundle_config(
     steer_by_yield: bool = False,
     yield_power: float = 1.0,
     anchored: bool = False,
+    seed_kind_power: float | None = None,
 ):
     from memsteer_dspy.bundles import ANCHORED_SAMPLING, BundleConfig, small_lm_bundle_config
 
@@ -58,6 +59,8 @@ def _bundle_config(
         overrides["yield_power"] = yield_power
     if anchored:  # sampled for the anchored planner (bundles.ANCHORED_SAMPLING)
         overrides.update(ANCHORED_SAMPLING)
+    if seed_kind_power is not None:
+        overrides["seed_kind_power"] = seed_kind_power
     return (
         small_lm_bundle_config(**overrides) if profile == "small" else BundleConfig(**overrides)
     ), profile
@@ -226,6 +229,17 @@ def generate(
             "a bundle has options for). Every check stays on.",
         ),
     ] = False,
+    seed_kind_power: Annotated[
+        float | None,
+        typer.Option(
+            "--seed-kind-power",
+            min=0.0,
+            max=1.0,
+            help="Draw each seed's record kind (conversation turn, email, document section) with "
+            "probability proportional to its record count to this power (default 0.5, the square "
+            "root, which over-samples the rarer kinds such as emails; 1: as the history has them).",
+        ),
+    ] = None,
     own_words: Annotated[
         bool,
         typer.Option(
@@ -282,7 +296,14 @@ def generate(
     if writer_examples is None:
         writer_examples = SMALL_LM_WRITER_EXAMPLES if small_lm_default else 0
     bundle_config, chosen = _bundle_config(
-        profile, lm_config, budget, record_token_cap, steer_by_yield, yield_power, anchored
+        profile,
+        lm_config,
+        budget,
+        record_token_cap,
+        steer_by_yield,
+        yield_power,
+        anchored,
+        seed_kind_power,
     )
     check_not_inputs(out, [history.path])
     loaded = history.load()

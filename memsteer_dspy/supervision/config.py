@@ -48,6 +48,7 @@ _LATER_BUNDLE_OPTIONS = {
     "bridges": False,
     "updates": False,
     "pairs": True,
+    "seed_kind_power": 0.5,
 }
 
 
