@@ -74,7 +74,7 @@ from memsteer_dspy.loaders.base import Loaded
 from memsteer_dspy.memory import MemoryDesign, MemorySystem
 from memsteer_dspy.memory.answer import ANSWER_PROGRAM_VERSION
 from memsteer_dspy.memory.lookup import RecordLookup
-from memsteer_dspy.optimize.defaults import resolve_defaults
+from memsteer_dspy.optimize.defaults import build_call_limit, resolve_defaults
 from memsteer_dspy.optimize.loop import MemSteerOpt, OptimizeConfig, OptimizeResult, progress_line
 from memsteer_dspy.optimize.objectives import Objective
 from memsteer_dspy.optimize.search import HistoryEvaluator
@@ -1235,6 +1235,10 @@ class Study:
             protocol="as_of",
             threads=b.threads,
             max_resamples=b.max_resamples,
+            # as `memsteer optimize` does: no LM-built store (facts) with an in-process LM
+            max_build_calls=build_call_limit(
+                None, answerer_in_process=self.lm.in_process("answerer")
+            ),
             resolved=resolved.line(),
             **resolved.values,
         )

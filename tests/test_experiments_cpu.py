@@ -24,7 +24,7 @@ from test_experiments import (  # experiments/_common.py, as test_experiments im
 
 from memsteer_dspy.evaluation import evaluate_design
 from memsteer_dspy.loaders.rhelm import list_personas, load_rhelm
-from memsteer_dspy.memory import MemorySystem
+from memsteer_dspy.memory import MemoryDesign, MemorySystem
 from memsteer_dspy.optimize.splits import official_test
 from memsteer_dspy.stats import paired_bootstrap_ci
 
@@ -307,3 +307,39 @@ def test_generation_on_an_in_process_small_lm_runs_generate_s_small_lm_pipeline(
     for other in (direct, unchecked):
         assert not other.lean and not other.anchored and not other.writer_examples
         assert other.bounded  # in-process: length limits, as generate sets them
+
+
+def test_an_in_process_study_sends_an_lm_built_store_back_as_memsteer_optimize_does(
+    rhelm_root, tmp_path, monkeypatch
+):
+    """The cpu study's first run accepted the embedded proposer's `store.unit: facts` and began
+    fact extraction over ten histories (about 6,800 calls); the study's optimizations take the
+    CLI's limit, so with an in-process LM such a store is refused, with an API LM it is not."""
+    import memsteer_dspy.optimize.loop as loop
+    from memsteer_dspy.lm import LMConfig
+    from memsteer_dspy.optimize.evaluator import BuildCheck
+
+    seen: list[Any] = []
+
+    class Stop(Exception):
+        pass
+
+    def capture(self, *args, **kwargs):
+        seen.append(kwargs.get("config"))
+        raise Stop
+
+    monkeypatch.setattr(loop.MemSteerOpt, "__init__", capture)
+    cfg = cpu_like(rhelm_root)
+    for in_process, limit in ((True, 0), (False, None)):
+        monkeypatch.setattr(LMConfig, "in_process", lambda self, *roles, v=in_process: v)
+        study = _common.Study(
+            "main", cfg, tmp_path / str(in_process), lm_config=world_config(World()), tracking=False
+        )
+        history = study.load("Elena_Morales").history
+        with pytest.raises(Stop):
+            study.optimize(tmp_path / "opt", {"Elena_Morales": history}, [], [])
+        assert seen[-1].max_build_calls == limit
+    base = MemoryDesign.base_bm25()
+    facts = base.model_copy(update={"store": base.store.model_copy(update={"unit": "facts"})})
+    with pytest.raises(Exception, match="store.unit 'facts' needs about"):
+        BuildCheck(history, 10, seen[0])(facts)

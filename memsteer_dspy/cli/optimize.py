@@ -21,7 +21,7 @@ from memsteer_dspy.optimize import (
     OptimizeConfig,
     progress_line,
 )
-from memsteer_dspy.optimize.defaults import resolve_defaults
+from memsteer_dspy.optimize.defaults import build_call_limit, resolve_defaults
 from memsteer_dspy.optimize.search import ACCEPT_RULES, GUARD_METRICS, PARENT_STRATEGIES, SEARCHES
 from memsteer_dspy.optimize.splits import (
     carve_test,
@@ -644,6 +644,4 @@ def tune_prompts(
 
 
 def _build_call_limit(given: int | None, lm_config) -> int | None:
-    if given is not None:
-        return given
-    return 0 if lm_config.in_process("answerer") else None
+    return build_call_limit(given, answerer_in_process=lm_config.in_process("answerer"))

@@ -38,6 +38,18 @@ SMALL_PROPOSER: dict[str, Any] = {
 }
 """The measured-best setting for a proposer decoded in this process (a small local model)."""
 
+
+def build_call_limit(given: int | None, *, answerer_in_process: bool) -> int | None:
+    """``max_build_calls`` when the caller left it unset: 0 where the LM that builds an LM store
+    (fact extraction, one call per ``facts_batch`` records) runs in this process — a ``facts``
+    store over a RHELM persona is hundreds of calls, over ten personas about 6,800, days on 2
+    cores, so such a proposal is sent back to the proposer — and no limit for an API LM. The CLI
+    and the experiments both take it from here."""
+    if given is not None:
+        return given
+    return 0 if answerer_in_process else None
+
+
 AUTO_OPTIONS = tuple(PAPER)
 """The options resolved here; None for any of them means "auto"."""
 
