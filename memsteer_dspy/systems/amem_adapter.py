@@ -158,9 +158,10 @@ class AMemSystem(PackageMemory):
     #: notes asked for before the as-of cut-off drops later ones (a note holds ``batch`` records)
     pool: int = 100
 
-    def __init__(self, history: History, memory: Any, folder: Path, **kwargs: Any):
-        super().__init__(history, memory, folder, **kwargs)
+    def __init__(self, history: History, memory: Any, folder: Path, usage: Usage, **kwargs: Any):
+        super().__init__(history, memory, folder, usage, **kwargs)
         self.ledger = Ledger(folder / "notes.jsonl")
+        self._records_of: dict[str, list[str]] = {}  # note id -> its batch's record ids
 
     # -- building -----------------------------------------------------------------------------
     @classmethod
@@ -198,8 +199,9 @@ class AMemSystem(PackageMemory):
             api_base=api_base, model=model, usage=usage, api_key=api_key, schema_form=schema_form
         )
         memory.llm_controller.llm = controller  # A-Mem's own client, pointed at the local server
-        system = cls(history, memory, folder, top_k=top_k, cache_dir=cache_dir, params=params)
-        system.lm_usage = usage
+        system = cls(
+            history, memory, folder, usage, top_k=top_k, cache_dir=cache_dir, params=params
+        )
         system.controller = controller
         system.ingest(batch, budget_s=budget_s, log=log)
         return system
@@ -228,6 +230,7 @@ class AMemSystem(PackageMemory):
             added += 1
             if log is not None and (n % 25 == 0 or n == len(todo)):
                 log(f"a-mem ingest: {n}/{len(todo)} notes")
+        self._records_of = {row["note"]: key.split(",") for key, row in self.ledger.rows.items()}
         self.build_info.update(
             ingest_seconds=round(time.perf_counter() - t0, 1),
             notes=len(self.ledger),
@@ -239,10 +242,9 @@ class AMemSystem(PackageMemory):
 
     # -- searching ----------------------------------------------------------------------------
     def search(self, question: str, question_date: Any, n: int) -> list[Hit]:
-        by_note = {row["note"]: key for key, row in self.ledger.rows.items()}
         hits = []
         for rank, m in enumerate(self.memory.search_agentic(question, k=n)):
-            key = by_note.get(m.get("id"))
-            if key:  # a note this adapter added (its batch's records, best first by position)
-                hits.append(Hit(key.split(","), -float(rank)))
+            records = self._records_of.get(m.get("id"))
+            if records:  # a note this adapter added (its batch's records, best first by position)
+                hits.append(Hit(records, -float(rank)))
         return hits

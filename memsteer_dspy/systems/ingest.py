@@ -99,17 +99,17 @@ class Ledger:
     def __init__(self, path: Path):
         self.path = path
         self.rows: dict[str, dict[str, Any]] = {}
-        if path.is_file():
-            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    if n == len(path.read_text(encoding="utf-8").splitlines()):
-                        continue  # the last line cut short by a kill: that batch is redone
-                    raise
-                self.rows[row["key"]] = row
+        lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                if n == len(lines):
+                    continue  # the last line cut short by a kill: that batch is redone
+                raise
+            self.rows[row["key"]] = row
 
     def __contains__(self, key: str) -> bool:
         return key in self.rows
@@ -126,8 +126,9 @@ class Ledger:
 
 class PackageMemory(ExternalSystem):
     """An :class:`ExternalSystem` whose memory a third-party package builds with an LLM: the
-    package's memory object (``memory``), its folder in the cache, and the LLM usage of its ingest.
-    Subclasses name the system and the LM parts of its ingest."""
+    package's memory object (``memory``), its folder in the cache (:func:`memory_folder`), and the
+    LLM usage of its ingest (``usage``: the one the package's LLM client counts into). Subclasses
+    name the system and the LM parts of its ingest."""
 
     system_name: ClassVar[str]
     ingest_lm_parts: ClassVar[list[str]]
@@ -137,6 +138,7 @@ class PackageMemory(ExternalSystem):
         history: History,
         memory: Any,
         folder: Path,
+        usage: Usage,
         *,
         top_k: int = 20,
         cache_dir: str | Path | None = None,
@@ -158,7 +160,7 @@ class PackageMemory(ExternalSystem):
         )
         self.memory = memory
         self.folder = folder
-        self.lm_usage = Usage(folder / "usage.json")
+        self.lm_usage = usage
 
     def usage(self) -> dict[str, int]:
         """LM calls and tokens the package's LLM has spent on this memory (all ingest sessions)."""

@@ -107,8 +107,8 @@ class Mem0System(PackageMemory):
     system_name = "mem0"
     ingest_lm_parts = ["ingest.fact_extraction"]
 
-    def __init__(self, history: History, memory: Any, folder: Path, **kwargs: Any):
-        super().__init__(history, memory, folder, **kwargs)
+    def __init__(self, history: History, memory: Any, folder: Path, usage: Usage, **kwargs: Any):
+        super().__init__(history, memory, folder, usage, **kwargs)
         self.user_id = history.user_id or "user"
 
     # -- building -----------------------------------------------------------------------------
@@ -142,8 +142,9 @@ class Mem0System(PackageMemory):
                 usage=usage,
             )
         )
-        system = cls(history, memory, folder, top_k=top_k, cache_dir=cache_dir, params=params)
-        system.lm_usage = usage
+        system = cls(
+            history, memory, folder, usage, top_k=top_k, cache_dir=cache_dir, params=params
+        )
         system.ingest(batch, budget_s=budget_s, log=log)
         return system
 
