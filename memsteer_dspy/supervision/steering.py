@@ -456,7 +456,7 @@ def question_mix(items: Sequence[QAItem]) -> dict[str, dict[str, float]]:
     for q in items:
         t = q.question_type or "unknown"
         types[t] = types.get(t, 0.0) + 1 / n
-    multi = sum(len(set(q.evidence_ids)) >= 2 for q in items) / n
+    multi = sum(_stratum(q) == "2+" for q in items) / n
     return {
         "question_type": {k: round(v, 4) for k, v in sorted(types.items())},
         "evidence": {"1": round(1 - multi, 4), "2+": round(multi, 4)},
