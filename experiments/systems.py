@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import add_rhelm_args, resolve_rhelm_args, safe_name  # noqa: E402
 
 import memsteer_dspy.memory.embedders as embedders  # noqa: E402
+from memsteer_dspy.errors import ConfigError  # noqa: E402
 from memsteer_dspy.evaluation import evaluate_design  # noqa: E402
 from memsteer_dspy.loaders.rhelm import list_personas, load_rhelm  # noqa: E402
 from memsteer_dspy.memory import MemoryDesign, MemorySystem  # noqa: E402
@@ -347,17 +348,15 @@ def _llm(args, stack: contextlib.ExitStack) -> dict[str, Any]:
     if args.llm_api_base:
         form = args.llm_schema_form or "json_schema"
         return {**opts, "api_base": args.llm_api_base, "model": args.llm_model, "schema_form": form}
-    from memsteer_dspy.lm.model_files import ensure_embedded_model
-    from memsteer_dspy.lm.serve import ALIAS, running_llama_server, server_missing
+    from memsteer_dspy.lm.serve import ALIAS, embedded_model_server
 
-    if why := server_missing():
-        raise SystemExit(why)
     logs = args.out / "llm-server"
     logs.mkdir(parents=True, exist_ok=True)
     # 16k tokens: an A-Mem evolution prompt holds the new note and five neighbours
-    server = stack.enter_context(
-        running_llama_server(ensure_embedded_model("qwen2.5-coder-1.5b"), logs, n_ctx=16384)
-    )
+    try:
+        server = stack.enter_context(embedded_model_server(logs, n_ctx=16384))
+    except ConfigError as exc:  # the server extra is missing: say so, no traceback
+        raise SystemExit(str(exc)) from None
     form = args.llm_schema_form or "json_object"
     return {**opts, "api_base": server.api_base, "model": ALIAS, "schema_form": form}
 

@@ -5,7 +5,9 @@ on 127.0.0.1 at a free port as a subprocess, waits until ``GET /v1/models`` list
 returns a :class:`LlamaServer` whose ``stop()`` ends that process by its PID (SIGTERM, then
 SIGKILL). It needs the ``server`` extra (``pip install 'memsteer-dspy[local,server]'``);
 :func:`server_missing` says what is missing; :func:`running_llama_server` is the ``with`` form that
-stops the server however the block ends.
+stops the server however the block ends. :func:`llama_server_format` rewrites OpenAI's
+``json_schema`` response format into the form this server takes, for clients (A-Mem, Ragas through
+instructor) that send OpenAI's.
 """
 
 from __future__ import annotations
@@ -26,6 +28,17 @@ from pathlib import Path
 ALIAS = "qwen-server"
 SERVER_N_CTX = 4096
 START_TIMEOUT_S = 300.0
+
+
+def llama_server_format(response_format: dict | None) -> dict | None:
+    """``response_format`` as llama-cpp-python's server takes it: OpenAI's ``{"type":
+    "json_schema", "json_schema": {"schema": S}}`` becomes ``{"type": "json_object", "schema": S}``
+    (the server answers 422 to the first and binds the reply to ``S`` with a grammar for the
+    second); anything else is returned as it is."""
+    if not response_format or response_format.get("type") != "json_schema":
+        return response_format
+    schema = (response_format.get("json_schema") or {}).get("schema")
+    return {"type": "json_object", **({"schema": schema} if schema else {})}
 
 
 def free_port() -> int:
@@ -103,6 +116,21 @@ def running_llama_server(gguf: Path, log_dir: Path, **kwargs) -> Iterator[LlamaS
     finally:
         server.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def embedded_model_server(log_dir: Path, *, n_ctx: int = SERVER_N_CTX) -> Iterator[LlamaServer]:
+    """The embedded model (Qwen2.5-Coder-1.5B, from its packages) behind this server for the
+    length of the block: what third-party packages that call an LLM by URL are given."""
+    from memsteer_dspy.errors import ConfigError
+    from memsteer_dspy.lm.model_files import ensure_embedded_model
+
+    if why := server_missing():
+        raise ConfigError(why)
+    with running_llama_server(
+        ensure_embedded_model("qwen2.5-coder-1.5b"), log_dir, n_ctx=n_ctx
+    ) as s:
+        yield s
 
 
 def start_llama_server(

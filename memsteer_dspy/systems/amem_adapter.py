@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from memsteer_dspy.errors import ConfigError
+from memsteer_dspy.lm.serve import llama_server_format
 from memsteer_dspy.memory.retriever import as_day
 from memsteer_dspy.records import History, Record
 from memsteer_dspy.systems.base import Hit
@@ -110,12 +111,9 @@ class ServerController:
         self.failures: list[str] = []
 
     def _format(self, response_format: dict | None) -> dict | None:
-        if not response_format or self.schema_form == "json_schema":
+        if self.schema_form == "json_schema":
             return response_format
-        if response_format.get("type") == "json_schema":
-            schema = (response_format.get("json_schema") or {}).get("schema")
-            return {"type": "json_object", **({"schema": schema} if schema else {})}
-        return response_format
+        return llama_server_format(response_format)
 
     def get_completion(
         self, prompt: str, response_format: dict | None = None, temperature: float | None = None
