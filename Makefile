@@ -19,7 +19,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-EXTRAS ?= local,dense,dev,server,tune,ray,report,browser,docs,mem0,amem
+EXTRAS ?= local,dense,dev,server,tune,ray,report,browser,docs,mem0,amem,ragas
 
 # torch first, pinned to the CPU build: anything that depends on torch would otherwise pull a
 # multi-GB CUDA build. llama-cpp-python then builds from source (about 5 minutes on 2 cores) with

@@ -44,6 +44,7 @@ questions answered from that persona's own memory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -214,8 +215,18 @@ class MainStudy(_Table):
 class AblationStudy(_Table):
     """supervision_ablation.py: generation methods and checks (Tables 4 and 5)."""
 
-    methods: list[Literal["naive", "direct", "joint", "memsteer"]] = Field(
-        default_factory=lambda: ["naive", "direct", "joint", "memsteer"]
+    methods: list[Literal["naive", "direct", "joint", "memsteer", "ragas"]] = Field(
+        default_factory=lambda: ["naive", "direct", "joint", "memsteer"],
+        description='"ragas": Ragas-QA testset generation (the [ragas] extra) on the same seed '
+        "records, with and without MemSteer's audit and blind read.",
+    )
+    steering: bool = Field(
+        True,
+        description="Score the LM-free design panel on each condition's items and the official "
+        "QA (Kendall tau per persona: does the supervision rank designs as official QA does?).",
+    )
+    steering_panel: str | None = Field(
+        None, description="A design-panel JSON for the steering stage (default: the package's)."
     )
     checks: list[bool] = Field(default_factory=lambda: [False, True])
     downstream: bool = Field(True, description="Optimize with each supervision and evaluate it.")
@@ -298,6 +309,8 @@ PRESET_VALUES: dict[str, dict[str, dict[str, Any]]] = {
         },
         "budget": {"sizes": [2, 3]},
         "existing_optimizers": {"auto": None, "max_metric_calls": 12},
+        # the package's steering panel has dense designs: a MiniLM index of the history
+        "supervision_ablation": {"steering": False},
     },
     "small": {
         "dataset": {"personas": ["Elena_Morales"], "eval_items": 8},
@@ -1152,26 +1165,19 @@ class Study:
                 }
             )
 
-    def generate(
+    def generation_config(
         self,
-        folder: Path,
-        persona: str,
+        history: History,
         *,
-        external: bool = True,
         method: str = "memsteer",
         checks: bool = True,
         n: int | None = None,
-    ) -> Generated:
-        """Generate QA–evidence supervision from one persona's history into ``folder`` (as
-        ``memsteer generate`` does; a rerun resumes). Items are tagged with the persona."""
+    ) -> Any:
+        """The :class:`GenerationConfig` of :meth:`generate` for ``history`` (what ``memsteer
+        generate`` runs for this study's LM and budgets)."""
         from memsteer_dspy.bundles import BundleConfig, small_lm_bundle_config
         from memsteer_dspy.supervision.program import GENERATION_ROLES
-        from memsteer_dspy.supervision.run import (
-            GenerationConfig,
-            SupervisionSet,
-            generate_supervision,
-            small_lm_default_config,
-        )
+        from memsteer_dspy.supervision.run import GenerationConfig, small_lm_default_config
 
         b = self.cfg.budgets
         profile = b.bundle_profile
@@ -1181,7 +1187,6 @@ class Study:
             )
         n = n or b.supervision
         max_candidates = ceil_div(b.max_candidates * n, b.supervision) if b.max_candidates else None
-        history = self.load(persona, external).history
         fields = {
             "n": n,
             "max_candidates": max_candidates,
@@ -1194,14 +1199,123 @@ class Study:
         }
         if profile == "small" and fields["bounded"] and method == "memsteer" and checks:
             # the pipeline `memsteer generate` and `memsteer demo` run on a small in-process LM
-            config = small_lm_default_config(history, **fields)
-        else:
-            bundle = small_lm_bundle_config() if profile == "small" else BundleConfig()
-            config = GenerationConfig(**fields, method=method, checks=checks, bundle=bundle)
+            return small_lm_default_config(history, **fields)
+        bundle = small_lm_bundle_config() if profile == "small" else BundleConfig()
+        return GenerationConfig(**fields, method=method, checks=checks, bundle=bundle)
+
+    def generate(
+        self,
+        folder: Path,
+        persona: str,
+        *,
+        external: bool = True,
+        method: str = "memsteer",
+        checks: bool = True,
+        n: int | None = None,
+    ) -> Generated:
+        """Generate QA–evidence supervision from one persona's history into ``folder`` (as
+        ``memsteer generate`` does; a rerun resumes). Items are tagged with the persona."""
+        from memsteer_dspy.supervision.program import GENERATION_ROLES
+        from memsteer_dspy.supervision.run import SupervisionSet, generate_supervision
+
+        history = self.load(persona, external).history
+        config = self.generation_config(history, method=method, checks=checks, n=n)
         lms = {role: self.lm.lm(role) for role in GENERATION_ROLES}
         summary = generate_supervision(
             history, lms, folder, config, lm_description=self.lm.describe(), progress=self.progress
         )
+        sup = SupervisionSet.load(folder)
+        return Generated(
+            with_persona(sup.train, persona), with_persona(sup.val, persona), summary, [folder]
+        )
+
+    def generate_ragas(
+        self, folder: Path, persona: str, *, checks: bool = True, external: bool = True
+    ) -> Generated:
+        """Ragas-QA (the ``[ragas]`` extra) on the seed records a MemSteer run of this study
+        draws for ``persona`` (as many samples as it has candidates), then MemSteer's audit and
+        blind read on its items (``checks``) — :func:`memsteer_dspy.systems.ragas_testset.ragas_items`
+        into ``ragas/<persona>`` beside the conditions' folders (one run for both rows) and
+        :func:`memsteer_dspy.supervision.external.check_external` into ``folder``. Ragas's LLM is
+        the planner's: a server LM at its URL, the embedded model served by llama.cpp for the run."""
+        import random
+
+        from memsteer_dspy.bundles import sample_seeds
+        from memsteer_dspy.memory.embedders import load_embedder
+        from memsteer_dspy.supervision.external import ExternalItem, check_external
+        from memsteer_dspy.supervision.run import SupervisionSet
+        from memsteer_dspy.systems.embed_server import EmbeddingServer
+        from memsteer_dspy.systems.ragas_testset import ragas_items
+
+        history = self.load(persona, external).history
+        config = self.generation_config(history, method="memsteer", checks=True)
+        seed = self.cfg.dataset.seed
+        seeds = sample_seeds(
+            history, config.candidate_limit, random.Random(f"seeds:{seed}"), config.bundle
+        )
+        records = list(dict.fromkeys(seeds))
+        shared = folder.parent.parent / "ragas" / safe_name(persona)
+        spec = self.lm.spec("planner")
+        with contextlib.ExitStack() as stack:
+            if not spec.in_process:
+                if not spec.api_base and spec.provider != "openai":
+                    raise ConfigError(
+                        f"Ragas's LLM is the planner's, {spec.model}: Ragas calls it through an "
+                        "OpenAI client, so it needs an OpenAI-compatible endpoint (openai/<name> "
+                        "with an api_base, or OpenAI's own)"
+                    )
+                endpoint = {
+                    "api_base": spec.api_base or "https://api.openai.com/v1",
+                    "model": spec.model.split("/", 1)[-1],
+                    "schema_form": "json_schema",
+                    "lm_name": spec.model,
+                }
+                if not spec.api_base:
+                    import os
+
+                    endpoint["api_key"] = os.environ.get("OPENAI_API_KEY", "")
+            else:
+                from memsteer_dspy.lm.serve import ALIAS, embedded_model_server
+
+                logs = shared.parent / "llm-server"
+                logs.mkdir(parents=True, exist_ok=True)
+                server = stack.enter_context(embedded_model_server(logs, n_ctx=8192))
+                endpoint = {"api_base": server.api_base, "model": ALIAS}
+                endpoint.update(schema_form="json_object", lm_name=self.lm.describe()["planner"])
+            embed = stack.enter_context(EmbeddingServer(load_embedder("minilm")))
+            items, ragas_summary = ragas_items(
+                history,
+                records,
+                shared,
+                n=len(seeds),
+                embed_api_base=embed.api_base,
+                seed=seed,
+                log=self.log,
+                **endpoint,
+            )
+        external_items = [
+            ExternalItem(it.id, it.question, it.answer, tuple(it.evidence_ids), it.synthesizer)
+            for it in items
+        ]
+        summary = check_external(
+            history,
+            external_items,
+            {r: self.lm.lm(r) for r in ("auditor", "blind_reader")},
+            folder,
+            method="ragas",
+            checks=checks,
+            seed=seed,
+            train_fraction=self.cfg.budgets.train_fraction,
+            bounded=self.lm.in_process("auditor", "blind_reader"),
+            progress=bool(self.progress),
+        )
+        tokens = dict(summary.get("tokens_by_role") or {})
+        tokens["ragas"] = {
+            "calls": ragas_summary.get("lm_calls", 0),
+            "prompt_tokens": ragas_summary.get("prompt_tokens", 0),
+            "completion_tokens": ragas_summary.get("completion_tokens", 0),
+        }
+        summary.update(tokens_by_role=tokens, ragas=ragas_summary)
         sup = SupervisionSet.load(folder)
         return Generated(
             with_persona(sup.train, persona), with_persona(sup.val, persona), summary, [folder]

@@ -8,14 +8,20 @@ and without the source-grounded checks (plan checks, audit, blind read):
 * ``direct`` — graph-expanded bundles, question, answer and evidence in one call (Direct QA);
 * ``joint`` — an evidence-grounded answer plan and the question in one call (Joint Plan–Q);
 * ``memsteer`` — plan, programmatic plan checks, then the question in a separate call (Two-stage
-  Plan–Q, the full MemSteer).
+  Plan–Q, the full MemSteer);
+* ``ragas`` — Ragas-QA, the paper's external generator: Ragas's own testset generation (the
+  ``[ragas]`` extra, its knowledge graph and query synthesizers) on the seed records a MemSteer run
+  draws, as many samples as it has candidates; "with checks" runs MemSteer's audit and blind read on
+  its items (``Study.generate_ragas``). Ragas's LLM is the planner's (the embedded model served by
+  llama.cpp for the run).
 
 For each: **kept %** (accepted / candidates tried; "–" without checks, which filter nothing),
 **QA quality** (the four-criteria judge — premise support, clarity, answer support, evidence
 support — an item scores 1 only if all four hold; on up to ``budgets.quality_items`` items per
 persona), **tokens per accepted item** (all generation roles, checks included), and the
 **downstream** accuracy and R@10 of MemSteer-Opt run with that supervision from Base-BM25,
-evaluated on the official QA. Table 5 is the same data for direct / joint / two-stage with checks:
+evaluated on the official QA; and (``steering``) whether the items rank the LM-free design panel as
+the official QA does (Kendall τ per persona, ``memsteer assess --steering``). Table 5 is the same data for direct / joint / two-stage with checks:
 the paper filters all three with one shared LLM filter; here the shared filter is the checks.
 
 Usage::
@@ -59,6 +65,7 @@ LABELS = {
     "direct": "Direct QA",
     "joint": "Joint Plan–Q",
     "memsteer": "MemSteer",
+    "ragas": "Ragas-QA",
 }
 CRITERIA = ("premise_support", "clarity", "answer_support", "evidence_support")
 
@@ -105,14 +112,11 @@ def run(cfg: ExperimentConfig, out: str | Path, **options: Unpack[StudyOptions])
             generated = []
             with study.stage(f"{key}: generate"):
                 for p in personas:
-                    generated.append(
-                        study.generate(
-                            out / "supervision" / key / safe_name(p),
-                            p,
-                            method=method,
-                            checks=checks,
-                        )
-                    )
+                    folder = out / "supervision" / key / safe_name(p)
+                    if method == "ragas":
+                        generated.append(study.generate_ragas(folder, p, checks=checks))
+                    else:
+                        generated.append(study.generate(folder, p, method=method, checks=checks))
             if len(generated) < len(personas):
                 continue
             accepted = sum(g.summary.get("accepted", 0) for g in generated)
@@ -126,6 +130,9 @@ def run(cfg: ExperimentConfig, out: str | Path, **options: Unpack[StudyOptions])
                 train=sum(len(g.train) for g in generated),
                 val=sum(len(g.val) for g in generated),
             )
+            if opts.steering:
+                with study.stage(f"{key}: steering"):
+                    cond["steering"] = _steering(study, personas, generated)
             with study.stage(f"{key}: QA quality"):
                 rows = []
                 for p, g in zip(personas, generated, strict=True):
@@ -169,6 +176,38 @@ def run(cfg: ExperimentConfig, out: str | Path, **options: Unpack[StudyOptions])
             }
         )
     return study.finish(render(study, results), results, metrics)
+
+
+def _steering(study: Study, personas: list[str], generated: list[Any]) -> dict[str, Any]:
+    """Per persona: the LM-free design panel scored on the condition's items and on the official
+    QA — Kendall τ with its interval, the best design of each, Base-BM25 R@10 on each."""
+    from memsteer_dspy.supervision.steering import load_panel, steering_of_folder
+
+    panel = load_panel(study.cfg.supervision_ablation.steering_panel)
+    rows = {}
+    for p, g in zip(personas, generated, strict=True):
+        if not (g.train or g.val):
+            rows[p] = {"items": 0}
+            continue
+        loaded = study.load(p)
+        rep = steering_of_folder(
+            loaded.history,
+            g.folders[0],
+            loaded.qa_items,
+            protocol="as_of",  # RHELM's: no record on or after the question date is retrieved
+            panel=panel,
+            reference_source="official",
+            cache_dir=study.cache_dir,
+        )
+        rows[p] = {"items": len(g.train) + len(g.val), **rep.headline()}
+    return rows
+
+
+def _tau(r: dict[str, Any]) -> str:
+    tau, ci = r.get("kendall_tau"), r.get("kendall_ci95")
+    if tau is None:
+        return "–"
+    return f"{tau:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
 
 
 def _k(tokens: float | None) -> str:
@@ -265,6 +304,42 @@ def render(study: Study, results: dict[str, Any]) -> str:
         ),
         "",
     ]
+    steer = [
+        [
+            row_label(c["method"], c["checks"]),
+            persona,
+            r.get("items", 0),
+            _tau(r),
+            "yes" if r.get("best_in_reference_top3") else "no" if "kendall_tau" in r else "–",
+            pct(r.get("base_r10_generated")),
+            pct(r.get("base_r10_reference")),
+            pct(r.get("multi_record_share")),
+        ]
+        for c in results["conditions"].values()
+        for persona, r in (c.get("steering") or {}).items()
+    ]
+    if steer:
+        lines += [
+            "## Steering: do the items rank designs as the official QA does?",
+            "",
+            md_table(
+                [
+                    "Method",
+                    "persona",
+                    "items",
+                    "Kendall τ, delivered [95%]",
+                    "best in official top 3",
+                    "Base-BM25 R@10 items",
+                    "official",
+                    "2+ records",
+                ],
+                steer,
+            ),
+            "",
+            "The LM-free design panel of `memsteer assess --steering`, scored on each condition's "
+            "kept items and on the persona's official QA (as-of protocol).",
+            "",
+        ]
     if results["optimizations"]:
         lines += ["## The optimizations", ""]
         for key, opt in results["optimizations"].items():

@@ -40,6 +40,8 @@ __all__ = [
     "QualityJudge",
     "assess_fidelity",
     "assess_quality",
+    "bundle_around",
+    "evidence_plan",
     "format_fidelity",
     "format_quality",
 ]
@@ -237,9 +239,11 @@ def _best_span(bundle: Bundle, record_id: str, text: str) -> str | None:
     return max(scored)[2]
 
 
-def _official_plan(
+def evidence_plan(
     bundle: Bundle, question: str, answer: str, answer_type, evidence_ids: list[str]
 ) -> AnswerPlan:
+    """The answer plan of a given item (official, or another generator's): one fact per evidence
+    record, its sentence sharing the most words with the question and answer."""
     facts = []
     for rid in evidence_ids:
         sid = _best_span(bundle, rid, f"{question} {answer}")
@@ -262,7 +266,7 @@ def _official_plan(
     )
 
 
-def _bundle_around(
+def bundle_around(
     graph: RecordGraph, record_ids: list[str], config: BundleConfig, rng: random.Random
 ) -> Bundle:
     """The given records plus graph neighbours (distractors) up to ``config.min_records``."""
@@ -311,8 +315,8 @@ def assess_fidelity(
     cases: list[tuple[str, QAItem, Bundle, AnswerPlan]] = []
     all_ids = [r.id for r in history.records]
     for item in sample:
-        bundle = _bundle_around(graph, list(item.evidence_ids), config, rng)
-        plan = _official_plan(
+        bundle = bundle_around(graph, list(item.evidence_ids), config, rng)
+        plan = evidence_plan(
             bundle, item.question, item.answer, item.answer_type, list(item.evidence_ids)
         )
         cases.append(("true", item, bundle, plan))
@@ -335,8 +339,8 @@ def assess_fidelity(
         ]
         if len(pool) >= len(item.evidence_ids):
             unrelated = rng.sample(pool, len(item.evidence_ids))
-            b2 = _bundle_around(graph, unrelated, config, rng)
-            plan2 = _official_plan(b2, item.question, item.answer, item.answer_type, unrelated)
+            b2 = bundle_around(graph, unrelated, config, rng)
+            plan2 = evidence_plan(b2, item.question, item.answer, item.answer_type, unrelated)
             cases.append(("evidence_replaced", item, b2, plan2))
     bar = None
     if progress:
