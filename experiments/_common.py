@@ -851,6 +851,13 @@ class Stage:
         return [self.name, self.calls, f"{self.tokens:,}", f"{self.seconds:.0f}", self.error or ""]
 
 
+def _ragas_usage(folder: Path) -> dict[str, int]:
+    """The LM calls and tokens a Ragas run folder has booked so far (its ``usage.json``)."""
+    path = folder / "usage.json"
+    got = json.loads(path.read_text()) if path.is_file() else {}
+    return {k: int(got.get(k, 0)) for k in ("lm_calls", "prompt_tokens", "completion_tokens")}
+
+
 @dataclass
 class Generated:
     """Supervision generated for one persona (or pooled): items and the run's summary."""
@@ -906,6 +913,8 @@ class Study:
             else Tracker.disabled()
         )
         self.stages: list[Stage] = []
+        self.outside_calls = 0  # LM calls made by packages on their own clients (book_outside)
+        self.outside_tokens = 0
         self.rows: list[dict[str, Any]] = []
         self._loaded: dict[tuple[str, bool], Loaded] = {}
         self._samples: dict[tuple[tuple[str, ...], bool], list[QAItem]] = {}
@@ -970,9 +979,15 @@ class Study:
     def _usage(self) -> tuple[int, int]:
         usage = self.lm.usage_by_role()
         return (
-            sum(int(u.get("calls", 0)) for u in usage.values()),
-            sum(int(u.get("total_tokens", 0)) for u in usage.values()),
+            sum(int(u.get("calls", 0)) for u in usage.values()) + self.outside_calls,
+            sum(int(u.get("total_tokens", 0)) for u in usage.values()) + self.outside_tokens,
         )
+
+    def book_outside(self, calls: int, tokens: int) -> None:
+        """LM calls a package made outside the study's LMs (Ragas through its own client), booked
+        to the stage that runs them."""
+        self.outside_calls += int(calls)
+        self.outside_tokens += int(tokens)
 
     @contextmanager
     def stage(self, name: str, *, fatal: bool = False) -> Iterator[Stage]:
@@ -993,6 +1008,10 @@ class Study:
                 f.write(traceback.format_exc())
             if fatal:
                 raise
+        except BaseException:  # Ctrl-C or SIGTERM: not "done"; the rerun resumes the stage
+            st.error = "interrupted"
+            self.log(f"{name} interrupted (rerun the same command to resume)")
+            raise
         finally:
             c1, t1 = self._usage()
             st.calls, st.tokens = c1 - c0, t1 - t0
@@ -1283,6 +1302,7 @@ class Study:
                 endpoint = {"api_base": server.api_base, "model": ALIAS}
                 endpoint.update(schema_form="json_object", lm_name=self.lm.describe()["planner"])
             embed = stack.enter_context(EmbeddingServer(load_embedder("minilm")))
+            before = _ragas_usage(shared)
             items, ragas_summary = ragas_items(
                 history,
                 records,
@@ -1292,6 +1312,11 @@ class Study:
                 seed=seed,
                 log=self.log,
                 **endpoint,
+            )
+            after = _ragas_usage(shared)
+            self.book_outside(
+                after["lm_calls"] - before["lm_calls"],
+                sum(after[k] - before[k] for k in ("prompt_tokens", "completion_tokens")),
             )
         external_items = [
             ExternalItem(it.id, it.question, it.answer, tuple(it.evidence_ids), it.synthesizer)

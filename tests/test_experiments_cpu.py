@@ -343,3 +343,18 @@ def test_an_in_process_study_sends_an_lm_built_store_back_as_memsteer_optimize_d
     facts = base.model_copy(update={"store": base.store.model_copy(update={"unit": "facts"})})
     with pytest.raises(Exception, match="store.unit 'facts' needs about"):
         BuildCheck(history, 10, seen[0])(facts)
+
+
+def test_an_interrupted_stage_is_logged_as_interrupted_not_done(rhelm_root, tmp_path):
+    """Ctrl-C or SIGTERM inside a stage stops the study, and the log says so (it said "done")."""
+    cfg = cpu_like(rhelm_root)
+    study = _common.Study("main", cfg, tmp_path, lm_config=world_config(World()), tracking=False)
+    with pytest.raises(KeyboardInterrupt), study.stage("slow stage"):
+        raise KeyboardInterrupt
+    log = (tmp_path / "log.txt").read_text()
+    assert "slow stage interrupted" in log and "slow stage done" not in log
+    assert study.stages[-1].error == "interrupted"
+    study.book_outside(3, 120)  # a package's own LM calls count toward the stage running them
+    with study.stage("outside") as st:
+        study.book_outside(2, 50)
+    assert (st.calls, st.tokens) == (2, 50)

@@ -254,6 +254,9 @@ def test_supervision_ablation_runs_ragas_with_and_without_checks(rhelm_root, tmp
     ragas = out / "supervision" / "ragas" / "Elena_Morales"
     ragas_summary = json.loads((ragas / "summary.json").read_text())
     assert asked == ragas_summary["lm_calls"] > 0  # one Ragas run serves both rows
+    # Ragas's calls are booked to the stage that made them
+    stage = next(s for s in data["stages"] if s["name"] == "ragas-nochecks: generate")
+    assert stage["calls"] >= asked
     for key, cond in conds.items():
         folder = out / "supervision" / key / "Elena_Morales"
         summary = json.loads((folder / "summary.json").read_text())
