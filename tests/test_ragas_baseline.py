@@ -151,6 +151,43 @@ def test_ragas_items_from_its_own_package_resume_and_refuse_other_settings(tmp_p
             ragas_items(history, ["nope"], tmp_path / "other", n=2, **opts)
 
 
+def test_a_failed_ragas_synthesizer_costs_only_its_own_samples(tmp_path):
+    """On the embedded model one looping reply failed Ragas's whole single-hop synthesizer, and
+    Ragas's generate() then stopped on the failed job (TypeError): each synthesizer runs alone."""
+    pytest.importorskip("ragas", reason="the [ragas] extra is not installed")
+    from memsteer_dspy.systems.ragas_testset import ragas_items
+
+    def broken_combinations(body):
+        schema = (llama_server_format(body.get("response_format")) or {}).get("schema") or {}
+        if list(schema.get("properties", {})) == ["combinations"]:
+            return '{"combinations": [["unfinished'  # cut off, as at a max_tokens limit
+        return ragas_answer(body)
+
+    history = _history()
+    ids = [r.id for r in history.records]
+    with (
+        FakeOpenAIServer(alias="m", answer=broken_combinations) as llm,
+        EmbeddingServer(HashEmbedder()) as emb,
+    ):
+        items, summary = ragas_items(
+            history,
+            ids,
+            tmp_path / "r",
+            n=6,
+            api_base=llm.api_base,
+            model="m",
+            embed_api_base=emb.api_base,
+            lm_name="fake",
+        )
+    assert [f.split(":")[0] for f in summary["failed_synthesizers"]] == [
+        "multi_hop_abstract_query_synthesizer"
+    ]
+    # the other synthesizers still ran (the single-hop one wrote its share)
+    assert summary["samples"] == len(items) >= 2
+    assert "multi_hop_abstract_query_synthesizer" not in summary["synthesizers"]
+    assert summary["synthesizers"].get("single_hop_specific_query_synthesizer", 0) >= 2
+
+
 def _items():
     return [
         ExternalItem("e1", "Which device did I use to write to Lila?", "MacBook Air", ("c1:1",)),

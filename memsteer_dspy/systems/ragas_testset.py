@@ -2,9 +2,13 @@
 records: the Ragas-QA baseline of the paper's generation study (Table 4), run from its own package.
 
 :func:`ragas_items` gives Ragas the records as pre-chunked documents (one record, one chunk: its
-date, kind, title and text) and runs ``TestsetGenerator.generate_with_chunks`` with Ragas's
-default transforms (summary, node filter, themes, entities, embeddings, similarity and overlap
-edges) and its default query distribution (single-hop specific, multi-hop abstract and specific).
+date, kind, title and text) and runs the steps of ``TestsetGenerator.generate_with_chunks`` with
+Ragas's default transforms (summary, node filter, themes, entities, embeddings, similarity and
+overlap edges) and its default query distribution (single-hop specific, multi-hop abstract and
+specific) — one query synthesizer at a time, through ``TestsetGenerator.generate``'s
+``query_distribution``, so a synthesizer that fails (Ragas cannot go on after one, and on a small
+LM one looping reply fails a whole synthesizer) costs its own samples only; it is named in the
+summary's ``failed_synthesizers``.
 Each sample's reference contexts are mapped back to the record ids they came from, so its items are
 scored, checked and compared exactly as MemSteer's.
 
@@ -210,6 +214,7 @@ def ragas_items(
             return items, json.loads(summary_path.read_text())
         started = time.perf_counter()
         usage = Usage(out / "usage.json")
+        failures: list[str] = []
         samples = _generate(
             history,
             record_ids,
@@ -225,6 +230,7 @@ def ragas_items(
             max_tokens=max_tokens,
             timeout=timeout,
             usage=usage,
+            failures=failures,
             log=log,
         )
         by_text = {chunk_text(history[rid], max_tokens).strip(): rid for rid in record_ids}
@@ -248,6 +254,7 @@ def ragas_items(
             "items_with_evidence": sum(bool(it.evidence_ids) for it in items),
             "records": len(record_ids),
             "synthesizers": _count(it.synthesizer for it in items),
+            "failed_synthesizers": failures,
             **usage.totals,
             "wall_seconds": round(time.perf_counter() - started, 1),
         }
@@ -283,19 +290,23 @@ def _generate(
     max_tokens: int,
     timeout: float,
     usage: Usage,
+    failures: list[str],
     log: Callable[[str], None] | None,
 ) -> list[tuple[str, str, list[str], str]]:
     """Ragas's own pipeline; returns (question, reference answer, reference contexts, synthesizer)
     per sample."""
     import instructor
     import numpy as np
-    from langchain_core.documents import Document
     from openai import AsyncOpenAI
     from ragas.cache import DiskCacheBackend
     from ragas.embeddings import OpenAIEmbeddings
     from ragas.llms.base import InstructorLLM, InstructorModelArgs
     from ragas.run_config import RunConfig
     from ragas.testset import TestsetGenerator
+    from ragas.testset.graph import KnowledgeGraph, Node, NodeType
+    from ragas.testset.synthesizers import default_query_distribution
+    from ragas.testset.synthesizers.utils import calculate_split_values
+    from ragas.testset.transforms import apply_transforms, default_transforms_for_prechunked
 
     os.environ.setdefault("RAGAS_DO_NOT_TRACK", "true")  # Ragas's usage analytics: never sent
     random.seed(seed)
@@ -311,22 +322,50 @@ def _generate(
     embeddings = OpenAIEmbeddings(
         client=AsyncOpenAI(base_url=embed_api_base, api_key="local"), model=embed_model
     )
-    chunks = [
-        Document(page_content=chunk_text(history[rid], max_tokens), metadata={"record_id": rid})
+    nodes = [
+        Node(
+            type=NodeType.CHUNK,
+            properties={
+                "page_content": chunk_text(history[rid], max_tokens),
+                "document_metadata": {"record_id": rid},
+            },
+        )
         for rid in record_ids
     ]
     run_config = RunConfig(timeout=int(timeout), max_retries=1, max_workers=1, seed=seed)
     generator = TestsetGenerator(llm=llm, embedding_model=embeddings)
     if log:
-        log(f"ragas: {len(chunks)} records, {n} samples, LLM {model} at {api_base}")
+        log(f"ragas: {len(nodes)} records, {n} samples, LLM {model} at {api_base}")
+    samples: list[Any] = []
     try:
-        testset = generator.generate_with_chunks(
-            chunks, testset_size=n, run_config=run_config, raise_exceptions=False
-        )
+        # generate_with_chunks's steps, one query synthesizer at a time: Ragas's generate() cannot
+        # go on when one synthesizer's scenarios failed (it iterates the failed job's NaN), and on
+        # a small LM one looping reply (IncompleteOutputException) fails a whole synthesizer
+        kg = KnowledgeGraph(nodes=nodes)
+        apply_transforms(kg, default_transforms_for_prechunked(llm, embeddings), run_config)
+        generator.knowledge_graph = kg
+        distribution = default_query_distribution(llm, kg)
+        shares, _ = calculate_split_values([p for _, p in distribution], n)
+        for (synthesizer, _), share in zip(distribution, shares, strict=True):
+            if share <= 0:
+                continue
+            try:
+                testset = generator.generate(
+                    testset_size=share,
+                    query_distribution=[(synthesizer, 1.0)],
+                    run_config=run_config,
+                    raise_exceptions=False,
+                )
+            except Exception as exc:  # noqa: BLE001 - Ragas's failure of one synthesizer, recorded
+                failures.append(f"{synthesizer.name}: {type(exc).__name__}: {exc}"[:300])
+                if log:
+                    log(f"ragas: {synthesizer.name} produced nothing ({failures[-1]})")
+                continue
+            samples += testset.samples
     finally:
         _close(client)
     rows = []
-    for sample in testset.samples:
+    for sample in samples:
         ev = sample.eval_sample
         question = str(getattr(ev, "user_input", "") or "").strip()
         answer = str(getattr(ev, "reference", "") or "").strip()
