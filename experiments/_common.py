@@ -1257,8 +1257,6 @@ class Study:
         into ``ragas/<persona>`` beside the conditions' folders (one run for both rows) and
         :func:`memsteer_dspy.supervision.external.check_external` into ``folder``. Ragas's LLM is
         the planner's: a server LM at its URL, the embedded model served by llama.cpp for the run."""
-        import random
-
         from memsteer_dspy.bundles import sample_seeds
         from memsteer_dspy.memory.embedders import load_embedder
         from memsteer_dspy.supervision.external import ExternalItem, check_external

@@ -21,8 +21,9 @@ support — an item scores 1 only if all four hold; on up to ``budgets.quality_i
 persona), **tokens per accepted item** (all generation roles, checks included), and the
 **downstream** accuracy and R@10 of MemSteer-Opt run with that supervision from Base-BM25,
 evaluated on the official QA; and (``steering``) whether the items rank the LM-free design panel as
-the official QA does (Kendall τ per persona, ``memsteer assess --steering``). Table 5 is the same data for direct / joint / two-stage with checks:
-the paper filters all three with one shared LLM filter; here the shared filter is the checks.
+the official QA does (Kendall τ per persona, ``memsteer assess --steering``). Table 5 is the same
+data for direct / joint / two-stage with checks: the paper filters all three with one shared LLM
+filter; here the shared filter is the checks.
 
 Usage::
 

@@ -37,7 +37,12 @@ from memsteer_dspy.graph import RecordGraph
 from memsteer_dspy.records import AnswerType, History, QAItem
 from memsteer_dspy.runfolder import RunFolder, run_key, write_atomic
 from memsteer_dspy.supervision.outputs import _question_date, split_by_bundle
-from memsteer_dspy.supervision.quality import FidelityChecker, bundle_around, evidence_plan
+from memsteer_dspy.supervision.quality import (
+    FidelityChecker,
+    bundle_around,
+    evidence_plan,
+    given_item_bundle_config,
+)
 
 CHECKED = "checked.jsonl"
 VERSION = 1
@@ -111,7 +116,7 @@ def check_external(
         todo = [it for it in items if it.id not in done]
         checker = FidelityChecker(lms, max_demos=0, bounded=bounded, lean=lean) if checks else None
         graph = graph or (RecordGraph.build(history) if checks else None)
-        config = BundleConfig(record_token_cap=400, min_records=3, max_records=6)
+        config = given_item_bundle_config()
         bar = None
         if progress:
             from tqdm import tqdm

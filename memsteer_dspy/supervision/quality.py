@@ -44,6 +44,7 @@ __all__ = [
     "evidence_plan",
     "format_fidelity",
     "format_quality",
+    "given_item_bundle_config",
 ]
 
 CRITERIA = ("premise_support", "clarity", "answer_support", "evidence_support")
@@ -266,6 +267,12 @@ def evidence_plan(
     )
 
 
+def given_item_bundle_config() -> BundleConfig:
+    """The bundles a given item (official, or another generator's) is checked in: records cut to
+    400 tokens, 3 to 6 of them."""
+    return BundleConfig(record_token_cap=400, min_records=3, max_records=6)
+
+
 def bundle_around(
     graph: RecordGraph, record_ids: list[str], config: BundleConfig, rng: random.Random
 ) -> Bundle:
@@ -299,7 +306,7 @@ def assess_fidelity(
     stderr), with the LM call in flight. ``lean`` runs the checks as the lean pipeline does (its
     compact prompts, the blind read first, and an audit of the record contributions, answer
     support and consistency when every fact is its cited sentence's own words)."""
-    config = config or BundleConfig(record_token_cap=400, min_records=3, max_records=6)
+    config = config or given_item_bundle_config()
     graph = graph or RecordGraph.build(history)
     rng = random.Random(f"fidelity:{seed}")
     usable = [

@@ -40,7 +40,8 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,8 +187,8 @@ def ragas_items(
 ) -> tuple[list[RagasItem], dict[str, Any]]:
     """Ragas's testset of ``n`` samples from the records ``record_ids`` of ``history``, into the
     run folder ``out`` (resumed there; ``lm_name`` is the LLM as the folder's key names it, default
-    ``model @ api_base`` — name the model where the URL changes from run to run); returns the items and a summary (samples, items, LM calls
-    and tokens, wall seconds, failures). Ragas's own failures (a reply it cannot parse after its
+    ``model @ api_base`` — name the model where the URL changes from run to run); returns the
+    items and a summary (samples, items, LM calls and tokens, wall seconds, failures). Ragas's own failures (a reply it cannot parse after its
     retries) drop that node or sample, as Ragas does; they are counted, not raised."""
     _require()
     if schema_form not in ("json_object", "json_schema"):
@@ -215,9 +216,9 @@ def ragas_items(
         started = time.perf_counter()
         usage = Usage(out / "usage.json")
         failures: list[str] = []
+        chunks = {rid: chunk_text(history[rid], max_tokens) for rid in record_ids}
         samples = _generate(
-            history,
-            record_ids,
+            chunks,
             out,
             n=n,
             api_base=api_base,
@@ -227,13 +228,12 @@ def ragas_items(
             api_key=api_key,
             schema_form=schema_form,
             seed=seed,
-            max_tokens=max_tokens,
             timeout=timeout,
             usage=usage,
             failures=failures,
             log=log,
         )
-        by_text = {chunk_text(history[rid], max_tokens).strip(): rid for rid in record_ids}
+        by_text = {text.strip(): rid for rid, text in chunks.items()}
         items = []
         for i, (question, answer, contexts, synthesizer) in enumerate(samples):
             found = [by_text.get(_HOP.sub("", c).strip()) for c in contexts]
@@ -253,7 +253,7 @@ def ragas_items(
             "samples": len(samples),
             "items_with_evidence": sum(bool(it.evidence_ids) for it in items),
             "records": len(record_ids),
-            "synthesizers": _count(it.synthesizer for it in items),
+            "synthesizers": dict(Counter(it.synthesizer for it in items)),
             "failed_synthesizers": failures,
             **usage.totals,
             "wall_seconds": round(time.perf_counter() - started, 1),
@@ -267,16 +267,8 @@ def ragas_items(
         return items, summary
 
 
-def _count(values: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for v in values:
-        counts[v] = counts.get(v, 0) + 1
-    return counts
-
-
 def _generate(
-    history: History,
-    record_ids: Sequence[str],
+    chunks: Mapping[str, str],
     out: Path,
     *,
     n: int,
@@ -287,14 +279,13 @@ def _generate(
     api_key: str,
     schema_form: str,
     seed: int,
-    max_tokens: int,
     timeout: float,
     usage: Usage,
     failures: list[str],
     log: Callable[[str], None] | None,
 ) -> list[tuple[str, str, list[str], str]]:
-    """Ragas's own pipeline; returns (question, reference answer, reference contexts, synthesizer)
-    per sample."""
+    """Ragas's own pipeline on ``chunks`` (record id -> its text); returns (question, reference
+    answer, reference contexts, synthesizer) per sample."""
     import instructor
     import numpy as np
     from openai import AsyncOpenAI
@@ -325,12 +316,9 @@ def _generate(
     nodes = [
         Node(
             type=NodeType.CHUNK,
-            properties={
-                "page_content": chunk_text(history[rid], max_tokens),
-                "document_metadata": {"record_id": rid},
-            },
+            properties={"page_content": text, "document_metadata": {"record_id": rid}},
         )
-        for rid in record_ids
+        for rid, text in chunks.items()
     ]
     run_config = RunConfig(timeout=int(timeout), max_retries=1, max_workers=1, seed=seed)
     generator = TestsetGenerator(llm=llm, embedding_model=embeddings)
