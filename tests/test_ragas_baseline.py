@@ -238,6 +238,18 @@ def test_check_external_runs_the_audit_and_blind_read_and_resumes(tmp_path):
     with pytest.raises(RunMismatchError):
         check_external(history, _items()[:3], lms, out, method="ragas", checks=True)
 
+    # stopped after the first item, a rerun reads the second as the whole run did (same order)
+    import shutil
+
+    whole = str(reader.history[-1]["messages"])  # e2's blind read, the whole run's last call
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out, resumed)
+    (resumed / CHECKED).write_text((out / CHECKED).read_text().splitlines()[0] + "\n")
+    reader2 = endless(lambda i: {"cited_ids": ["R1"], "answer": "MacBook Air", "answerable": True})
+    lms2 = {"auditor": auditor, "blind_reader": reader2}
+    check_external(history, items, lms2, resumed, method="ragas", checks=True)
+    assert len(reader2.history) >= 1 and str(reader2.history[0]["messages"]) == whole
+
 
 def test_supervision_ablation_runs_ragas_with_and_without_checks(rhelm_root, tmp_path, monkeypatch):
     """The ablation's Ragas-QA rows: Ragas on the seed records of a MemSteer run (its LLM the

@@ -113,7 +113,6 @@ def check_external(
     with RunFolder.open(out, key, extra={"user": history.user_id, "method": method}) as folder:
         log = folder.log(CHECKED)
         done = {row["id"]: row for row in log.read()}
-        todo = [it for it in items if it.id not in done]
         checker = FidelityChecker(lms, max_demos=0, bounded=bounded, lean=lean) if checks else None
         graph = graph or (RecordGraph.build(history) if checks else None)
         config = given_item_bundle_config()
@@ -123,7 +122,10 @@ def check_external(
 
             bar = tqdm(total=len(items), initial=len(done), desc=f"check ({method})", unit="item")
         try:
-            for i, item in enumerate(todo):
+            for i, item in enumerate(items):
+                if item.id in done:
+                    continue
+                # the item's own index: a resumed run shuffles its blind read as a whole run does
                 row = _check_one(item, history, checker, graph, config, seed * 7919 + i)
                 log.append(row)
                 done[item.id] = row
