@@ -115,6 +115,95 @@ def test_bridge_options_ask_an_answer_by_another_record_of_its_day():
     assert "MacBook Air" not in got, got
 
 
+def test_told_bridge_events_are_deeds_not_a_conversation_s_reactions():
+    """--bridge-events told: the day phrases the embedded model's RHELM bridges carried, which say
+    nothing of the day, are turned away; events — the user's, another person's, an email's
+    summary — still bridge."""
+    from memsteer_dspy.bundles.options import _tells_deed, _tells_event
+
+    reactions = [
+        "I think you’re right",  # a word to the assistant
+        "What really struck me was how the podcast emphasized giving",  # a question's opener
+        "I really like how the document breaks down the cost",
+        "I do feel pretty isolated tonight",
+        "I love how intentional our little Advent setting feels",
+        "I kept hoping I’d rally enough to reach out",
+        "I was really looking forward to some focused journaling",
+        "I wanted to send a quick update to Lila",
+        "I’d love some help drafting a short reflection for families",
+        "I’m still turning over how energizing it was to sketch",
+        "It’s interesting you mention “emotional directness”",
+    ]
+    for phrase in reactions:
+        assert _tells_event(phrase) or phrase.startswith("It’s"), phrase
+        assert not _tells_deed(phrase), phrase
+    deeds = [
+        "I cycled over to Charité for my annual health check-up",
+        "Sofia completed her model rocket launch",
+        "Jonas sends Ahmed a thank-you email following the morning’s repair",  # not "you"
+        "We agreed we don't want to go over $5,500 total",
+        "I finally brought my bike over to Ahmed’s Werkstatt",
+        "I really appreciated how Dr. Liu guided the conversation",  # it happened
+    ]
+    for phrase in deeds:
+        assert _tells_deed(phrase), phrase
+    # still a subject and four words first, as _tells_event asks
+    assert not _tells_deed("felt especially peaceful in my bedroom")
+
+
+def test_told_bridge_events_leave_a_reaction_s_day_unbridged():
+    like = "I really like how the Stoneworks studio arranged the glaze shelves."
+    bundle = bundle_from_records(
+        small_history([_turn("d3:1", datetime(2024, 3, 2, 20), like)]),
+        ["c1:1", "d3:1"],
+        BundleConfig(),
+    )
+    subject = {o.answer: o for o in bridge_options(bundle.records, "Elena")}
+    assert subject["MacBook Air"].bridge == "d3:1#1"  # the default takes any subject's clause
+    assert "MacBook Air" not in {
+        o.answer for o in bridge_options(bundle.records, "Elena", events="told")
+    }
+    # a deed of the same day still bridges under "told"
+    bundle = _bundle(["c1:1", "d1:1"])
+    told = {o.answer: o for o in bridge_options(bundle.records, "Elena", events="told")}
+    assert told["MacBook Air"].bridge == "d1:1#1"
+    # the task's options and the sampler's bundle kinds follow the setting
+    options = task_options(bundle.records, MULTI, "Elena", bridges=True, bridge_events="told")
+    assert any(o.bridge == "d1:1#1" for o in options)
+    try:
+        bridge_options(bundle.records, "Elena", events="said")
+    except ValueError as e:
+        assert "said" in str(e) and "told" in str(e)
+    else:
+        raise AssertionError("an unknown bridge_events value was taken")
+
+
+def test_bridge_events_keep_the_runs_key_at_their_default():
+    """Runs made before the setting existed resume: the default is not in the key."""
+    assert "bridge_events" not in GenerationConfig().identity()["bundle"]
+    told = GenerationConfig(bundle=BundleConfig(bridge_events="told")).identity()["bundle"]
+    assert told["bridge_events"] == "told"
+
+
+def test_bridge_events_reach_the_bundle_config_from_the_cli():
+    import pytest
+    import typer
+
+    from memsteer_dspy.cli.generate import _bundle_config
+    from memsteer_dspy.lm import LMConfig
+
+    lm_config = LMConfig.uniform()
+    args = ("small", lm_config, 2500, None, True, 2.0)
+    config, _ = _bundle_config(*args, True, None, "told")
+    assert config.bridge_events == "told" and config.bridges
+    assert _bundle_config(*args, True)[0].bridge_events == "subject"
+    with pytest.raises(typer.BadParameter, match="choose one of subject, told"):
+        _bundle_config(*args, True, None, "said")
+    # without the anchored planner there are no bridges to tell: refused, not ignored
+    with pytest.raises(typer.BadParameter, match="anchored planner"):
+        _bundle_config("small", lm_config, 2500, None, False, 1.0, False, None, "told")
+
+
 def test_two_record_tasks_offer_bridges_first_and_one_record_tasks_none():
     bundle = _bundle(["c1:1", "d1:1", "mail:1"])
     options = task_options(bundle.records, MULTI, "Elena", bridges=True)

@@ -38,6 +38,7 @@ from memsteer_dspy.bundles.config import (
 from memsteer_dspy.bundles.options import (
     BRIDGE_ANSWER_TYPES,
     BRIDGE_EVENT_WORDS,
+    BRIDGE_EVENTS,
     BRIDGE_MAX_SHARED,
     DAY_TRIES,
     MAX_ANSWER_OPTIONS,
@@ -56,9 +57,7 @@ from memsteer_dspy.bundles.options import (
     update_options,
     update_values,
 )
-from memsteer_dspy.bundles.options import (
-    _tells_event as _tells_event,
-)
+from memsteer_dspy.bundles.options import _tells_event as _tells_event
 from memsteer_dspy.bundles.sampling import (
     AcceptedMix,
     BundleSampler,
@@ -129,6 +128,7 @@ __all__ = [
     "AcceptedMix",
     "BRIDGE_ANSWER_TYPES",
     "BRIDGE_EVENT_WORDS",
+    "BRIDGE_EVENTS",
     "BRIDGE_MAX_SHARED",
     "DAY_TRIES",
     "EVENT_SPAN_WINDOW",

@@ -5,6 +5,8 @@ answer type tables, :class:`Task` (a question type and an evidence count), the s
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from memsteer_dspy.graph import EdgeType
@@ -149,6 +151,14 @@ class BundleConfig(BaseModel):
         "(bridge_options): an answer one record writes, asked by what another record of the same "
         "day tells ('Who helped me set up the displays on the day the winter storm hit?'), the "
         "way most of RHELM's official multi-record questions are asked.",
+    )
+    bridge_events: Literal["subject", "told"] = Field(
+        default="subject",
+        description="With bridges: which sentence of another record may name a bridge's day. "
+        "'subject': its first clause, four words or more after a subject; 'told': also no "
+        "question, no word to the assistant and no feeling, opinion or wish — a conversation's "
+        "opening reaction ('I think you're right', 'What really struck me was …') says nothing of "
+        "the day (read on the embedded model's bridges of RHELM).",
     )
     yield_power: float = Field(
         default=1.0,

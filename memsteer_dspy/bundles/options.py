@@ -299,16 +299,19 @@ def task_options(
     bridges: bool = False,
     updates: bool = False,
     pairs: bool = True,
+    bridge_events: str = "subject",
 ) -> list[AnswerOption]:
     """What an anchored planner chooses from for ``task``: the two-record answers for a task of
     two or more evidence records, where the bundle has any — the knowledge updates
     (:func:`update_options`, with ``updates``), the bridges (:func:`bridge_options`, with
-    ``bridges``) and the pairs (:func:`pair_options`, with ``pairs``) in turn — and otherwise the
+    ``bridges``, their days told as ``bridge_events`` says) and the pairs (:func:`pair_options`, with ``pairs``) in turn — and otherwise the
     one-record answers (:func:`answer_options`)."""
     if task.evidence_count >= 2:
         kinds = [
             update_options(records, user_name, task.answer_type, limit) if updates else [],
-            bridge_options(records, user_name, task.answer_type, limit) if bridges else [],
+            bridge_options(records, user_name, task.answer_type, limit, bridge_events)
+            if bridges
+            else [],
             pair_options(records, user_name, task.answer_type, limit) if pairs else [],
         ]
         mixed = [o for row in zip_longest(*kinds) for o in row if o is not None]
@@ -457,6 +460,34 @@ def bridge_event(sentence: str) -> str:
     return " ".join(words).rstrip(" ,.!")
 
 
+# A user's reaction in a conversation, not an event of the day: a question ("What really struck
+# me …"), a word to the assistant ("I think you're right"), a feeling or wish ("I really like how the
+# document breaks down …", "I do feel pretty isolated", "I kept hoping I'd rally", "I wanted to …").
+_QUESTION_START = re.compile(
+    r"^(?:what|how|why|which|who|whom|whose|where|when|could|can|would|should|will|do|does|did|"
+    r"is|are|was|were|shall|may|might)\b",
+    re.I,
+)
+_TO_ASSISTANT = re.compile(r"(?<![\w-])(?:you|your|yours|you['’]\w+)\b", re.I)  # not "thank-you"
+_REACTION = re.compile(
+    r"^(?:I|we)(?:\s+(?:really|just|still|also|do|did|truly|honestly|actually|definitely|totally|"
+    r"so|kind of|sort of))*\s+(?:like|love|think|feel|felt|wonder|appreciate|agree|hope|hoped|"
+    r"guess|believe|want|wanted|need|wish|wished|enjoy|prefer|know|understand|realize|"
+    r"kept\s+(?:hoping|wondering|thinking)|was\s+(?:(?:really|just|still)\s+)*"
+    r"(?:looking forward|hoping|wondering|thinking|feeling))\b"
+    r"|^I['’]d\s+(?:really\s+)?(?:love|like|appreciate)\b"
+    r"|^(?:I['’]m|we['’]re)\s+(?:(?:really|just|still|now|also|so)\s+)*(?:feeling|noticing|"
+    r"wondering|thinking|hoping|curious|glad|grateful|starting to (?:realize|see|notice)|"
+    r"turning over|trying to (?:figure|decide|understand))\b",
+    re.I,
+)
+BRIDGE_EVENTS = ("subject", "told")
+"""How :func:`bridge_options` picks another record's sentence as a bridge's day
+(:attr:`~memsteer_dspy.bundles.BundleConfig.bridge_events`): ``subject`` — any four words after a
+subject (:func:`_tells_event`); ``told`` — also no question, no word to the assistant and no
+feeling or wish (:func:`_tells_deed`)."""
+
+
 def _tells_event(phrase: str) -> bool:
     """Whether a bridge's event phrase has a subject to tell something with (``I just got back
     from a full day in Eugene``, not ``felt especially peaceful in my bedroom``) and four words.
@@ -466,11 +497,27 @@ def _tells_event(phrase: str) -> bool:
     return len(words) >= 4 and bool(_SUBJECT_START.match(phrase)) and "email" not in words[:3]
 
 
+def _tells_deed(phrase: str) -> bool:
+    """:func:`_tells_event`, and what the phrase tells is something done or something that
+    happened, not the user's reaction in a conversation: no question, no word to the assistant, no
+    feeling, opinion or wish. Read from the embedded model's bridges on RHELM, whose day phrases
+    were a conversation's first sentence: "… on the day I think you're right?", "… on the day What
+    really struck me was how the podcast …", "… on the day I really like how the document breaks
+    down the cost?" — none says which day."""
+    return (
+        _tells_event(phrase)
+        and not _QUESTION_START.match(phrase)
+        and not _TO_ASSISTANT.search(phrase)
+        and not _REACTION.match(phrase)
+    )
+
+
 def bridge_options(
     records: Sequence[BundleRecord],
     user_name: str | None = None,
     answer_type: str | None = None,
     limit: int | None = MAX_ANSWER_OPTIONS,
+    events: str = "subject",
 ) -> list[AnswerOption]:
     """The bridged answers of a bundle: each one-record answer option (:func:`answer_options`: a
     name, a number, a list) with, as its ``bridge``, the event sentence (:func:`event_span`) of
@@ -482,13 +529,17 @@ def bridge_options(
     The event sentence must not write the answer (it would answer alone) and must not be the
     answer's own sentence; a document section (:data:`UNDATED_EVENT_KINDS`) dates nothing. Each
     answer once, the records in turn so that none crowds the others out; ``answer_type`` and
-    ``limit`` as in :func:`answer_options`.
+    ``limit`` as in :func:`answer_options`; ``events``: which sentences may name the day
+    (:data:`BRIDGE_EVENTS`).
 
     Measured on the embedded model: two-record *pair* options (an answer two records write) kept
     none of their candidates in most runs: two records rarely write one name in sentences that
     each say something else, and the blind reader cited one of them."""
+    if events not in BRIDGE_EVENTS:
+        raise ValueError(f"bridge events: {events!r} is none of {', '.join(BRIDGE_EVENTS)}")
+    tells = _tells_deed if events == "told" else _tells_event
     dated = [r for r in records if r.date and r.kind not in UNDATED_EVENT_KINDS]
-    events = {r.id: e for r in dated if (st := stating_spans(r)) and (e := event_span(st))}
+    sentences = {r.id: e for r in dated if (st := stating_spans(r)) and (e := event_span(st))}
     span_text = {s.id: s.text for r in dated for s in r.spans}
     options: list[AnswerOption] = []
     seen: set[str] = set()
@@ -509,9 +560,9 @@ def bridge_options(
                 for r in dated
                 if r.id != own
                 and r.date == day
-                and (e := events.get(r.id)) is not None
+                and (e := sentences.get(r.id)) is not None
                 and not word.search(plain_text(e.text))
-                and _tells_event(event := bridge_event(e.text))
+                and tells(event := bridge_event(e.text))
                 and len(_topic(event) & topic) < BRIDGE_MAX_SHARED
             ),
             None,

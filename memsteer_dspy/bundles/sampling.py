@@ -520,7 +520,9 @@ class BundleSampler:
             records = [*keep, record]
             if not record.spans or _render_tokens(records) > self.config.token_budget:
                 continue
-            if not bridge_options(records, self.history.user_id, limit=1):
+            if not bridge_options(
+                records, self.history.user_id, limit=1, events=self.config.bridge_events
+            ):
                 continue
             if len(concrete_records(bundle.model_copy(update={"records": records}))) < 2:
                 continue
@@ -545,7 +547,12 @@ class BundleSampler:
                 else []
             )
             if self.config.bridges:
-                pairs += bridge_options(bundle.records, self.history.user_id, limit=None)
+                pairs += bridge_options(
+                    bundle.records,
+                    self.history.user_id,
+                    limit=None,
+                    events=self.config.bridge_events,
+                )
             if self.config.updates:
                 pairs += update_options(bundle.records, self.history.user_id, limit=None)
             return {o.answer_type for o in pairs}

@@ -41,8 +41,14 @@ def _bundle_config(
     yield_power: float = 1.0,
     anchored: bool = False,
     seed_kind_power: float | None = None,
+    bridge_events: str | None = None,
 ):
-    from memsteer_dspy.bundles import ANCHORED_SAMPLING, BundleConfig, small_lm_bundle_config
+    from memsteer_dspy.bundles import (
+        ANCHORED_SAMPLING,
+        BRIDGE_EVENTS,
+        BundleConfig,
+        small_lm_bundle_config,
+    )
 
     if profile not in PROFILES:
         raise typer.BadParameter(f"choose one of {', '.join(PROFILES)}", param_hint="--profile")
@@ -61,9 +67,22 @@ def _bundle_config(
         overrides.update(ANCHORED_SAMPLING)
     if seed_kind_power is not None:
         overrides["seed_kind_power"] = seed_kind_power
-    return (
+    if bridge_events is not None:
+        if bridge_events not in BRIDGE_EVENTS:
+            raise typer.BadParameter(
+                f"choose one of {', '.join(BRIDGE_EVENTS)}", param_hint="--bridge-events"
+            )
+        overrides["bridge_events"] = bridge_events
+    config = (
         small_lm_bundle_config(**overrides) if profile == "small" else BundleConfig(**overrides)
-    ), profile
+    )
+    if bridge_events is not None and not config.bridges:
+        raise typer.BadParameter(
+            "bridges are asked by the anchored planner only (--anchored, or the small profile's "
+            "default pipeline)",
+            param_hint="--bridge-events",
+        )
+    return config, profile
 
 
 def _pipeline_name(config) -> str:
@@ -240,6 +259,16 @@ def generate(
             "root, which over-samples the rarer kinds such as emails; 1: as the history has them).",
         ),
     ] = None,
+    bridge_events: Annotated[
+        str | None,
+        typer.Option(
+            "--bridge-events",
+            help="Which sentence of another record of the day may name a two-record question's "
+            'day ("…, on the day I cycled over to the clinic?"): subject (default: a first clause '
+            "with a subject) or told (also no question, no word to the assistant, no feeling or "
+            "wish: a conversation's \"I think you're right\" says nothing of the day).",
+        ),
+    ] = None,
     own_words: Annotated[
         bool,
         typer.Option(
@@ -304,6 +333,7 @@ def generate(
         yield_power,
         anchored,
         seed_kind_power,
+        bridge_events,
     )
     check_not_inputs(out, [history.path])
     loaded = history.load()

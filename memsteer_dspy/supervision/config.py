@@ -49,6 +49,7 @@ _LATER_BUNDLE_OPTIONS = {
     "updates": False,
     "pairs": True,
     "seed_kind_power": 0.5,
+    "bridge_events": "subject",
 }
 
 

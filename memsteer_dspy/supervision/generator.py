@@ -101,6 +101,7 @@ class _Generator(dspy.Module):
         anchored: bool = False,
         own_words: bool = False,
         bridges: bool = False,
+        bridge_events: str = "subject",
         updates: bool = False,
         pairs: bool = True,
         writer_examples: Sequence[WriterExample] = (),
@@ -113,6 +114,7 @@ class _Generator(dspy.Module):
         self.anchored = anchored
         self.own_words = own_words
         self.bridges = bridges
+        self.bridge_events = bridge_events
         self.max_tokens = LEAN_MAX_TOKENS if lean else MAX_TOKENS
         self.user_name = user_name
         if question_rewrites is None:

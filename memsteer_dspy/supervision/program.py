@@ -207,6 +207,7 @@ class MemSteerGenerator(_Generator):
                 task,
                 self.user_name,
                 bridges=self.bridges,
+                bridge_events=self.bridge_events,
                 updates=self.updates,
                 pairs=self.pairs,
             )

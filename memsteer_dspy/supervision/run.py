@@ -228,6 +228,7 @@ def generate_supervision(
         anchored=config.anchored,
         own_words=config.own_words,
         bridges=config.bundle.bridges,
+        bridge_events=config.bundle.bridge_events,
         updates=config.bundle.updates,
         pairs=config.bundle.pairs,
         writer_examples=config.writer_examples,
