@@ -48,6 +48,7 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -1258,6 +1259,7 @@ class Study:
         :func:`memsteer_dspy.supervision.external.check_external` into ``folder``. Ragas's LLM is
         the planner's: a server LM at its URL, the embedded model served by llama.cpp for the run."""
         from memsteer_dspy.bundles import sample_seeds
+        from memsteer_dspy.lm.serve import llm_endpoint
         from memsteer_dspy.memory.embedders import load_embedder
         from memsteer_dspy.supervision.external import ExternalItem, check_external
         from memsteer_dspy.supervision.run import SupervisionSet
@@ -1274,31 +1276,22 @@ class Study:
         shared = folder.parent.parent / "ragas" / safe_name(persona)
         spec = self.lm.spec("planner")
         with contextlib.ExitStack() as stack:
-            if not spec.in_process:
-                if not spec.api_base and spec.provider != "openai":
-                    raise ConfigError(
-                        f"Ragas's LLM is the planner's, {spec.model}: Ragas calls it through an "
-                        "OpenAI client, so it needs an OpenAI-compatible endpoint (openai/<name> "
-                        "with an api_base, or OpenAI's own)"
-                    )
-                endpoint = {
-                    "api_base": spec.api_base or "https://api.openai.com/v1",
-                    "model": spec.model.split("/", 1)[-1],
-                    "schema_form": "json_schema",
-                    "lm_name": spec.model,
-                }
-                if not spec.api_base:
-                    import os
-
-                    endpoint["api_key"] = os.environ.get("OPENAI_API_KEY", "")
-            else:
-                from memsteer_dspy.lm.serve import ALIAS, embedded_model_server
-
-                logs = shared.parent / "llm-server"
-                logs.mkdir(parents=True, exist_ok=True)
-                server = stack.enter_context(embedded_model_server(logs, n_ctx=8192))
-                endpoint = {"api_base": server.api_base, "model": ALIAS}
-                endpoint.update(schema_form="json_object", lm_name=self.lm.describe()["planner"])
+            if not spec.in_process and not spec.api_base and spec.provider != "openai":
+                raise ConfigError(
+                    f"Ragas's LLM is the planner's, {spec.model}: Ragas calls it through an "
+                    "OpenAI client, so it needs an OpenAI-compatible endpoint (openai/<name> "
+                    "with an api_base, or OpenAI's own)"
+                )
+            endpoint = llm_endpoint(
+                stack,
+                shared.parent / "llm-server",
+                api_base=None if spec.in_process else spec.api_base or "https://api.openai.com/v1",
+                model=spec.model.split("/", 1)[-1],
+                n_ctx=8192,
+            )
+            endpoint["lm_name"] = self.lm.describe()["planner"] if spec.in_process else spec.model
+            if not spec.in_process and not spec.api_base:
+                endpoint["api_key"] = os.environ.get("OPENAI_API_KEY", "")
             embed = stack.enter_context(EmbeddingServer(load_embedder("minilm")))
             before = _ragas_usage(shared)
             items, ragas_summary = ragas_items(

@@ -344,21 +344,21 @@ def main(argv: list[str] | None = None) -> int:
 def _llm(args, stack: contextlib.ExitStack) -> dict[str, Any]:
     """The LLM options of mem0 / a-mem: --llm-api-base, or the embedded model behind llama.cpp's
     server for the length of the run (stopped however the run ends)."""
-    opts: dict[str, Any] = {"batch": args.batch, "budget_s": args.ingest_budget_s}
-    if args.llm_api_base:
-        form = args.llm_schema_form or "json_schema"
-        return {**opts, "api_base": args.llm_api_base, "model": args.llm_model, "schema_form": form}
-    from memsteer_dspy.lm.serve import ALIAS, embedded_model_server
+    from memsteer_dspy.lm.serve import llm_endpoint
 
-    logs = args.out / "llm-server"
-    logs.mkdir(parents=True, exist_ok=True)
-    # 16k tokens: an A-Mem evolution prompt holds the new note and five neighbours
-    try:
-        server = stack.enter_context(embedded_model_server(logs, n_ctx=16384))
+    opts: dict[str, Any] = {"batch": args.batch, "budget_s": args.ingest_budget_s}
+    try:  # 16k tokens: an A-Mem evolution prompt holds the new note and five neighbours
+        endpoint = llm_endpoint(
+            stack,
+            args.out / "llm-server",
+            api_base=args.llm_api_base,
+            model=args.llm_model,
+            schema_form=args.llm_schema_form,
+            n_ctx=16384,
+        )
     except ConfigError as exc:  # the server extra is missing: say so, no traceback
         raise SystemExit(str(exc)) from None
-    form = args.llm_schema_form or "json_object"
-    return {**opts, "api_base": server.api_base, "model": ALIAS, "schema_form": form}
+    return {**opts, **endpoint}
 
 
 def _answering(args, root) -> dict[str, Any]:

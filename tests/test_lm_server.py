@@ -512,3 +512,39 @@ def test_running_llama_server_stops_the_server_however_the_block_ends(monkeypatc
         os.kill(os.getpid(), signal.SIGTERM)
     assert ended.value.code == 128 + signal.SIGTERM
     assert stopped == [0, 1, 2] and signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_package_s_llm_endpoint_is_the_given_url_or_the_embedded_model_for_the_block(
+    tmp_path, monkeypatch
+):
+    """llm_endpoint: what Ragas, Mem0 and A-Mem are pointed at — a given URL with OpenAI's schema
+    form, else the embedded model served for the life of the stack, in the form llama.cpp binds."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from memsteer_dspy.lm import serve
+
+    with contextlib.ExitStack() as stack:
+        given = serve.llm_endpoint(stack, tmp_path / "logs", api_base="http://h:1/v1", model="m")
+    assert given == {"api_base": "http://h:1/v1", "model": "m", "schema_form": "json_schema"}
+    assert not (tmp_path / "logs").exists()  # nothing started, nothing written
+
+    events = []
+
+    @contextlib.contextmanager
+    def fake_server(log_dir, *, n_ctx):
+        events.append(("start", log_dir, n_ctx))
+        yield SimpleNamespace(api_base="http://127.0.0.1:9/v1")
+        events.append(("stop",))
+
+    monkeypatch.setattr(serve, "embedded_model_server", fake_server)
+    with contextlib.ExitStack() as stack:
+        local = serve.llm_endpoint(stack, tmp_path / "logs", model="ignored", n_ctx=16384)
+        assert events == [("start", tmp_path / "logs", 16384)]
+    assert events[-1] == ("stop",)  # stopped with the block
+    assert local == {
+        "api_base": "http://127.0.0.1:9/v1",
+        "model": serve.ALIAS,
+        "schema_form": "json_object",
+    }
+    assert (tmp_path / "logs").is_dir()

@@ -133,6 +133,31 @@ def embedded_model_server(log_dir: Path, *, n_ctx: int = SERVER_N_CTX) -> Iterat
         yield s
 
 
+def llm_endpoint(
+    stack: contextlib.ExitStack,
+    log_dir: Path,
+    *,
+    api_base: str | None = None,
+    model: str | None = None,
+    schema_form: str | None = None,
+    n_ctx: int = SERVER_N_CTX,
+) -> dict[str, str | None]:
+    """Where a third-party package that calls an LLM by URL (Ragas, Mem0, A-Mem) sends its calls:
+    ``api_base`` and ``model`` when given (``schema_form`` ``json_schema``, OpenAI's response
+    format, unless told otherwise), else the embedded model behind llama.cpp's server for the life
+    of ``stack`` (:func:`embedded_model_server`, its log in ``log_dir``; ``json_object``, the form
+    the server binds with a grammar, see :func:`llama_server_format`)."""
+    if api_base:
+        return {"api_base": api_base, "model": model, "schema_form": schema_form or "json_schema"}
+    log_dir.mkdir(parents=True, exist_ok=True)
+    server = stack.enter_context(embedded_model_server(log_dir, n_ctx=n_ctx))
+    return {
+        "api_base": server.api_base,
+        "model": ALIAS,
+        "schema_form": schema_form or "json_object",
+    }
+
+
 def start_llama_server(
     gguf: Path, log_dir: Path, *, alias: str = ALIAS, n_ctx: int = SERVER_N_CTX, n_threads: int = 2
 ) -> LlamaServer:
