@@ -304,8 +304,8 @@ def task_options(
     """What an anchored planner chooses from for ``task``: the two-record answers for a task of
     two or more evidence records, where the bundle has any — the knowledge updates
     (:func:`update_options`, with ``updates``), the bridges (:func:`bridge_options`, with
-    ``bridges``, their days told as ``bridge_events`` says) and the pairs (:func:`pair_options`, with ``pairs``) in turn — and otherwise the
-    one-record answers (:func:`answer_options`)."""
+    ``bridges``, their days told as ``bridge_events`` says) and the pairs (:func:`pair_options`,
+    with ``pairs``) in turn — and otherwise the one-record answers (:func:`answer_options`)."""
     if task.evidence_count >= 2:
         kinds = [
             update_options(records, user_name, task.answer_type, limit) if updates else [],
@@ -481,11 +481,6 @@ _REACTION = re.compile(
     r"turning over|trying to (?:figure|decide|understand))\b",
     re.I,
 )
-BRIDGE_EVENTS = ("subject", "told")
-"""How :func:`bridge_options` picks another record's sentence as a bridge's day
-(:attr:`~memsteer_dspy.bundles.BundleConfig.bridge_events`): ``subject`` — any four words after a
-subject (:func:`_tells_event`); ``told`` — also no question, no word to the assistant and no
-feeling or wish (:func:`_tells_deed`)."""
 
 
 def _tells_event(phrase: str) -> bool:
@@ -512,6 +507,14 @@ def _tells_deed(phrase: str) -> bool:
     )
 
 
+_BRIDGE_TELLS = {"subject": _tells_event, "told": _tells_deed}
+BRIDGE_EVENTS = tuple(_BRIDGE_TELLS)
+"""How :func:`bridge_options` picks another record's sentence as a bridge's day
+(:attr:`~memsteer_dspy.bundles.BundleConfig.bridge_events`): ``subject`` — any four words after a
+subject (:func:`_tells_event`); ``told`` — also no question, no word to the assistant and no
+feeling or wish (:func:`_tells_deed`)."""
+
+
 def bridge_options(
     records: Sequence[BundleRecord],
     user_name: str | None = None,
@@ -535,9 +538,9 @@ def bridge_options(
     Measured on the embedded model: two-record *pair* options (an answer two records write) kept
     none of their candidates in most runs: two records rarely write one name in sentences that
     each say something else, and the blind reader cited one of them."""
-    if events not in BRIDGE_EVENTS:
+    tells = _BRIDGE_TELLS.get(events)
+    if tells is None:
         raise ValueError(f"bridge events: {events!r} is none of {', '.join(BRIDGE_EVENTS)}")
-    tells = _tells_deed if events == "told" else _tells_event
     dated = [r for r in records if r.date and r.kind not in UNDATED_EVENT_KINDS]
     sentences = {r.id: e for r in dated if (st := stating_spans(r)) and (e := event_span(st))}
     span_text = {s.id: s.text for r in dated for s in r.spans}

@@ -188,8 +188,9 @@ def ragas_items(
     """Ragas's testset of ``n`` samples from the records ``record_ids`` of ``history``, into the
     run folder ``out`` (resumed there; ``lm_name`` is the LLM as the folder's key names it, default
     ``model @ api_base`` — name the model where the URL changes from run to run); returns the
-    items and a summary (samples, items, LM calls and tokens, wall seconds, failures). Ragas's own failures (a reply it cannot parse after its
-    retries) drop that node or sample, as Ragas does; they are counted, not raised."""
+    items and a summary (samples, items, LM calls and tokens, wall seconds, failures). Ragas's own
+    failures (a reply it cannot parse after its retries) drop that node or sample, as Ragas does;
+    they are counted, not raised."""
     _require()
     if schema_form not in ("json_object", "json_schema"):
         raise ConfigError(
