@@ -50,6 +50,7 @@ import json
 import math
 import os
 import random
+import signal
 import sys
 import time
 import tomllib
@@ -61,6 +62,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
+import _state  # experiments/_state.py (the scripts put experiments/ on sys.path)
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from memsteer_dspy.errors import ConfigError, InputError, MemsteerError
@@ -880,6 +882,7 @@ class StudyOptions(TypedDict, total=False):
     lm_config: Any
     tracking: bool
     progress: bool
+    state: Path | None
 
 
 class Study:
@@ -898,6 +901,7 @@ class Study:
         lm_config: Any = None,
         tracking: bool = True,
         progress: bool = True,
+        state: Path | None = None,
     ):
         from memsteer_dspy.lm import load_lm_config
 
@@ -907,6 +911,7 @@ class Study:
         self.out.mkdir(parents=True, exist_ok=True)
         self.lm = lm_config if lm_config is not None else load_lm_config(cfg.config_file, lm=cfg.lm)
         self.progress = progress
+        self.state = state  # --state: saved after every checkpoint (experiments/_state.py)
         self.cache_dir = self.out / "cache"
         self.tracker = (
             Tracker(resolve_tracking_uri(self.out), f"memsteer-experiments/{name}")
@@ -1437,6 +1442,8 @@ class Study:
             self.out / "results.json",
             json.dumps(payload, indent=2, ensure_ascii=False, default=str) + "\n",
         )
+        if self.state is not None:
+            _state.save_state(self.out, self.state, study=self.name)
 
     def finish(
         self, markdown: str, results: Mapping[str, Any], metrics: Mapping[str, float | None]
@@ -1616,7 +1623,19 @@ def parse_args(
     parser.add_argument(
         "--no-tracking", action="store_true", help="Write local files only; no MLflow."
     )
+    parser.add_argument(
+        "--state",
+        type=Path,
+        default=None,
+        help="Keep a copy of what cost LM time (generation, optimization and evaluation folders) "
+        "in this folder, small enough to commit, and restore it into --out before starting: a "
+        "study carries on from another machine (see experiments/README.md).",
+    )
     return parser.parse_args(argv)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def cli(
@@ -1633,7 +1652,17 @@ def cli(
             overrides={"dataset": {"personas": args.persona, "rhelm_root": args.rhelm_root}},
         )
         out = args.out or Path(__file__).resolve().parent / "runs" / f"{study}-{args.preset}"
-        path = run(cfg, out, tracking=not args.no_tracking)
+        if args.state is not None:
+            _state.say(
+                "restored from", _state.restore_state(args.state, out, study=study), args.state
+            )
+        previous = signal.signal(signal.SIGTERM, _interrupt)  # stop as Ctrl-C does: state saved
+        try:
+            path = run(cfg, out, tracking=not args.no_tracking, state=args.state)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            if args.state is not None and out.exists():
+                _state.say("saved to", _state.save_state(out, args.state, study=study), args.state)
     except MemsteerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
