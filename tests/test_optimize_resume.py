@@ -117,3 +117,24 @@ def test_more_iterations_continue_and_the_ledger_adds_up_sessions(tmp_path):
     assert (
         sum(u["calls"] for u in ledger) == res.entries[-1].cost_total.by_role["proposer"]["calls"]
     )
+
+
+def test_a_resumed_run_missing_an_iterations_validation_results_names_the_file(tmp_path):
+    """A folder copied without a scored iteration's per-item results (a partial backup) must not
+    resume with the paired accept rule comparing against no items."""
+    from memsteer_dspy.errors import InputError
+
+    def opt(iterations: int, widths: list[int]):
+        lm = ProposerLM(
+            [proposal(changed(base, retrieve__top_k=k, retrieve__pool=k)) for k in widths]
+        )
+        cfg = OptimizeConfig(iterations=iterations, objective="recall", accept="paired")
+        return small_opt(tmp_path, base, cfg, {"proposer": lm})
+
+    base = MemoryDesign.from_dict(NARROW)
+    opt(1, [2]).run()
+    missing = tmp_path / "run" / "iterations" / "000" / "val" / "items.jsonl"
+    missing.unlink()
+    with pytest.raises(InputError, match="per-item validation results are missing") as err:
+        opt(2, [3]).run()
+    assert str(missing) in str(err.value)

@@ -105,8 +105,17 @@ class RunState:
         JsonlLog(self.trajectory_path).append(entry.model_dump_json())
 
     def val_items(self, iteration: int) -> list[ItemResult]:
-        """The per-item validation results an iteration wrote (``val/items.jsonl``)."""
+        """The per-item validation results an iteration wrote (``val/items.jsonl``). A scored
+        iteration whose file is gone is an InputError: paired accept rules and parent selection
+        would otherwise compare against no items."""
         path = self.iter_dir(iteration) / "val" / "items.jsonl"
+        if not path.exists():
+            raise InputError(
+                f"iteration {iteration} is in the trajectory but its per-item validation results "
+                "are missing",
+                file=path,
+                hint="restore the file from where the folder was copied, or rerun with --restart",
+            )
         return [ItemResult.model_validate(obj) for obj in JsonlLog(path).read(repair=False)]
 
     def saved_proposal(
