@@ -1443,7 +1443,8 @@ class Study:
             json.dumps(payload, indent=2, ensure_ascii=False, default=str) + "\n",
         )
         if self.state is not None:
-            _state.save_state(self.out, self.state, study=self.name)
+            settings = _state.settings_of(self.cfg)
+            _state.save_state(self.out, self.state, study=self.name, config=settings)
 
     def finish(
         self, markdown: str, results: Mapping[str, Any], metrics: Mapping[str, float | None]
@@ -1652,17 +1653,18 @@ def cli(
             overrides={"dataset": {"personas": args.persona, "rhelm_root": args.rhelm_root}},
         )
         out = args.out or Path(__file__).resolve().parent / "runs" / f"{study}-{args.preset}"
+        settings = _state.settings_of(cfg)
         if args.state is not None:
-            _state.say(
-                "restored from", _state.restore_state(args.state, out, study=study), args.state
-            )
+            restored = _state.restore_state(args.state, out, study=study, config=settings)
+            _state.say("restored from", restored, args.state)
         previous = signal.signal(signal.SIGTERM, _interrupt)  # stop as Ctrl-C does: state saved
         try:
             path = run(cfg, out, tracking=not args.no_tracking, state=args.state)
         finally:
             signal.signal(signal.SIGTERM, previous)
             if args.state is not None and out.exists():
-                _state.say("saved to", _state.save_state(out, args.state, study=study), args.state)
+                saved = _state.save_state(out, args.state, study=study, config=settings)
+                _state.say("saved to", saved, args.state)
     except MemsteerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -28,9 +28,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from memsteer_dspy.errors import InputError
-from memsteer_dspy.runfolder import write_atomic
+from memsteer_dspy.runfolder import differences_between, write_atomic
 
 MARKER = "memsteer-state.json"
 MAX_BYTES = 8 * 1024 * 1024  # after compression
@@ -49,6 +50,14 @@ class StateCopy:
     copied: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # restore: the output folder's own version
     too_big: list[tuple[str, int]] = field(default_factory=list)
+
+
+def settings_of(cfg: Any) -> dict[str, Any]:
+    """A study config as a state records it: every setting but where the data sits on this
+    machine (``dataset.rhelm_root``), which may differ from one machine to the next."""
+    settings = cfg.model_dump(mode="json")
+    settings.get("dataset", {}).pop("rhelm_root", None)
+    return settings
 
 
 def _lm_free(folder: Path) -> bool:
@@ -113,14 +122,27 @@ def _check_marker(state: Path, study: str) -> dict:
     return info
 
 
-def restore_state(state: Path, out: Path, *, study: str) -> StateCopy:
+def restore_state(
+    state: Path, out: Path, *, study: str, config: dict[str, Any] | None = None
+) -> StateCopy:
     """Copy into ``out`` every file of ``state`` that ``out`` lacks (a missing ``state`` is a
-    first run: nothing to do)."""
+    first run: nothing to do). A state saved under another study config (``config``, the study's
+    resolved settings) is refused with the fields that differ: nothing is copied."""
     _check_places(state, out)
     done = StateCopy()
     if not state.exists():
         return done
-    compressed = set(_check_marker(state, study).get("compressed", []))
+    info = _check_marker(state, study)
+    saved = info.get("config")
+    if config is not None and saved is not None and saved != config:
+        diffs = sorted(differences_between(saved, config), key=lambda d: (d[0].count("."), d[0]))
+        shown = "; ".join(f"{f}: state has {a!r}, this run has {b!r}" for f, a, b in diffs[:4])
+        raise InputError(
+            f"--state {state}: it was saved under other settings ({shown}"
+            f"{'; …' if len(diffs) > 4 else ''}); nothing was restored — give this run its own "
+            "--state folder, or rerun with the state's settings"
+        )
+    compressed = set(info.get("compressed", []))
     for stored_rel, _ in _carried(state):
         rel = stored_rel.removesuffix(".xz") if stored_rel.endswith(".xz") else stored_rel
         if stored_rel != rel and rel not in compressed:
@@ -148,9 +170,12 @@ def _stored(state: Path, rel: str, compressed: set[str]) -> bytes | None:
     return lzma.decompress(data) if rel in compressed else data
 
 
-def save_state(out: Path, state: Path, *, study: str) -> StateCopy:
+def save_state(
+    out: Path, state: Path, *, study: str, config: dict[str, Any] | None = None
+) -> StateCopy:
     """Copy every carried file of ``out`` that ``state`` lacks or holds in another version into
-    ``state``, then rewrite the marker (when, from where, what was too big to carry)."""
+    ``state``, then rewrite the marker (the study's settings, when, from where, what was too big
+    to carry)."""
     _check_places(state, out)
     info = _check_marker(state, study)
     compressed = set(info.get("compressed", []))
@@ -171,6 +196,8 @@ def save_state(out: Path, state: Path, *, study: str) -> StateCopy:
         if stale.exists():  # the other form of this file, written by an earlier save
             stale.unlink()
         done.copied.append(rel)
+    if config is not None:
+        info["config"] = config
     info.update(
         study=study,
         saved=datetime.now(UTC).isoformat(timespec="seconds"),

@@ -278,11 +278,12 @@ class RunMismatchError(InputError):
         )
 
 
-def _differences(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+def differences_between(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted field, old, new) for every leaf where two nested dicts differ."""
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for k in sorted(set(old) | set(new), key=str):
-            out += _differences(
+            out += differences_between(
                 old.get(k), new.get(k), f"{prefix}{k}" if not prefix else f"{prefix}.{k}"
             )
         return out
@@ -482,7 +483,7 @@ def _same_run(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     state = _state_of(path)
     if state is None:
         return None
-    diffs = _differences(state["key"], key)
+    diffs = differences_between(state["key"], key)
     if diffs:
         raise RunMismatchError(path, diffs)
     return state

@@ -196,3 +196,19 @@ def test_cli_restores_first_and_saves_however_the_study_stops(tmp_path, stop, ca
     assert restored and int(restored.group(1)) >= 4  # run.json, log, results, both logs
     lines = (fresh / "with/supervision/Elena_Morales/train.jsonl").read_text().splitlines()
     assert len(lines) == 2  # the restored line, then the new run's own
+
+
+def test_a_state_saved_under_other_settings_is_refused_with_the_fields_named(tmp_path):
+    out, state = tmp_path / "out", tmp_path / "state"
+    _study_folder(out)
+    cpu = _common.load_config(None, "cpu")
+    _state.save_state(out, state, study="main", config=_state.settings_of(cpu))
+    small = _common.load_config(None, "small")
+    fresh = tmp_path / "fresh"
+    with pytest.raises(InputError, match="saved under other settings.*preset: state has 'cpu'"):
+        _state.restore_state(state, fresh, study="main", config=_state.settings_of(small))
+    assert not fresh.exists()  # nothing restored
+    # where the data sits is not a setting: another machine's path restores the same state
+    elsewhere = _common.load_config(None, "cpu", overrides={"dataset": {"rhelm_root": "/data/x"}})
+    done = _state.restore_state(state, fresh, study="main", config=_state.settings_of(elsewhere))
+    assert "run.json" in done.copied
