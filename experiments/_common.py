@@ -52,6 +52,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 import tomllib
 import traceback
@@ -88,6 +89,7 @@ from memsteer_dspy.runfolder import write_atomic  # re-exported for the studies
 from memsteer_dspy.tracking import Tracker, resolve_tracking_uri
 
 PRESETS = ("tiny", "small", "cpu", "full")
+STATE_EVERY_SECONDS = 600  # --state: how often a running study copies its paid work
 Setting = Literal["without", "with"]
 #: Column labels of the two RHELM settings (paper, Table 2).
 SETTING_LABELS = {"without": "w/o", "with": "w/"}
@@ -912,6 +914,7 @@ class Study:
         self.lm = lm_config if lm_config is not None else load_lm_config(cfg.config_file, lm=cfg.lm)
         self.progress = progress
         self.state = state  # --state: saved after every checkpoint (experiments/_state.py)
+        self._state_lock = threading.Lock()
         self.cache_dir = self.out / "cache"
         self.tracker = (
             Tracker(resolve_tracking_uri(self.out), f"memsteer-experiments/{name}")
@@ -1442,9 +1445,35 @@ class Study:
             self.out / "results.json",
             json.dumps(payload, indent=2, ensure_ascii=False, default=str) + "\n",
         )
-        if self.state is not None:
-            settings = _state.settings_of(self.cfg)
-            _state.save_state(self.out, self.state, study=self.name, config=settings)
+        self.save_state()
+
+    def save_state(self) -> None:
+        """Copy the LM-paid files to the ``--state`` folder now (no-op without one); a failed
+        copy is logged, never fatal: the output folder is intact."""
+        if self.state is None:
+            return
+        with self._state_lock:
+            try:
+                _state.save_state(
+                    self.out, self.state, study=self.name, config=_state.settings_of(self.cfg)
+                )
+            except (OSError, MemsteerError) as exc:
+                self.log(f"(state not saved to {self.state}: {exc})")
+
+    def keep_state(self, every_seconds: float = STATE_EVERY_SECONDS) -> None:
+        """Save the state every ``every_seconds`` from a daemon thread while a long stage runs (a
+        machine taken away mid-stage loses at most that much; a torn last log line is repaired
+        on resume)."""
+        if self.state is None or getattr(self, "_keeper", None) is not None:
+            return
+
+        def loop() -> None:
+            while not self._stop_keeping.wait(every_seconds):
+                self.save_state()
+
+        self._stop_keeping = threading.Event()
+        self._keeper = threading.Thread(target=loop, name="study-state", daemon=True)
+        self._keeper.start()
 
     def finish(
         self, markdown: str, results: Mapping[str, Any], metrics: Mapping[str, float | None]

@@ -104,6 +104,7 @@ def run(cfg: ExperimentConfig, out: str | Path, **options: Unpack[StudyOptions])
         return row
 
     study.on_stage = lambda: study.checkpoint(render(study, results), results)
+    study.keep_state()  # --state: generation runs for hours inside one stage
     for setting in cfg.dataset.settings:
         external = setting == "with"
         conditions: dict[str, Any] = {}
@@ -146,6 +147,7 @@ def run(cfg: ExperimentConfig, out: str | Path, **options: Unpack[StudyOptions])
                             "rejected_by_stage",
                         )
                     }
+                    study.save_state()  # one persona's hours of generation kept
             if len(generated) == len(personas):
                 with study.stage(f"{setting}: + MemSteer (MemSteer-Opt on generated supervision)"):
                     train = [q for g in generated for q in g.train]

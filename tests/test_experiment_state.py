@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -212,3 +213,36 @@ def test_a_state_saved_under_other_settings_is_refused_with_the_fields_named(tmp
     elsewhere = _common.load_config(None, "cpu", overrides={"dataset": {"rhelm_root": "/data/x"}})
     done = _state.restore_state(state, fresh, study="main", config=_state.settings_of(elsewhere))
     assert "run.json" in done.copied
+
+
+def test_a_running_study_keeps_its_state_while_a_long_stage_runs(tmp_path):
+    out, state = tmp_path / "out", tmp_path / "state"
+    cfg = _common.load_config(None, "tiny")
+    study = _common.Study("main", cfg, out, tracking=False, progress=False, state=state)
+    log = out / "with/supervision/Elena_Morales/train.jsonl"
+    log.parent.mkdir(parents=True)
+    log.write_text('{"question": "q1"}\n')
+    study.keep_state(every_seconds=0.05)
+    try:
+        copied = state / "with/supervision/Elena_Morales/train.jsonl"
+        for _ in range(200):  # liveness, not timing: the keeper copies within a few periods
+            if copied.exists():
+                break
+            threading.Event().wait(0.05)
+        assert copied.read_text() == '{"question": "q1"}\n'
+    finally:
+        study._stop_keeping.set()
+        study._keeper.join()
+
+
+def test_a_state_that_cannot_be_saved_is_logged_and_the_study_goes_on(tmp_path):
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "mine.txt").write_text("a user's file")
+    cfg = _common.load_config(None, "tiny")
+    study = _common.Study(
+        "main", cfg, tmp_path / "out", tracking=False, progress=False, state=foreign
+    )
+    study.checkpoint("# partial\n", {})  # does not raise
+    assert "state not saved" in (tmp_path / "out" / "log.txt").read_text()
+    assert sorted(p.name for p in foreign.iterdir()) == ["mine.txt"]
