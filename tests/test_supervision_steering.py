@@ -23,6 +23,7 @@ from memsteer_dspy.supervision.steering import (
     format_steering,
     lexical_by_evidence,
     load_panel,
+    panel_split,
     rank_agreement,
     save_steering,
     steering_metrics,
@@ -59,6 +60,26 @@ def test_the_same_order_agrees_and_the_reverse_disagrees():
     assert rev.kendall_tau == pytest.approx(-1.0)
     assert rev.generated_best == ["base-bm25"] and not rev.best_in_reference_top
     assert rev.headroom_generated == 0.0
+
+
+def test_a_panel_wide_tau_from_the_broken_designs_is_not_agreement_among_the_good_ones():
+    """Both sets put the two broken designs last (panel-wide tau high), but the generated set
+    ties the designs the reference puts at or above Base-BM25: nothing to choose among them."""
+    names = ["base-bm25", "good", "better", "broken", "worse"]
+    gen = matrix([1.0, 1.0, 1.0, 0.5, 0.2])
+    ref = matrix([0.45, 0.50, 0.55, 0.30, 0.10])
+    a = rank_agreement(names, gen, ref, metric="recall_at_10", resamples=20)
+    assert a.kendall_tau > 0.6
+    assert a.upper_designs == ["base-bm25", "good", "better"]
+    assert a.kendall_tau_upper is None  # the generated set ties all three
+    sep = rank_agreement(
+        names, matrix([0.7, 0.8, 0.9, 0.5, 0.2]), ref, metric="recall_at_10", resamples=20
+    )
+    assert sep.kendall_tau_upper == pytest.approx(1.0)
+    rev = rank_agreement(
+        names, matrix([0.9, 0.8, 0.7, 0.5, 0.2]), ref, metric="recall_at_10", resamples=20
+    )
+    assert rev.kendall_tau > 0 and rev.kendall_tau_upper == pytest.approx(-1.0)
 
 
 def test_a_set_that_ties_every_design_has_no_agreement_and_no_best():
@@ -156,6 +177,13 @@ def test_questions_in_their_evidence_words_are_lexically_easy(demo, tmp_path):
     assert set(rep.separated_in) == {"validation"} and rep.separated_in["validation"] >= 1
     text = format_steering(rep)
     assert "Kendall tau" in text and "lexical easiness" in text and "validation items" in text
+    # echoed questions are found by every design far more often than the hand-written ones
+    gen, ref_split = rep.panel_split["generated"], rep.panel_split["reference"]
+    assert gen["n"] == ref_split["n"] == 34
+    assert gen["every_design"] > ref_split["every_design"]
+    assert rep.headline()["separating_share"] == gen["separating"]
+    assert "no design finds" in text and "at or above base-bm25" in text
+    assert steering_metrics(rep)["steering.generated.every_design_share"] == gen["every_design"]
     metrics = steering_metrics(rep)
     assert metrics["panel.base-bm25.reference.recall_at_10"] == rep.base_r10_reference
     # the same items on both sides rank the panel the same way
@@ -166,6 +194,20 @@ def test_questions_in_their_evidence_words_are_lexically_easy(demo, tmp_path):
     assert same.lexical_gap == 0.0
     assert same.lexical_gap_same_mix == pytest.approx(0.0)
     assert "by evidence count" in format_steering(same)
+
+
+def test_the_panel_split_counts_items_every_design_finds_none_finds_and_the_rest():
+    m = np.array(
+        [
+            [1.0, 1.0, 1.0],  # every design
+            [0.0, 0.0, 0.0],  # no design
+            [0.0, np.nan, 0.0],  # no design (a missing score is no score)
+            [1.0, 0.0, 1.0],  # separates
+            [0.5, 0.5, 0.5],  # half the evidence under every design: ties, but neither end
+        ]
+    )
+    assert panel_split(m) == {"every_design": 0.2, "no_design": 0.4, "separating": 0.2, "n": 5}
+    assert panel_split(np.zeros((0, 3)))["n"] == 0
 
 
 def _items(*counts: int):

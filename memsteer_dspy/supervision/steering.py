@@ -163,6 +163,17 @@ class RankAgreement(BaseModel):
         description="Best design minus Base-BM25, reference set."
     )
     separated: int = Field(description="Distinct scores among the panel on the generated set.")
+    upper_designs: list[str] = Field(
+        default_factory=list,
+        description="The designs the reference scores at or above Base-BM25 (Base-BM25 included): "
+        "the part of the panel an optimizer starting from Base-BM25 chooses among.",
+    )
+    kendall_tau_upper: float | None = Field(
+        None,
+        description="Kendall's tau-b over ``upper_designs`` only; None where either set ties them "
+        "all or fewer than three are there. A panel-wide tau can be high because both sets put "
+        "the broken designs last while the generated set cannot tell the good ones apart.",
+    )
 
 
 class SteeringReport(BaseModel):
@@ -197,6 +208,14 @@ class SteeringReport(BaseModel):
         description="Group of generated items (e.g. 'validation') -> distinct panel scores on it "
         "(delivered recall): 1 means the group ties every design and cannot steer a choice.",
     )
+    panel_split: dict[str, dict[str, float | int]] = Field(
+        default_factory=dict,
+        description="'generated' / 'reference' -> shares of items that every design of the panel "
+        "finds (R@10 1 under each), that no design finds (R@10 0 under each) and that separate "
+        "designs (R@10 differs across the panel), and their count 'n'. Only the separating items move a ranking: a set "
+        "found by every design is too easy to steer, and one found by none may be unanswerable "
+        "or vague rather than hard (read it beside the items).",
+    )
     mix: dict[str, dict[str, dict[str, float]]] = Field(
         default_factory=dict,
         description="'generated' / 'reference' -> 'question_type' / 'evidence' -> share of items "
@@ -211,6 +230,7 @@ class SteeringReport(BaseModel):
         return {
             "kendall_tau": main.kendall_tau,
             "kendall_ci95": main.kendall_ci95,
+            "kendall_tau_upper": main.kendall_tau_upper,
             "spearman_rho": main.spearman_rho,
             "best_in_reference_top3": main.best_in_reference_top,
             "headroom_generated": main.headroom_generated,
@@ -222,6 +242,8 @@ class SteeringReport(BaseModel):
             "separated_designs": main.separated,
             "separated_in": self.separated_in,
             "multi_record_share": self.mix.get("generated", {}).get("evidence", {}).get("2+", 0.0),
+            "separating_share": self.panel_split.get("generated", {}).get("separating"),
+            "found_by_no_design_share": self.panel_split.get("generated", {}).get("no_design"),
             "metric": main.metric,
         }
 
@@ -280,6 +302,8 @@ def rank_agreement(
         return [float(q) for q in np.quantile(values, [0.025, 0.975])]
 
     base = list(names).index(BASE)
+    upper = [i for i in range(len(names)) if r_mean[i] >= r_mean[base] - 1e-12]
+    tau_upper = _correlations(g_mean[upper], r_mean[upper])[0] if len(upper) >= 3 else None
     best_g = _top(names, g_mean, 1)
     top_r = _top(names, r_mean, TOP)
     return RankAgreement(
@@ -297,6 +321,8 @@ def rank_agreement(
         headroom_generated=float(g_mean.max() - g_mean[base]),
         headroom_reference=float(r_mean.max() - r_mean[base]),
         separated=len({round(float(v), 9) for v in g_mean}),
+        upper_designs=[names[i] for i in upper],
+        kendall_tau_upper=tau_upper,
     )
 
 
@@ -314,6 +340,24 @@ def _matrix(
     cols = [[np.nan if v is None else v for v in per_design[n][metric]] for n in names]
     m = np.array(cols, dtype=float).T
     return m[~np.all(np.isnan(m), axis=1)] if m.size else m.reshape(0, len(names))
+
+
+def panel_split(matrix: np.ndarray) -> dict[str, float | int]:
+    """Shares of items (rows of an item x design R@10 matrix) that every design finds, that no
+    design finds, and that separate designs (scores differ across the panel; an item of several
+    records that every design half-finds is in none of the three)."""
+    n = len(matrix)
+    if n == 0:
+        return {"every_design": 0.0, "no_design": 0.0, "separating": 0.0, "n": 0}
+    low, high = np.nanmin(matrix, axis=1), np.nanmax(matrix, axis=1)
+    every = float(np.mean(low >= 1.0))
+    none = float(np.mean(high <= 0.0))
+    return {
+        "every_design": round(every, 4),
+        "no_design": round(none, 4),
+        "separating": round(float(np.mean(high > low)), 4),
+        "n": n,
+    }
 
 
 def assess_steering(
@@ -403,6 +447,10 @@ def assess_steering(
         lexical_by_evidence=by_evidence,
         lexical_gap_same_mix=same_mix,
         separated_in=separated_in,
+        panel_split={
+            "generated": panel_split(_matrix(per_gen, names, "recall_at_10")),
+            "reference": panel_split(_matrix(per_ref, names, "recall_at_10")),
+        },
         mix={"generated": question_mix(generated), "reference": question_mix(reference)},
         resamples=resamples,
         seed=seed,
@@ -499,10 +547,23 @@ def format_steering(report: SteeringReport) -> str:
             f"reference {100 * (a.headroom_reference or 0):+.1f} points; {a.separated} distinct scores "
             "on the generated set"
         )
+        lines.append(
+            f"  among the {len(a.upper_designs)} designs the reference puts at or above "
+            f"{BASE}: Kendall tau {_num(a.kendall_tau_upper)}"
+            + (" (the generated set ties them, or too few)" if a.kendall_tau_upper is None else "")
+        )
     for group, n in report.separated_in.items():
         lines.append(
             f"{group} items: {n} distinct delivered-recall scores across the panel"
             + (" (they tie every design: nothing to steer a choice)" if n <= 1 else "")
+        )
+    if report.panel_split:
+        g, r = report.panel_split["generated"], report.panel_split["reference"]
+        lines.append(
+            "items every design finds / no design finds / that separate designs (R@10): generated "
+            f"{100 * g['every_design']:.0f}% / {100 * g['no_design']:.0f}% / {100 * g['separating']:.0f}%"
+            f" vs reference {100 * r['every_design']:.0f}% / {100 * r['no_design']:.0f}% / "
+            f"{100 * r['separating']:.0f}%"
         )
     for side in ("generated", "reference"):
         if m := report.mix.get(side):
@@ -571,9 +632,13 @@ def steering_metrics(report: SteeringReport) -> dict[str, float | None]:
         "steering.lexical_gap": report.lexical_gap,
         "steering.lexical_gap_same_mix": report.lexical_gap_same_mix,
     }
+    for side, split in report.panel_split.items():
+        for part in ("every_design", "no_design", "separating"):
+            out[f"steering.{side}.{part}_share"] = float(split[part])
     for m, a in report.agreement.items():
         out |= {
             f"steering.{m}.kendall_tau": a.kendall_tau,
+            f"steering.{m}.kendall_tau_upper": a.kendall_tau_upper,
             f"steering.{m}.spearman_rho": a.spearman_rho,
             f"steering.{m}.best_in_reference_top3": float(a.best_in_reference_top),
             f"steering.{m}.headroom_generated": a.headroom_generated,
