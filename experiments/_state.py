@@ -179,8 +179,19 @@ def save_state(
     _check_places(state, out)
     info = _check_marker(state, study)
     compressed = set(info.get("compressed", []))
+    seen: dict[str, list[int]] = info.get("seen", {})  # size and mtime at the last save
+    was_big = {rel: size for rel, size in info.get("too_big", [])}
+    stamps: dict[str, list[int]] = {}
     done = StateCopy()
     for rel, src in _carried(out):
+        st = src.stat()
+        stamps[rel] = [st.st_size, st.st_mtime_ns]
+        if seen.get(rel) == stamps[rel]:  # unchanged since the last save: nothing to read
+            if rel in was_big:
+                done.too_big.append((rel, was_big[rel]))
+                continue
+            if (state / rel).exists() or (state / (rel + ".xz")).exists():
+                continue
         data = src.read_bytes()
         if _stored(state, rel, compressed) == data:
             continue
@@ -203,6 +214,8 @@ def save_state(
         saved=datetime.now(UTC).isoformat(timespec="seconds"),
         output_folder=str(out),
         compressed=sorted(compressed),
+        seen=stamps,
+        too_big=done.too_big,
         not_carried={
             "rebuilt without the LM": sorted(SKIP_DIRS)
             + ["run folders whose key names no LM", "MLflow store", "lock files"],

@@ -246,3 +246,25 @@ def test_a_state_that_cannot_be_saved_is_logged_and_the_study_goes_on(tmp_path):
     study.checkpoint("# partial\n", {})  # does not raise
     assert "state not saved" in (tmp_path / "out" / "log.txt").read_text()
     assert sorted(p.name for p in foreign.iterdir()) == ["mine.txt"]
+
+
+def test_a_save_reads_only_the_files_changed_since_the_last_one(tmp_path, monkeypatch):
+    out, state = tmp_path / "out", tmp_path / "state"
+    _study_folder(out)
+    _state.save_state(out, state, study="main")
+    read: list[str] = []
+    real = Path.read_bytes
+
+    def counting(self):
+        read.append(self.name)
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", counting)
+    assert _state.save_state(out, state, study="main").copied == []
+    assert read == []  # sizes and times unchanged: no file opened
+    with open(out / "log.txt", "a") as f:
+        f.write("[10:01:00] main: more\n")
+    assert _state.save_state(out, state, study="main").copied == ["log.txt"]
+    assert set(read) == {"log.txt"}
+    (state / "run.json").unlink()  # a file gone from the state is copied again
+    assert _state.save_state(out, state, study="main").copied == ["run.json"]
