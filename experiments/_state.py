@@ -13,7 +13,9 @@ the evaluation items, ``run.json`` and ``log.txt`` — in ``DIR``, a folder smal
   into ``DIR``.
 
 What is rebuilt without the LM is not carried: ``cache/`` (indexes), run folders whose key names
-no LM (retrieval-only evaluations, recomputed in seconds), the MLflow store (a restored study opens
+no LM and per-item results scored without one (retrieval-only evaluations, recomputed in seconds
+when a resume needs them: an optimization scores a finished iteration's design again, LM-free,
+when its ``val/items.jsonl`` is gone), the MLflow store (a restored study opens
 a new MLflow run), lock files, and any file over :data:`MAX_BYTES` (listed in the marker file). A restored folder is then an ordinary run folder: each stage checks its own run key,
 so a resume never reuses what other settings computed. Nothing is ever deleted, and ``DIR`` must
 be empty or written by this module for the same study (its marker file says so).
@@ -70,6 +72,19 @@ def _lm_free(folder: Path) -> bool:
     return isinstance(key, dict) and key.get("lms") == {}
 
 
+def _lm_free_results(path: Path) -> bool:
+    """Per-item results scored without an LM (``items.jsonl`` whose lines say ``"metrics":
+    "recall"``): retrieval is recomputed in seconds when they are missing."""
+    if path.name != "items.jsonl":
+        return False
+    try:
+        with open(path, encoding="utf-8") as fh:
+            first = json.loads(fh.readline() or "null")
+    except (OSError, ValueError):
+        return False
+    return isinstance(first, dict) and first.get("metrics") == "recall"
+
+
 def _carried(root: Path) -> Iterator[tuple[str, Path]]:
     """(relative posix path, path) of every file under ``root`` that a state carries."""
     lm_free: list[Path] = [
@@ -85,6 +100,8 @@ def _carried(root: Path) -> Iterator[tuple[str, Path]]:
         if any(rel.is_relative_to(folder) for folder in lm_free):
             continue
         if path.name.endswith(SKIP_SUFFIXES) or path.name.startswith(".nfs"):
+            continue
+        if _lm_free_results(path):
             continue
         yield rel.as_posix(), path
 
@@ -218,7 +235,12 @@ def save_state(
         too_big=done.too_big,
         not_carried={
             "rebuilt without the LM": sorted(SKIP_DIRS)
-            + ["run folders whose key names no LM", "MLflow store", "lock files"],
+            + [
+                "run folders whose key names no LM",
+                "per-item results scored without an LM",
+                "MLflow store",
+                "lock files",
+            ],
             f"over {MAX_BYTES // (1024 * 1024)} MiB": [
                 f"{r} ({n:,} bytes)" for r, n in done.too_big
             ],

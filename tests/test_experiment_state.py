@@ -30,12 +30,14 @@ def _study_folder(out: Path) -> dict[str, str]:
         "with/supervision/Elena_Morales/train.jsonl": '{"question": "q1"}\n',
         "with/supervision/Elena_Morales/rejected.jsonl": '{"stage": "blind"}\n',
         "with/opt-official/iterations.jsonl": '{"iteration": 1}\n',
+        "eval/with/Elena_Morales/7b57-all/items.jsonl": '{"qa_id": "1", "metrics": "all"}\n',
         "with/opt-official/run.json": json.dumps({"key": {"lms": {"proposer": "local/qwen"}}}),
     }
     lm_free_key = {"key": {"stage": "evaluate", "metrics": "recall", "lms": {}}}
     rebuilt = {
         "eval/with/Elena_Morales/7b57-recall/run.json": json.dumps(lm_free_key),
         "eval/with/Elena_Morales/7b57-recall/items.jsonl": '{"qa_id": "1"}\n',
+        "with/opt-official/iterations/001/val/items.jsonl": '{"qa_id": "1", "metrics": "recall"}\n',
         "cache/indexes/bm25.bin": "index",
         "mlflow.db": "sqlite",
         "with/supervision/Elena_Morales/.lock": "",

@@ -119,22 +119,37 @@ def test_more_iterations_continue_and_the_ledger_adds_up_sessions(tmp_path):
     )
 
 
-def test_a_resumed_run_missing_an_iterations_validation_results_names_the_file(tmp_path):
-    """A folder copied without a scored iteration's per-item results (a partial backup) must not
-    resume with the paired accept rule comparing against no items."""
-    from memsteer_dspy.errors import InputError
+def test_a_resumed_run_missing_its_lm_free_validation_results_scores_them_again(tmp_path):
+    """A run folder copied without its bulky per-item results (``--state`` of the studies) resumes:
+    validation needed no LM, so the same design is scored again on the same items."""
 
     def opt(iterations: int, widths: list[int]):
         lm = ProposerLM(
             [proposal(changed(base, retrieve__top_k=k, retrieve__pool=k)) for k in widths]
         )
         cfg = OptimizeConfig(iterations=iterations, objective="recall", accept="paired")
-        return small_opt(tmp_path, base, cfg, {"proposer": lm})
+        return small_opt(tmp_path, base, cfg, {"proposer": lm}), lm
 
     base = MemoryDesign.from_dict(NARROW)
-    opt(1, [2]).run()
+    opt(1, [2])[0].run()
     missing = tmp_path / "run" / "iterations" / "000" / "val" / "items.jsonl"
+    before = [json.loads(line) for line in missing.read_text().splitlines()]
     missing.unlink()
+    second, lm = opt(2, [3])
+    res = second.run()
+    assert [e.iteration for e in res.entries] == [0, 1, 2] and len(lm.calls) == 1
+    again = [json.loads(line) for line in missing.read_text().splitlines()]
+    key = ("qa_id", "recall_at_10", "delivered_recall")
+    assert [{k: r[k] for k in key} for r in again] == [{k: r[k] for k in key} for r in before]
+
+
+def test_validation_results_that_cost_lm_calls_and_are_gone_stop_the_resume_naming_the_file(
+    tmp_path,
+):
+    from memsteer_dspy.errors import InputError
+    from memsteer_dspy.optimize.state import RunState
+
+    state = RunState(tmp_path / "run")
     with pytest.raises(InputError, match="per-item validation results are missing") as err:
-        opt(2, [3]).run()
-    assert str(missing) in str(err.value)
+        state.val_items(3)
+    assert str(tmp_path / "run" / "iterations" / "003" / "val" / "items.jsonl") in str(err.value)

@@ -342,13 +342,19 @@ class MemSteerOpt(RunFiles, Proposing):
 
     def candidate(self, entry: TrajectoryEntry) -> Candidate:
         """A scored entry as accept rules and parent selectors see it (per-item validation scores
-        read back from its ``val/items.jsonl``)."""
+        read back from its ``val/items.jsonl``; where that file is gone and validation needs no
+        LM, the same design is scored again on the same items — the file of a run folder copied
+        without its bulky per-item results)."""
         cache = self.state.candidates
         if entry.iteration not in cache:
-            items = self.state.val_items(entry.iteration)
-            cache[entry.iteration] = self._candidate_of(
-                entry.iteration, MemoryDesign.from_dict(entry.design), entry.score, items
-            )
+            design = MemoryDesign.from_dict(entry.design)
+            folder = self.state.iter_dir(entry.iteration) / "val"
+            metrics = metrics_for(self.config.objective)
+            if metrics == "recall" and not (folder / "items.jsonl").exists():
+                items = self.evaluate(design, self.val, metrics, folder)[1].items
+            else:
+                items = self.state.val_items(entry.iteration)
+            cache[entry.iteration] = self._candidate_of(entry.iteration, design, entry.score, items)
         return cache[entry.iteration]
 
     def pool(self, entries: list[TrajectoryEntry]) -> list[Candidate]:
