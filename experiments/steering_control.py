@@ -4,7 +4,7 @@
 official items'. This script gives the yardstick: the same measurement with official items in
 place of the generated ones — a random ``--size`` of one half (default: the whole half) against
 the other half, over ``--draws`` seeded splits. A generated set's τ reads against these numbers at
-its own size. LM-free (retrieval only; indexes cached as ``memsteer evaluate`` caches them).
+its own size. LM-free (retrieval only; RHELM and the index cache found as ``systems.py`` finds them).
 
 Usage::
 
@@ -18,21 +18,26 @@ import argparse
 import json
 import random
 import statistics
+import sys
 from pathlib import Path
 
-from memsteer_dspy.cli.evaluate import default_cache_dir
-from memsteer_dspy.loaders.rhelm import load_rhelm
-from memsteer_dspy.supervision.steering import assess_steering
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import resolve_rhelm_args  # noqa: E402
+
+from memsteer_dspy.loaders.rhelm import load_rhelm  # noqa: E402
+from memsteer_dspy.supervision.steering import assess_steering  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--user", required=True)
-    parser.add_argument("--rhelm-root", type=Path, default=Path("../shared/benchmarks/rhelm"))
+    parser.add_argument("--rhelm-root", type=Path, default=None)
+    parser.add_argument("--cache-dir", type=Path, default=None, help="index cache")
     parser.add_argument("--size", type=int, default=None, help="items drawn from the first half")
     parser.add_argument("--draws", type=int, default=5)
     args = parser.parse_args()
-    loaded = load_rhelm(args.rhelm_root, args.user)
+    loaded = load_rhelm(resolve_rhelm_args(parser, args), args.user)
     rows = []
     for seed in range(args.draws):
         items = [q for q in loaded.qa_items if q.evidence_ids]
@@ -40,7 +45,7 @@ def main() -> None:
         half = len(items) // 2
         a, b = items[: args.size or half], items[half:]
         rep = assess_steering(
-            loaded.history, a, b, cache_dir=default_cache_dir(), reference_source="official half"
+            loaded.history, a, b, cache_dir=args.cache_dir, reference_source="official half"
         )
         d = rep.agreement["delivered_recall"]
         rows.append(
