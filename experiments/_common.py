@@ -915,6 +915,8 @@ class Study:
         self.progress = progress
         self.state = state  # --state: saved after every checkpoint (experiments/_state.py)
         self._state_lock = threading.Lock()
+        self._keeper: threading.Thread | None = None  # keep_state's thread
+        self._stop_keeping = threading.Event()
         self.cache_dir = self.out / "cache"
         self.tracker = (
             Tracker(resolve_tracking_uri(self.out), f"memsteer-experiments/{name}")
@@ -1464,14 +1466,13 @@ class Study:
         """Save the state every ``every_seconds`` from a daemon thread while a long stage runs (a
         machine taken away mid-stage loses at most that much; a torn last log line is repaired
         on resume)."""
-        if self.state is None or getattr(self, "_keeper", None) is not None:
+        if self.state is None or self._keeper is not None:
             return
 
         def loop() -> None:
             while not self._stop_keeping.wait(every_seconds):
                 self.save_state()
 
-        self._stop_keeping = threading.Event()
         self._keeper = threading.Thread(target=loop, name="study-state", daemon=True)
         self._keeper.start()
 

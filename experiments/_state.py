@@ -8,17 +8,18 @@ the evaluation items, ``run.json`` and ``log.txt`` — in ``DIR``, a folder smal
 
 * before the study starts, every file of ``DIR`` that the output folder lacks is copied into it
   (a file the output folder already has is kept as it is: it is the newer one);
-* after every stage, and when the study stops (finished, failed, Ctrl-C or SIGTERM), every
-  carried file of the output folder that ``DIR`` lacks or holds in another version is copied
-  into ``DIR``.
+* after every stage, after each persona's generation, every ten minutes while a stage runs and
+  when the study stops (finished, failed, Ctrl-C or SIGTERM), every carried file of the output
+  folder that ``DIR`` lacks or holds in another version is copied into ``DIR``.
 
 What is rebuilt without the LM is not carried: ``cache/`` (indexes), run folders whose key names
 no LM and per-item results scored without one (retrieval-only evaluations, recomputed in seconds
 when a resume needs them: an optimization scores a finished iteration's design again, LM-free,
-when its ``val/items.jsonl`` is gone), the MLflow store (a restored study opens
-a new MLflow run), lock files, and any file over :data:`MAX_BYTES` (listed in the marker file). A restored folder is then an ordinary run folder: each stage checks its own run key,
-so a resume never reuses what other settings computed. Nothing is ever deleted, and ``DIR`` must
-be empty or written by this module for the same study (its marker file says so).
+when its ``val/items.jsonl`` is gone), the MLflow store (a restored study opens a new MLflow run),
+lock files, and any file over :data:`MAX_BYTES` (listed in the marker file). A restored folder is
+then an ordinary run folder: each stage checks its own run key, so a resume never reuses what
+other settings computed. Nothing outside ``DIR`` is changed, and ``DIR`` must be empty or written
+by this module for the same study (its marker file says so).
 """
 
 from __future__ import annotations
@@ -161,9 +162,9 @@ def restore_state(
         )
     compressed = set(info.get("compressed", []))
     for stored_rel, _ in _carried(state):
-        rel = stored_rel.removesuffix(".xz") if stored_rel.endswith(".xz") else stored_rel
-        if stored_rel != rel and rel not in compressed:
-            rel = stored_rel  # an .xz file the study itself wrote
+        rel = stored_rel.removesuffix(".xz")
+        if rel not in compressed:
+            rel = stored_rel  # stored as written (an .xz file the study itself wrote included)
         data = _stored(state, rel, compressed)
         if data is None:
             continue

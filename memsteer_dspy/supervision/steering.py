@@ -212,9 +212,9 @@ class SteeringReport(BaseModel):
         default_factory=dict,
         description="'generated' / 'reference' -> shares of items that every design of the panel "
         "finds (R@10 1 under each), that no design finds (R@10 0 under each) and that separate "
-        "designs (R@10 differs across the panel), and their count 'n'. Only the separating items move a ranking: a set "
-        "found by every design is too easy to steer, and one found by none may be unanswerable "
-        "or vague rather than hard (read it beside the items).",
+        "designs (R@10 differs across the panel), and their count 'n'. Only the separating items "
+        "move a ranking: a set found by every design is too easy to steer, and one found by none "
+        "may be unanswerable or vague rather than hard (read it beside the items).",
     )
     mix: dict[str, dict[str, dict[str, float]]] = Field(
         default_factory=dict,
