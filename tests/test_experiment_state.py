@@ -184,12 +184,13 @@ def _fake_run(stop: str):
 def test_cli_restores_first_and_saves_however_the_study_stops(tmp_path, stop, capsys):
     out, state = tmp_path / "runs" / "main-cpu", tmp_path / "state"
     argv = ["--preset", "tiny", "--out", str(out), "--state", str(state), "--no-tracking"]
+    before = signal.getsignal(signal.SIGTERM)  # another test (ray.init) may have set one
     code = _common.cli("main", "Table 2.", _fake_run(stop), argv=argv)
     assert code == (0 if stop == "finished" else 130)
     assert (state / "with/supervision/Elena_Morales/rejected.jsonl").exists()
     assert (state / "results.md").exists() and (state / _state.MARKER).exists()
     assert "state saved to" in capsys.readouterr().err
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is put back
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
 
     # the next machine: a fresh output folder carries on from the state
     fresh = tmp_path / "fresh" / "main-cpu"
