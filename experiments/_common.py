@@ -50,7 +50,6 @@ import json
 import math
 import os
 import random
-import signal
 import sys
 import threading
 import time
@@ -85,7 +84,10 @@ from memsteer_dspy.optimize.objectives import Objective
 from memsteer_dspy.optimize.search import HistoryEvaluator
 from memsteer_dspy.optimize.splits import split_official
 from memsteer_dspy.records import History, QAItem, Record
-from memsteer_dspy.runfolder import write_atomic  # re-exported for the studies
+from memsteer_dspy.runfolder import (  # write_atomic: re-exported for the studies
+    sigterm_raises,
+    write_atomic,
+)
 from memsteer_dspy.tracking import Tracker, resolve_tracking_uri
 
 PRESETS = ("tiny", "small", "cpu", "full")
@@ -1665,10 +1667,6 @@ def parse_args(
     return parser.parse_args(argv)
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def cli(
     study: str, doc: str | None, run: Callable[..., Path], argv: Sequence[str] | None = None
 ) -> int:
@@ -1687,11 +1685,10 @@ def cli(
         if args.state is not None:
             restored = _state.restore_state(args.state, out, study=study, config=settings)
             _state.say("restored from", restored, args.state)
-        previous = signal.signal(signal.SIGTERM, _interrupt)  # stop as Ctrl-C does: state saved
-        try:
-            path = run(cfg, out, tracking=not args.no_tracking, state=args.state)
+        try:  # SIGTERM stops the study as Ctrl-C does: the state is saved below
+            with sigterm_raises(lambda signum: KeyboardInterrupt(f"signal {signum}")):
+                path = run(cfg, out, tracking=not args.no_tracking, state=args.state)
         finally:
-            signal.signal(signal.SIGTERM, previous)
             if args.state is not None and out.exists():
                 saved = _state.save_state(out, args.state, study=study, config=settings)
                 _state.say("saved to", saved, args.state)

@@ -25,6 +25,9 @@ It provides, once:
   :class:`FolderBusyError` naming the holder's PID and command line;
 * **inputs are never outputs** (:func:`check_not_inputs`): an output folder that is, holds or lies
   inside one of the command's inputs is refused before anything is written;
+* **a clean stop on SIGTERM** (:func:`sigterm_raises`): for the length of a ``with`` block, a
+  ``kill`` or a scheduler's stop raises an exception in the main thread, so the block's
+  ``finally`` clauses (a server stopped, a state saved) run as they do on Ctrl-C;
 * **a usage ledger**: each session (one invocation) is appended to ``run.json`` with its start
   time, wall seconds and LM usage by role, so a resumed run's cost is the sum over its sessions.
 
@@ -46,16 +49,18 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -75,12 +80,33 @@ __all__ = [
     "lm_identity",
     "qa_content_hash",
     "run_key",
+    "sigterm_raises",
     "write_atomic",
     "write_json",
 ]
 
 KEY_FILE = "run.json"
 LOCK_FILE = ".memsteer.lock"
+
+
+# --------------------------------------------------------------------------------------------
+# a clean stop
+# --------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def sigterm_raises(error: Callable[[int], BaseException]) -> Iterator[None]:
+    """SIGTERM raises ``error(signum)`` in the main thread while the block runs; the handler that
+    was there before is put back when it ends, however it ends."""
+
+    def handler(signum: int, frame: Any) -> None:  # noqa: ARG001 - the handler's signature
+        raise error(signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # --------------------------------------------------------------------------------------------

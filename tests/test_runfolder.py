@@ -4,6 +4,8 @@ built on it: a resume never reuses results computed under other settings (issue 
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
 from memory_fixtures import rec, small_history, small_qa
@@ -13,7 +15,14 @@ from memsteer_dspy.errors import InputError
 from memsteer_dspy.evaluation import evaluate_design
 from memsteer_dspy.memory import MemoryDesign, MemorySystem
 from memsteer_dspy.records import History
-from memsteer_dspy.runfolder import JsonlLog, RunFolder, RunMismatchError, run_key, write_atomic
+from memsteer_dspy.runfolder import (
+    JsonlLog,
+    RunFolder,
+    RunMismatchError,
+    run_key,
+    sigterm_raises,
+    write_atomic,
+)
 
 # --------------------------------------------------------------------------------------------
 # the layer
@@ -231,3 +240,37 @@ def test_evaluate_cli_says_evidence_is_unresolved(tmp_path):
     res = CliRunner().invoke(app, [*args, "--json"])
     report = json.loads(res.stdout)
     assert len(report["unresolved_evidence"]) == 4 and report["recall_at_10"] is None
+
+
+class _Stopped(Exception):
+    pass
+
+
+@pytest.mark.parametrize("how", ["sigterm", "raises", "ends"])
+def test_sigterm_raises_in_the_block_and_puts_the_old_handler_back(how):
+    """A ``kill`` inside the block becomes the given exception (so ``finally`` clauses run); the
+    handler found before the block is back after it, however the block ended."""
+
+    def earlier(signum, frame):  # a handler someone else set (ray.init sets one)
+        raise AssertionError("the earlier handler ran inside the block")
+
+    before = signal.signal(signal.SIGTERM, earlier)
+    cleaned = []
+    try:
+        with pytest.raises(_Stopped if how != "ends" else AssertionError) as caught:
+            with sigterm_raises(lambda signum: _Stopped(signum)):
+                try:
+                    if how == "sigterm":
+                        os.kill(os.getpid(), signal.SIGTERM)
+                    if how == "raises":
+                        raise _Stopped("raised in the block")
+                finally:
+                    cleaned.append(how)
+            if how == "ends":
+                raise AssertionError("no stop: the block ended")
+        assert cleaned == [how]
+        if how == "sigterm":
+            assert caught.value.args == (signal.SIGTERM,)
+        assert signal.getsignal(signal.SIGTERM) is earlier
+    finally:
+        signal.signal(signal.SIGTERM, before)

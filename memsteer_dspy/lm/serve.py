@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from memsteer_dspy.runfolder import sigterm_raises
+
 ALIAS = "qwen-server"
 SERVER_N_CTX = 4096
 START_TIMEOUT_S = 300.0
@@ -106,16 +108,12 @@ def running_llama_server(gguf: Path, log_dir: Path, **kwargs) -> Iterator[LlamaS
     ends, raises, or the process is sent SIGTERM (turned into ``SystemExit`` for the block's
     length, so a benchmark killed by ``kill`` or a scheduler leaves no server running)."""
 
-    def terminate(signum, frame):  # noqa: ARG001 - the signal handler's signature
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    server = start_llama_server(gguf, log_dir, **kwargs)
-    try:
-        yield server
-    finally:
-        server.stop()
-        signal.signal(signal.SIGTERM, previous)
+    with sigterm_raises(lambda signum: SystemExit(128 + signum)):
+        server = start_llama_server(gguf, log_dir, **kwargs)
+        try:
+            yield server
+        finally:
+            server.stop()
 
 
 @contextlib.contextmanager
