@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -87,24 +88,22 @@ def _lm_free_results(path: Path) -> bool:
 
 
 def _carried(root: Path) -> Iterator[tuple[str, Path]]:
-    """(relative posix path, path) of every file under ``root`` that a state carries."""
-    lm_free: list[Path] = [
-        run.parent.relative_to(root) for run in root.rglob("run.json") if run.parent != root
-    ]
-    lm_free = [rel for rel in lm_free if _lm_free(root / rel)]
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root)
-        if not path.is_file() or path.is_symlink() or rel.as_posix() == MARKER:
+    """(relative posix path, path) of every file under ``root`` that a state carries, in one walk
+    that never enters a skipped folder (indexes, MLflow) or a run folder whose key names no LM."""
+    for folder, dirs, files in os.walk(root):
+        here = Path(folder)
+        if here != root and "run.json" in files and _lm_free(here):
+            dirs.clear()
             continue
-        if any(part in SKIP_DIRS for part in rel.parts[:-1]):
-            continue
-        if any(rel.is_relative_to(folder) for folder in lm_free):
-            continue
-        if path.name.endswith(SKIP_SUFFIXES) or path.name.startswith(".nfs"):
-            continue
-        if _lm_free_results(path):
-            continue
-        yield rel.as_posix(), path
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+        for name in sorted(files):
+            path = here / name
+            rel = path.relative_to(root).as_posix()
+            if rel == MARKER or path.is_symlink() or not path.is_file():
+                continue
+            if name.endswith(SKIP_SUFFIXES) or name.startswith(".nfs") or _lm_free_results(path):
+                continue
+            yield rel, path
 
 
 def _check_places(state: Path, out: Path) -> None:
