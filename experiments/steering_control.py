@@ -38,9 +38,10 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=5)
     args = parser.parse_args()
     loaded = load_rhelm(resolve_rhelm_args(parser, args), args.user)
+    evidenced = [q for q in loaded.qa_items if q.evidence_ids]
     rows = []
     for seed in range(args.draws):
-        items = [q for q in loaded.qa_items if q.evidence_ids]
+        items = list(evidenced)
         random.Random(seed).shuffle(items)
         half = len(items) // 2
         a, b = items[: args.size or half], items[half:]
